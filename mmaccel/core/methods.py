@@ -1,0 +1,146 @@
+"""Named decoding methods: each is a proposer + an acceptance rule + a loop shape.
+
+Methods are to decoding what schedulers are to diffusion: chosen by name (`method="sjd"`) or
+passed as an object, swappable without touching the model. A `Method` is a recipe; the proposer it
+needs is built fresh for every call (proposers hold per-call state) from the `Resources` the
+pipeline has (target model, draft model, Medusa heads).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from torch import nn
+
+from mmaccel.core.jacobi import JacobiProposer
+from mmaccel.core.model import DecoderModel
+from mmaccel.core.proposers import (DraftModelProposer, EarlyExitProposer, HeadsProposer, NGramProposer,
+                                    Proposer)
+from mmaccel.core.speculative import LoopConfig
+from mmaccel.errors import InputError, check
+
+
+@dataclass
+class Resources:
+    """What a pipeline can offer methods: the target, and optionally a draft model and Medusa heads."""
+
+    model: DecoderModel
+    draft: DecoderModel | None = None
+    heads: nn.ModuleList | None = None
+
+
+@dataclass
+class Method:
+    name: str
+    description: str
+    needs: str                      # what the method needs besides the target ("", "draft", "heads", ...)
+    lossless: bool
+    make_proposer: Callable[[Resources], Proposer | None] = field(repr=False)
+    rule: str = "speculative"       # used when sampling; greedy decoding always verifies greedily
+    k: int = 0
+    tree: tuple[int, int] | None = None
+    coupled: bool = False
+    rule_params: dict[str, Any] = field(default_factory=dict)
+
+    def loop_config(self, resources: Resources) -> LoopConfig:
+        return LoopConfig(proposer=self.make_proposer(resources), rule=self.rule, k=self.k, tree=self.tree,
+                          coupled=self.coupled, rule_params=self.rule_params or None)
+
+
+def _need(resources: Resources, attr: str, method: str):
+    value = getattr(resources, attr)
+    if value is None:
+        raise InputError(f"method {method!r} needs a {attr} model/heads, and this pipeline has none loaded")
+    return value
+
+
+def _int(params: dict, key: str, default: int, low: int = 1, high: int = 64) -> int:
+    value = params.pop(key, default)
+    check(isinstance(value, int) and not isinstance(value, bool) and low <= value <= high,
+          f"{key} must be an integer in [{low}, {high}], got {value!r}")
+    return value
+
+
+def _float(params: dict, key: str, default: float, low: float, high: float) -> float:
+    value = params.pop(key, default)
+    check(isinstance(value, (int, float)) and low <= value <= high, f"{key} must be in [{low}, {high}], got {value!r}")
+    return float(value)
+
+
+def _ar(p):
+    return Method("ar", "plain autoregressive decoding (the baseline)", "", True, lambda r: None)
+
+
+def _speculative(p):
+    k = _int(p, "k", 4)
+    coupled = bool(p.pop("coupled", False))
+    return Method("speculative", f"chain speculative decoding, draft model, k={k}", "draft", True,
+                  lambda r: DraftModelProposer(_need(r, "draft", "speculative")), "coupled" if coupled else "speculative",
+                  k=k, coupled=coupled)
+
+
+def _tree(p):
+    depth, width = _int(p, "depth", 4), _int(p, "width", 2, high=16)
+    return Method("tree", f"tree speculative decoding (best-first draft tree, depth {depth} x width {width})", "draft",
+                  True, lambda r: DraftModelProposer(_need(r, "draft", "tree")), tree=(depth, width))
+
+
+def _ngram(p):
+    k, n = _int(p, "k", 4), _int(p, "max_ngram", 3, high=16)
+    return Method("ngram", f"prompt-lookup n-gram drafts (n <= {n}), k={k}", "", True,
+                  lambda r: NGramProposer(max_ngram=n), k=k)
+
+
+def _sjd(p, coupled=False):
+    window = _int(p, "window", 8)
+    init = p.pop("init", "repeat")
+    name = "sjd-coupled" if coupled else "sjd"
+    return Method(name, f"{'coupled ' if coupled else ''}speculative Jacobi decoding, window {window} "
+                  f"(greedy: Jacobi decoding)", "", True,
+                  lambda r: JacobiProposer(window, "coupled" if coupled else "sample", init),
+                  "coupled" if coupled else "speculative", k=window, coupled=coupled)
+
+
+def _early_exit(p):
+    k, layer = _int(p, "k", 4), _int(p, "exit_layer", 2, high=1024)
+    return Method("early-exit", f"self-speculative: first {layer} layers draft, k={k}", "", True,
+                  lambda r: EarlyExitProposer(r.model, layer), k=k)
+
+
+def _medusa(p, typical=False):
+    depth, width = _int(p, "depth", 3), _int(p, "width", 2, high=16)
+    rule_params = {"epsilon": _float(p, "epsilon", 0.3, 0, 1), "delta": _float(p, "delta", 0.09, 0, 10)} if typical else {}
+    name = "medusa-typical" if typical else "medusa"
+    return Method(name, f"Medusa heads, tree depth {depth} x width {width}" + (" (typical acceptance)" if typical else ""),
+                  "heads", not typical, lambda r: HeadsProposer(_need(r, "heads", name)),
+                  "typical" if typical else "speculative", k=depth if typical else 0,
+                  tree=None if typical else (depth, width),
+                  rule_params=rule_params)
+
+
+REGISTRY: dict[str, Callable[[dict], Method]] = {
+    "ar": _ar,
+    "speculative": _speculative,
+    "tree": _tree,
+    "ngram": _ngram,
+    "sjd": _sjd,
+    "sjd-coupled": lambda p: _sjd(p, coupled=True),
+    "early-exit": _early_exit,
+    "medusa": _medusa,
+    "medusa-typical": lambda p: _medusa(p, typical=True),
+}
+
+
+def build_method(name: str | Method, **params: Any) -> Method:
+    """The method called `name`, configured by `params` (k, depth, width, window, ...)."""
+    if isinstance(name, Method):
+        check(not params, "pass parameters when building a method by name, not with a Method object")
+        return name
+    check(isinstance(name, str), f"method must be a name or a Method, got {type(name).__name__}")
+    if name not in REGISTRY:
+        raise InputError(f"unknown method {name!r}; choose from {', '.join(REGISTRY)}")
+    rest = dict(params)
+    method = REGISTRY[name](rest)
+    check(not rest, f"method {name!r} does not take parameter(s) {', '.join(sorted(rest))}")
+    return method

@@ -1,0 +1,217 @@
+"""The decoder contract every model adapter implements, and the preallocated KV cache under it.
+
+The cache follows gpt-fast: buffers are allocated once for `capacity` positions and a per-row length
+pointer says how many entries are committed, so `rollback(n)` is moving that pointer (O(1)) and
+rows of a batch may accept different numbers of draft tokens (ragged acceptance).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+from mmaccel.errors import InputError, check
+
+
+def as_row_counts(n: int | Tensor, batch: int, name: str = "n") -> Tensor:
+    """Normalise an int or a [B] tensor of per-row counts to a CPU LongTensor [B] (checked >= 0)."""
+    if isinstance(n, Tensor):
+        check(n.dim() == 1 and n.shape[0] == batch, f"{name} must be an int or a [{batch}] tensor, got shape {tuple(n.shape)}")
+        counts = n.detach().to("cpu", torch.long)
+    else:
+        check(isinstance(n, int), f"{name} must be an int or a tensor, got {type(n).__name__}")
+        counts = torch.full((batch,), n, dtype=torch.long)
+    check(bool((counts >= 0).all()), f"{name} must be >= 0, got {counts.tolist()}")
+    return counts
+
+
+class CacheWrite:
+    """One append of T entries per row; passed to attention layers as their `past_key_values`.
+
+    `update(key, value, layer_idx)` has the signature Hugging Face attention modules call, so HF
+    decoder layers write straight into our buffers. Returns the keys/values of all used slots.
+    """
+
+    def __init__(self, cache: "KVCache", slots: Tensor, used: int, same_start: bool):
+        self.cache, self.slots, self.used, self.same_start = cache, slots, used, same_start
+
+    def update(self, key: Tensor, value: Tensor, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
+        # key, value: [B, H, T, D]
+        k_buf, v_buf = self.cache.k[layer_idx], self.cache.v[layer_idx]
+        if self.same_start:
+            start = int(self.slots[0, 0])
+            k_buf[:, :, start : start + key.shape[2]] = key
+            v_buf[:, :, start : start + key.shape[2]] = value
+        else:
+            index = self.slots[:, None, :, None].expand(-1, key.shape[1], -1, key.shape[3])
+            k_buf.scatter_(2, index, key.to(k_buf.dtype))
+            v_buf.scatter_(2, index, value.to(v_buf.dtype))
+        return k_buf[:, :, : self.used], v_buf[:, :, : self.used]
+
+
+class KVCache:
+    """Preallocated keys/values `[B, H, capacity, D]` per layer and committed lengths `[B]`."""
+
+    def __init__(self, num_layers: int, batch_size: int, num_heads: int, head_dim: int, capacity: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+        check(batch_size > 0, f"batch size must be > 0, got {batch_size}")
+        check(capacity > 0, f"cache capacity must be > 0, got {capacity}")
+        shape = (batch_size, num_heads, capacity, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.lengths = torch.zeros(batch_size, dtype=torch.long)  # CPU: host-side bookkeeping
+        self.capacity, self.device = capacity, torch.device(device)
+
+    @property
+    def batch_size(self) -> int:
+        return self.lengths.shape[0]
+
+    def reserve(self, num_new: int) -> tuple[CacheWrite, Tensor]:
+        """Claim the next `num_new` slots of every row; returns the writer and the old lengths [B]."""
+        start = self.lengths.clone()
+        if int(start.max()) + num_new > self.capacity:
+            raise InputError(
+                f"KV cache overflow: {int(start.max())} + {num_new} tokens > capacity {self.capacity}; "
+                "allocate the state with a larger capacity (prompt length + max_new_tokens + draft width)"
+            )
+        slots = (start[:, None] + torch.arange(num_new)[None, :]).to(self.device)
+        self.lengths = start + num_new
+        same = bool((start == start[0]).all())
+        return CacheWrite(self, slots, int(self.lengths.max()), same), start
+
+    def attention_mask(self, start: Tensor, num_new: int, tree_mask: Tensor | None) -> Tensor:
+        """Boolean mask [B, 1, T, S] (True = attend) for T new tokens written at `start` [B].
+
+        `tree_mask` [B or 1, T, W] (W >= T) says which of the last W slots (the W - T before the new
+        block and the T new ones) each new token may see; everything before those W is prefix and
+        visible. Without it the new block is causal.
+        """
+        T, S = num_new, int(self.lengths.max())
+        if tree_mask is None:
+            tree_mask = torch.ones(T, T, dtype=torch.bool).tril()[None]
+        W = tree_mask.shape[-1]
+        window_start = (start + T - W).to(self.device)                      # [B]
+        rel = torch.arange(S, device=self.device)[None, :] - window_start[:, None]  # [B, S]
+        in_window = (rel >= 0) & (rel < W)
+        picked = tree_mask.to(self.device, torch.bool).expand(self.batch_size, T, W).gather(
+            2, rel.clamp(0, W - 1)[:, None, :].expand(-1, T, -1))           # [B, T, S]
+        mask = (rel < 0)[:, None, :] | (in_window[:, None, :] & picked)
+        return mask[:, None]
+
+    def rollback(self, n: int | Tensor) -> None:
+        """Drop the last `n` committed entries (an int, or one count per row) in O(1)."""
+        counts = as_row_counts(n, self.batch_size)
+        if bool((counts > self.lengths).any()):
+            raise InputError(f"cannot roll back {counts.tolist()} entries from lengths {self.lengths.tolist()}")
+        self.lengths = self.lengths - counts
+
+    def keep_appended(self, offsets: Tensor, counts: Tensor, appended: int) -> None:
+        """After appending `appended` entries, keep only those at `offsets` [B, L] (relative to the
+        append, ascending), the first `counts[b]` of them per row, packed contiguously; drop the rest.
+
+        This is the tree-verification compaction of Medusa/EAGLE: the accepted root-to-leaf path is
+        copied to the slots right after the prefix. Costs O(L) copies per layer.
+        """
+        start = self.lengths - appended
+        counts = as_row_counts(counts, self.batch_size, "counts")
+        L = offsets.shape[1]
+        src = (start[:, None] + offsets.cpu().clamp(0, appended - 1)).to(self.device)
+        dst = (start[:, None] + torch.arange(L)[None, :]).to(self.device)
+        for buf in (*self.k, *self.v):
+            H, D = buf.shape[1], buf.shape[3]
+            moved = buf.gather(2, src[:, None, :, None].expand(-1, H, -1, D))
+            buf.scatter_(2, dst[:, None, :, None].expand(-1, H, -1, D), moved)
+        self.lengths = start + counts
+
+
+@dataclass
+class DecodeState:
+    """What a model carries between steps: the cache and the outputs of the last step."""
+
+    cache: KVCache
+    logits: Tensor | None = None            # [B, V] next-token logits after the last committed token
+    hidden: Tensor | None = None            # [B, T, d] final hidden states of the last step
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def batch_size(self) -> int:
+        return self.cache.batch_size
+
+    @property
+    def lengths(self) -> Tensor:
+        return self.cache.lengths
+
+    def rollback(self, n: int | Tensor) -> None:
+        self.cache.rollback(n)
+
+    def keep_appended(self, offsets: Tensor, counts: Tensor, appended: int) -> None:
+        self.cache.keep_appended(offsets, counts, appended)
+
+
+@runtime_checkable
+class DecoderModel(Protocol):
+    """What a model must provide to be decoded by any mmaccel method.
+
+    - `prefill(inputs, room)` runs the prompt/condition (one entry per batch row) and returns a
+      state whose `logits` [B, V] give the first new token, with cache room for `room` more tokens;
+    - `step(state, tokens [B, T], positions=None, tree_mask=None)` appends T tokens per row and
+      returns logits [B, T, V]; positions default to the next free positions (for a tree, to the
+      prefix length + depth read off `tree_mask`);
+    - `state.rollback(n)` drops the last n entries in O(1).
+    """
+
+    vocab_size: int
+
+    def prefill(self, inputs: Any, room: int) -> DecodeState: ...
+
+    def step(self, state: DecodeState, tokens: Tensor, positions: Tensor | None = None,
+             tree_mask: Tensor | None = None) -> Tensor: ...
+
+
+def check_step_args(state: DecodeState, tokens: Tensor, tree_mask: Tensor | None, vocab_size: int) -> None:
+    """Validate a `step` call with messages a user can act on."""
+    check(isinstance(tokens, Tensor), f"tokens must be a tensor, got {type(tokens).__name__}")
+    check(tokens.dim() == 2, f"tokens must have shape [batch, T], got {tuple(tokens.shape)}")
+    check(not tokens.is_floating_point() and tokens.dtype != torch.bool,
+          f"tokens must be an integer tensor, got {tokens.dtype}")
+    check(tokens.shape[0] == state.batch_size,
+          f"tokens batch {tokens.shape[0]} does not match the state's batch {state.batch_size}")
+    check(tokens.shape[1] > 0, "tokens must hold at least one token per row")
+    check(bool(((tokens >= 0) & (tokens < vocab_size)).all()), f"token ids must lie in [0, {vocab_size})")
+    if tree_mask is not None:
+        T = tokens.shape[1]
+        check(tree_mask.dim() == 3 and tree_mask.shape[1] == T and tree_mask.shape[2] >= T
+              and tree_mask.shape[0] in (1, tokens.shape[0]),
+              f"tree_mask must have shape [B or 1, {T}, W >= {T}], got {tuple(tree_mask.shape)}")
+
+
+def default_positions(start: Tensor, num_new: int, tree_mask: Tensor | None) -> Tensor:
+    """Positions [B, T] of new tokens: consecutive after `start`, or prefix + depth for a tree."""
+    if tree_mask is None:
+        return start[:, None] + torch.arange(num_new)[None, :]
+    W = tree_mask.shape[-1]
+    depth = tree_mask.to(torch.long).sum(-1) - 1                      # ancestors inside the window
+    return (start[:, None] + num_new - W) + depth.cpu().expand(start.shape[0], -1)
+
+
+def append_ragged(model: DecoderModel, state: DecodeState, rows: list[Tensor]) -> Tensor:
+    """Append a different number of tokens to each row; returns logits [B, V] after each row's last.
+
+    Rows are right-padded to the longest, run as one step, and the padding is rolled back per row;
+    padding sits after the real tokens, so causal attention never lets a real token see it.
+    """
+    lengths = torch.tensor([len(r) for r in rows])
+    check(bool((lengths > 0).all()), "every row needs at least one token")
+    T = int(lengths.max())
+    tokens = torch.zeros(len(rows), T, dtype=torch.long)
+    for b, r in enumerate(rows):
+        tokens[b, : len(r)] = r
+    logits = model.step(state, tokens.to(state.cache.device))
+    state.rollback(T - lengths)
+    last = (lengths - 1).to(logits.device)
+    if state.hidden is not None:
+        state.hidden = state.hidden[torch.arange(len(rows)), last][:, None]
+    return logits[torch.arange(len(rows), device=logits.device), last]

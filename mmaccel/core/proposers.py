@@ -1,0 +1,242 @@
+"""Draft proposers: where the tokens a target pass verifies come from.
+
+A proposer is told what the loop knows (`DraftContext`), proposes K tokens per row (`Draft`) or a
+token tree, and after verification is told how many of them each row kept (`observe`), so it can
+roll its own state back. Proposers never decide acceptance: that is the rule's job
+(acceptance.py), which keeps every proposer usable with every rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from mmaccel.core.model import DecoderModel, append_ragged
+from mmaccel.core.sampling import Sampling, TokenSampler
+from mmaccel.core.tree import TokenTree
+from mmaccel.errors import check
+
+
+@dataclass
+class Draft:
+    tokens: Tensor              # [B, K]
+    probs: Tensor | None = None  # [B, K, V] distributions the tokens were drawn from; None = point masses
+
+
+@dataclass
+class DraftContext:
+    pending: Tensor             # [B] last emitted token, not yet in the target's cache
+    history: list[list[int]]    # per row: prompt tokens (if any) + every emitted token, pending last
+    num_generated: Tensor       # [B] tokens emitted so far (pending included)
+    sampling: Sampling
+    sampler: TokenSampler
+    target_hidden: Tensor | None = None  # [B, d] target hidden state that predicted `pending`
+    active: Tensor | None = None         # [B] rows still generating
+
+
+class Proposer:
+    """Base class. Subclasses implement `propose` (chain) and optionally `propose_tree`."""
+
+    needs_hidden = False
+
+    def start(self, inputs: Any, room: int, ctx: DraftContext) -> None:
+        """Called once after the target's prefill and first token."""
+
+    def propose(self, ctx: DraftContext, k: int) -> Draft:
+        raise TypeError(f"{type(self).__name__} does not propose token chains")
+
+    def propose_tree(self, ctx: DraftContext, depth: int, width: int) -> TokenTree:
+        raise TypeError(f"{type(self).__name__} does not propose token trees; use a chain method")
+
+    def observe(self, ctx: DraftContext, num_accepted: Tensor, next_token: Tensor,
+                target_probs: Tensor | None, accepted_tokens: list[list[int]]) -> None:
+        """After verification: row b kept `num_accepted[b]` drafts (`accepted_tokens[b]`) then `next_token[b]`."""
+
+    def passes(self) -> int:
+        """Draft forward passes run since the last call (for DecodeStats)."""
+        return 0
+
+
+def _sample_draft(logits: Tensor, ctx: DraftContext, index: Tensor) -> tuple[Tensor, Tensor | None]:
+    """Draw one draft token per row from logits [B, V] at generated index [B] with the loop's sampler."""
+    if ctx.sampling.greedy:
+        return logits.argmax(-1), None
+    q = ctx.sampling.probs(logits)
+    return ctx.sampler.sample(q[:, None], index[:, None])[:, 0], q
+
+
+def grow_tree(root_logprobs: Tensor, expand, depth: int, width: int, root: Tensor) -> TokenTree:
+    """Best-first tree (EAGLE-2 style): each level keeps the `width` children with the highest
+    cumulative log-probability among the top-`width` children of every node of the previous level.
+
+    root_logprobs [B, V]; `expand(level_tokens [B, W], tree_so_far) -> logprobs [B, W, V]` scores the
+    children of the newest level. Returns a tree of 1 + depth * width nodes.
+    """
+    check(depth >= 1 and width >= 1, f"tree depth and width must be >= 1, got {depth}, {width}")
+    B = root.shape[0]
+    scores, tokens = root_logprobs.topk(width, dim=-1)                    # [B, W]
+    all_tokens = [root[:, None], tokens]
+    all_parents = [torch.full((B, 1), -1), torch.zeros(B, width, dtype=torch.long)]
+    level_start = 1
+    for _ in range(depth - 1):
+        tree = TokenTree(torch.cat(all_tokens, 1), torch.cat(all_parents, 1))
+        logprobs = expand(tokens, tree)                                    # [B, W, V]
+        child_scores, child_tokens = logprobs.topk(width, dim=-1)          # [B, W, W]
+        total = (scores[:, :, None] + child_scores).reshape(B, -1)
+        scores, pick = total.topk(width, dim=-1)
+        tokens = child_tokens.reshape(B, -1).gather(1, pick)
+        all_tokens.append(tokens)
+        all_parents.append(level_start + pick // width)
+        level_start += width
+    return TokenTree(torch.cat(all_tokens, 1), torch.cat(all_parents, 1))
+
+
+class DraftModelProposer(Proposer):
+    """A smaller model with the target's tokenizer drafts autoregressively (Leviathan et al. 2023).
+
+    Its cache is kept in step with the target's: tokens the target emitted but the draft has not
+    yet seen wait in `pending` and are fed (ragged, one pass) at the start of the next proposal.
+    """
+
+    def __init__(self, draft: DecoderModel):
+        check(hasattr(draft, "prefill") and hasattr(draft, "step"),
+              f"a draft model must implement prefill/step (the DecoderModel protocol), got {type(draft).__name__}")
+        self.draft = draft
+        self._passes = 0
+
+    def passes(self) -> int:
+        n, self._passes = self._passes, 0
+        return n
+
+    def start(self, inputs, room, ctx):
+        self.state = self.draft.prefill(inputs, room)
+        self._passes += 1
+        self.pending = [[int(t)] for t in ctx.pending.tolist()]
+
+    def _feed_pending(self) -> Tensor:
+        self._fed_pending = torch.tensor([len(p) for p in self.pending])
+        logits = append_ragged(self.draft, self.state, [torch.tensor(p) for p in self.pending])
+        self._passes += 1
+        return logits
+
+    def propose(self, ctx, k):
+        check(k >= 1, f"draft length k must be >= 1, got {k}")
+        logits = self._feed_pending()
+        tokens, probs = [], []
+        for j in range(k):
+            x, q = _sample_draft(logits, ctx, ctx.num_generated + j)
+            tokens.append(x)
+            probs.append(q)
+            if j < k - 1:
+                logits = self.draft.step(self.state, x[:, None])[:, 0]
+                self._passes += 1
+        self._fed, self._tree = k - 1, None
+        self._drafts = torch.stack(tokens, 1)
+        return Draft(self._drafts, None if probs[0] is None else torch.stack(probs, 1))
+
+    def propose_tree(self, ctx, depth, width):
+        logits = self._feed_pending()
+        warp = (lambda x: x.float()) if ctx.sampling.greedy else ctx.sampling.warp
+
+        def expand(level_tokens, tree):
+            mask = tree.mask()[:, -level_tokens.shape[1]:]                 # rows of the newest level
+            out = self.draft.step(self.state, level_tokens, tree_mask=mask)
+            self._passes += 1
+            return warp(out).log_softmax(-1)
+
+        tree = grow_tree(warp(logits).log_softmax(-1), expand, depth, width, ctx.pending)
+        self._fed, self._tree = (depth - 1) * width, tree
+        return tree
+
+    def observe(self, ctx, num_accepted, next_token, target_probs, accepted_tokens):
+        keep = torch.zeros_like(num_accepted) if self._tree is not None else num_accepted.clamp(max=self._fed)
+        active = ctx.active if ctx.active is not None else torch.ones_like(num_accepted, dtype=torch.bool)
+        fed_pending = self._fed_pending
+        # inactive rows drop everything fed this round and keep their pending tokens
+        drop = torch.where(active.cpu(), self._fed - keep.cpu(), self._fed + fed_pending)
+        self.state.rollback(drop)
+        nxt = next_token.tolist()
+        for b in range(len(self.pending)):
+            if bool(active[b]):
+                self.pending[b] = accepted_tokens[b][int(keep[b]):] + [nxt[b]]
+
+
+class EarlyExitProposer(DraftModelProposer):
+    """Self-speculation: the target's first `exit_layer` layers plus an exit head draft (LayerSkip).
+
+    The model must offer `early_exit(exit_layer, head=None) -> DecoderModel` sharing its weights.
+    """
+
+    def __init__(self, model: DecoderModel, exit_layer: int, head: nn.Module | None = None):
+        check(hasattr(model, "early_exit"), f"{type(model).__name__} offers no early-exit view (early_exit method)")
+        super().__init__(model.early_exit(exit_layer, head))
+
+
+class MedusaHead(nn.Module):
+    """One Medusa head: `num_layers` residual SiLU blocks then a projection to the vocabulary."""
+
+    def __init__(self, hidden_size: int, vocab_size: int, num_layers: int = 1):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(hidden_size, hidden_size) for _ in range(num_layers))
+        self.proj = nn.Linear(hidden_size, vocab_size, bias=False)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        for block in self.blocks:
+            hidden = hidden + nn.functional.silu(block(hidden))
+        return self.proj(hidden)
+
+
+class HeadsProposer(Proposer):
+    """Medusa (Cai et al. 2024): head i reads the target's last hidden state and guesses the token
+    i + 1 places after the pending one; drafts are point masses (top-1 chain or top-k tree)."""
+
+    needs_hidden = True
+
+    def __init__(self, heads: nn.ModuleList | list[nn.Module]):
+        check(len(heads) > 0, "Medusa needs at least one head")
+        self.heads = nn.ModuleList(heads)
+
+    def _logits(self, ctx: DraftContext, n: int) -> Tensor:
+        check(ctx.target_hidden is not None, "Medusa heads need the target's hidden state; the model did not return one")
+        check(n <= len(self.heads), f"asked for {n} drafts but only {len(self.heads)} Medusa heads are loaded")
+        h = ctx.target_hidden
+        return torch.stack([self.heads[i](h.to(self.heads[i].proj.weight.dtype)) for i in range(n)], 1).float()
+
+    def propose(self, ctx, k):
+        return Draft(self._logits(ctx, k).argmax(-1))
+
+    def propose_tree(self, ctx, depth, width):
+        logprobs = self._logits(ctx, depth).log_softmax(-1)                 # [B, D, V]
+        level = iter(range(1, depth))
+
+        def expand(level_tokens, tree):
+            d = next(level)
+            return logprobs[:, d][:, None].expand(-1, level_tokens.shape[1], -1)
+
+        return grow_tree(logprobs[:, 0], expand, depth, width, ctx.pending)
+
+
+class NGramProposer(Proposer):
+    """Prompt lookup (Saxena 2023; HF `prompt_lookup_num_tokens`): find the latest earlier occurrence
+    of the last n tokens (n from `max_ngram` down to `min_ngram`) and propose what followed it."""
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        check(1 <= min_ngram <= max_ngram, f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+
+    def _lookup(self, seq: list[int], k: int) -> list[int]:
+        for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
+            tail = seq[-n:]
+            for start in range(len(seq) - n - 1, -1, -1):
+                if seq[start : start + n] == tail:
+                    follow = seq[start + n : start + n + k]
+                    return follow + [follow[-1]] * (k - len(follow))
+        return [seq[-1]] * k
+
+    def propose(self, ctx, k):
+        check(k >= 1, f"draft length k must be >= 1, got {k}")
+        rows = [self._lookup(h, k) for h in ctx.history]
+        return Draft(torch.tensor(rows, dtype=torch.long, device=ctx.pending.device))

@@ -1,0 +1,176 @@
+"""Logits processing (temperature, top-k, top-p), seeded token sampling and classifier-free guidance.
+
+Sampling uses the exponential race: argmax(p / E) with E ~ Exp(1) i.i.d. is an exact categorical
+draw from p (unnormalised p is fine), needs no host sync and takes its randomness as a tensor, so
+acceptance rules stay pure functions of pre-drawn noise (as in vLLM and FlashInfer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from mmaccel.core.model import DecodeState, DecoderModel, as_row_counts
+from mmaccel.errors import check
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How target (and draft) logits become a distribution. temperature 0 means greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0          # 0 = no top-k
+    top_p: float = 1.0      # 1 = no nucleus
+
+    def __post_init__(self):
+        check(isinstance(self.temperature, (int, float)) and self.temperature >= 0,
+              f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        check(isinstance(self.top_k, int) and self.top_k >= 0, f"top_k must be an int >= 0, got {self.top_k}")
+        check(isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def warp(self, logits: Tensor) -> Tensor:
+        """Processed logits [..., V] (float32): temperature, then top-k, then top-p; removed = -inf."""
+        logits = logits.float()
+        if self.greedy:
+            return logits
+        logits = logits / self.temperature
+        if 0 < self.top_k < logits.shape[-1]:
+            kth = logits.topk(self.top_k, dim=-1).values[..., -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if self.top_p < 1:
+            sorted_logits, order = logits.sort(dim=-1, descending=True)
+            cum = sorted_logits.softmax(-1).cumsum(-1)
+            # drop a token when the mass *before* it already reaches top_p (the top token always stays)
+            drop_sorted = (cum - sorted_logits.softmax(-1)) >= self.top_p
+            drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+            logits = logits.masked_fill(drop, float("-inf"))
+        return logits
+
+    def probs(self, logits: Tensor) -> Tensor:
+        """Target distribution [..., V]; for greedy, the point mass on the argmax."""
+        if self.greedy:
+            return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+        return self.warp(logits).softmax(-1)
+
+
+def race(probs: Tensor, exponentials: Tensor) -> Tensor:
+    """Exact categorical sample per row of `probs` [..., V] given Exp(1) noise of the same shape."""
+    return (probs / exponentials).argmax(-1)
+
+
+class TokenSampler:
+    """Source of the Exp(1) noise that sampling consumes; seeded, so same seed → same output.
+
+    `noise(rows, index)` returns exponentials [B, T, V] for generated-token indices `index` [B, T].
+    The default draws fresh noise on every call; `coupled=True` fixes one noise vector per
+    (row, generated index), so re-sampling a position under a slightly changed distribution tends
+    to give the same token (Gumbel coupling of SCD), and any method that uses it reproduces plain
+    AR sampling with the same seed token for token.
+    """
+
+    BLOCK = 32  # generated positions per noise block in coupled mode
+
+    def __init__(self, seed: int, batch_size: int, vocab_size: int, coupled: bool = False, device="cpu"):
+        check(isinstance(seed, int), f"seed must be an int, got {type(seed).__name__}")
+        self.seed, self.batch_size, self.vocab_size, self.coupled = seed, batch_size, vocab_size, coupled
+        self.device = torch.device(device)
+        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        self._blocks: list[list[Tensor]] = [[] for _ in range(batch_size)]
+        self._row_gens = [torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + r) for r in range(batch_size)]
+
+    def uniform(self, shape: tuple[int, ...]) -> Tensor:
+        return torch.rand(shape, generator=self.generator).to(self.device)
+
+    def exponential(self, shape: tuple[int, ...]) -> Tensor:
+        return torch.empty(shape).exponential_(generator=self.generator).to(self.device)
+
+    def noise(self, index: Tensor) -> Tensor:
+        """Exp(1) noise [B, T, V] for generated-token indices `index` [B, T]."""
+        B, T = index.shape
+        if not self.coupled:
+            return self.exponential((B, T, self.vocab_size))
+        index = index.cpu()
+        out = torch.empty(B, T, self.vocab_size)
+        for r in range(B):
+            need = int(index[r].max()) // self.BLOCK
+            while len(self._blocks[r]) <= need:
+                self._blocks[r].append(torch.empty(self.BLOCK, self.vocab_size).exponential_(generator=self._row_gens[r]))
+            table = torch.cat(self._blocks[r][: need + 1])
+            out[r] = table[index[r]]
+        return out.to(self.device)
+
+    def sample(self, probs: Tensor, index: Tensor) -> Tensor:
+        """Tokens [B, T] drawn from `probs` [B, T, V] at generated indices `index` [B, T]."""
+        return race(probs, self.noise(index))
+
+
+class CFGState(DecodeState):
+    """State of a CFG-wrapped model: the inner state holds the conditional rows then the unconditional."""
+
+    def __init__(self, inner: DecodeState, batch_size: int):
+        super().__init__(cache=inner.cache, logits=None, hidden=None)
+        self.inner, self._batch = inner, batch_size
+
+    @property
+    def batch_size(self) -> int:
+        return self._batch
+
+    @property
+    def lengths(self) -> Tensor:
+        return self.inner.lengths[: self._batch]
+
+    def rollback(self, n) -> None:
+        counts = as_row_counts(n, self._batch)
+        self.inner.rollback(torch.cat([counts, counts]))
+
+    def keep_appended(self, offsets: Tensor, counts: Tensor, appended: int) -> None:
+        counts = as_row_counts(counts, self._batch, "counts")
+        self.inner.keep_appended(torch.cat([offsets, offsets]), torch.cat([counts, counts]), appended)
+
+
+class CFG:
+    """Classifier-free guidance as a model wrapper: logits = u + scale * (c - u).
+
+    The batch is doubled (conditional rows, then unconditional), so every method works with CFG
+    unchanged: drafts are verified against the guided distribution.
+    `prefill(inputs)` takes `(cond_rows, uncond_rows)`, two sequences of equal length.
+    """
+
+    def __init__(self, model: DecoderModel, scale: float):
+        check(isinstance(scale, (int, float)) and scale >= 0, f"cfg_scale must be >= 0, got {scale}")
+        self.model, self.scale = model, float(scale)
+        self.vocab_size = model.vocab_size
+
+    def prefill(self, inputs, room: int) -> CFGState:
+        check(isinstance(inputs, tuple) and len(inputs) == 2,
+              "CFG.prefill takes (conditional_inputs, unconditional_inputs)")
+        cond, uncond = list(inputs[0]), list(inputs[1])
+        check(len(cond) == len(uncond) and len(cond) > 0,
+              f"CFG needs as many unconditional rows as conditional ones, got {len(cond)} and {len(uncond)}")
+        inner = self.model.prefill(cond + uncond, room)
+        state = CFGState(inner, len(cond))
+        state.logits = self._mix(inner.logits)
+        state.hidden = None if inner.hidden is None else inner.hidden[: len(cond)]
+        return state
+
+    def _mix(self, logits: Tensor) -> Tensor:
+        c, u = logits.chunk(2, dim=0)
+        return u + self.scale * (c - u)
+
+    def step(self, state: CFGState, tokens: Tensor, positions: Tensor | None = None,
+             tree_mask: Tensor | None = None) -> Tensor:
+        if positions is not None:  # explicit positions are given for the conditional rows
+            shift = (state.inner.lengths[state.batch_size :] - state.lengths).to(positions.device)
+            positions = torch.cat([positions, positions + shift[:, None]])
+        if tree_mask is not None and tree_mask.shape[0] > 1:
+            tree_mask = torch.cat([tree_mask, tree_mask])
+        logits = self.model.step(state.inner, torch.cat([tokens, tokens]), positions, tree_mask)
+        if state.inner.hidden is not None:
+            state.hidden = state.inner.hidden[: state.batch_size]
+        return self._mix(logits)

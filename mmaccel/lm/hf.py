@@ -1,0 +1,89 @@
+"""Hugging Face decoder-only LMs (Llama, SmolLM, Qwen2, Mistral layouts) as mmaccel DecoderModels.
+
+The adapter runs the model's own modules (embedding, decoder layers, rotary embedding, norm, head)
+but hands every attention layer our preallocated cache as its `past_key_values` and an explicit
+boolean mask, which is what ragged per-row acceptance and tree attention need and what HF's own
+caches do not offer (their batch rows share one length).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from mmaccel.core.model import DecodeState, KVCache, append_ragged, check_step_args, default_positions
+from mmaccel.errors import InputError, check
+
+
+class HFCausalLM(nn.Module):
+    """DecoderModel over `model` (e.g. `LlamaForCausalLM`), using its first `num_layers` layers.
+
+    `head` replaces the LM head (an early-exit head); by default the model's own head is used.
+    """
+
+    def __init__(self, model: nn.Module, num_layers: int | None = None, head: nn.Module | None = None):
+        super().__init__()
+        inner = getattr(model, "model", None)
+        needed = ("embed_tokens", "layers", "norm", "rotary_emb")
+        if inner is None or not all(hasattr(inner, a) for a in needed) or not hasattr(model, "lm_head"):
+            raise InputError(f"{type(model).__name__} is not a supported decoder-only LM: expected .model.{{{', '.join(needed)}}} "
+                             "and .lm_head (Llama/Qwen2/Mistral-style causal LMs)")
+        self.hf = model
+        total = len(inner.layers)
+        self.num_layers = total if num_layers is None else num_layers
+        check(1 <= self.num_layers <= total, f"exit layer must be in [1, {total}], got {num_layers}")
+        self.head = head if head is not None else model.lm_head
+        cfg = model.config
+        self.vocab_size = cfg.vocab_size
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.hf.eval()
+
+    @property
+    def device(self) -> torch.device:
+        return self.hf.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.hf.lm_head.weight.dtype
+
+    def early_exit(self, exit_layer: int, head: nn.Module | None = None) -> "HFCausalLM":
+        """A view of the first `exit_layer` layers (weights shared) for self-speculative drafting."""
+        return HFCausalLM(self.hf, exit_layer, head)
+
+    def new_state(self, batch_size: int, capacity: int) -> DecodeState:
+        cache = KVCache(self.num_layers, batch_size, self.num_kv_heads, self.head_dim, capacity,
+                        dtype=self.dtype, device=self.device)
+        return DecodeState(cache)
+
+    def prefill(self, inputs: list[list[int]] | list[Tensor], room: int) -> DecodeState:
+        """Run a batch of token-id prompts (ragged lengths allowed), leaving cache room for `room` more tokens."""
+        check(isinstance(inputs, (list, tuple)) and len(inputs) > 0, "prompts must be a non-empty list of token-id sequences")
+        rows = [torch.as_tensor(r, dtype=torch.long).reshape(-1) for r in inputs]
+        check(all(len(r) > 0 for r in rows), "every prompt needs at least one token")
+        check(isinstance(room, int) and room >= 0, f"room must be an int >= 0, got {room}")
+        state = self.new_state(len(rows), max(len(r) for r in rows) + room)
+        state.logits = append_ragged(self, state, rows)
+        return state
+
+    @torch.inference_mode()
+    def step(self, state: DecodeState, tokens: Tensor, positions: Tensor | None = None,
+             tree_mask: Tensor | None = None) -> Tensor:
+        check_step_args(state, tokens, tree_mask, self.vocab_size)
+        T = tokens.shape[1]
+        write, start = state.cache.reserve(T)
+        mask = state.cache.attention_mask(start, T, tree_mask)
+        if positions is None:
+            positions = default_positions(start, T, tree_mask)
+        positions = positions.to(self.device)
+        inner = self.hf.model
+        h = inner.embed_tokens(tokens.to(self.device))
+        rope = inner.rotary_emb(h, position_ids=positions)
+        for layer in inner.layers[: self.num_layers]:
+            h = layer(h, attention_mask=mask, position_ids=positions, past_key_values=write,
+                      position_embeddings=rope)
+            if isinstance(h, tuple):  # older layer signatures return (hidden, ...)
+                h = h[0]
+        h = inner.norm(h)
+        state.hidden = h
+        return self.head(h).float()

@@ -1,0 +1,37 @@
+"""Shared fixtures: tiny random Llama-layout LMs (target and a smaller draft), seeded."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from mmaccel.lm.hf import HFCausalLM
+
+torch.set_num_threads(2)
+
+
+def tiny_llama(seed: int, layers: int = 2, hidden: int = 64, vocab: int = 97) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # sharper distributions than the default init, so greedy has clear winners
+        model.lm_head.weight.mul_(8.0)
+    return model
+
+
+@pytest.fixture(scope="session")
+def target():
+    return HFCausalLM(tiny_llama(0, layers=3))
+
+
+@pytest.fixture(scope="session")
+def draft(target):
+    # a draft that agrees with the target often: the target's first layer (shared weights)
+    return target.early_exit(1)
+
+
+@pytest.fixture(scope="session")
+def prompts():
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(0, 97, (n,), generator=g).tolist() for n in (5, 9, 3, 7)]

@@ -1,0 +1,83 @@
+"""KV cache: O(1) rollback, ragged rows, tree masks and compaction agree with a fresh prefill."""
+
+import pytest
+import torch
+
+from mmaccel.core.model import KVCache
+from mmaccel.core.tree import TokenTree
+from mmaccel.errors import InputError
+
+
+def fresh_logits(model, seq):
+    state = model.prefill([seq], room=32)
+    return state.logits[0]
+
+
+def test_rollback_then_reappend_equals_fresh_prefill(target):
+    prompt, extra = [3, 14, 15, 92, 65], [35, 89, 79]
+    state = target.prefill([prompt], room=32)
+    target.step(state, torch.tensor([extra]))
+    state.rollback(2)                               # keep prompt + 35
+    logits = target.step(state, torch.tensor([[11, 12]]))
+    torch.testing.assert_close(logits[0, -1], fresh_logits(target, prompt + [35, 11, 12]), atol=1e-5, rtol=1e-5)
+    assert int(state.lengths[0]) == len(prompt) + 3
+
+
+def test_ragged_rows_match_single_row_runs(target, prompts):
+    state = target.prefill(prompts, room=32)
+    for b, p in enumerate(prompts):
+        torch.testing.assert_close(state.logits[b], fresh_logits(target, p), atol=1e-5, rtol=1e-5)
+    # per-row rollback of different amounts, then one batched step
+    target.step(state, torch.tensor([[1, 2, 3]] * len(prompts)))
+    back = torch.tensor([0, 1, 2, 3])
+    state.rollback(back)
+    logits = target.step(state, torch.tensor([[7]] * len(prompts)))
+    for b, p in enumerate(prompts):
+        seq = p + [1, 2, 3][: 3 - int(back[b])] + [7]
+        torch.testing.assert_close(logits[b, 0], fresh_logits(target, seq), atol=1e-5, rtol=1e-5)
+
+
+def test_tree_step_scores_every_path_like_a_chain(target):
+    prompt = [5, 6, 7]
+    # root 10 with children 20, 21; 20 has child 30; 21 has child 31
+    tree = TokenTree(torch.tensor([[10, 20, 21, 30, 31]]), torch.tensor([[-1, 0, 0, 1, 2]]))
+    state = target.prefill([prompt], room=32)
+    logits = target.step(state, tree.tokens, tree_mask=tree.mask())
+    for node, path in {3: [10, 20, 30], 4: [10, 21, 31], 2: [10, 21]}.items():
+        torch.testing.assert_close(logits[0, node], fresh_logits(target, prompt + path), atol=1e-5, rtol=1e-5)
+    # keep the path root → 21 → 31 and continue: equals a fresh prefill of that sequence
+    state.keep_appended(torch.tensor([[0, 2, 4]]), torch.tensor([3]), appended=5)
+    nxt = target.step(state, torch.tensor([[44]]))
+    torch.testing.assert_close(nxt[0, 0], fresh_logits(target, prompt + [10, 21, 31, 44]), atol=1e-5, rtol=1e-5)
+
+
+def test_rollback_is_a_pointer_move():
+    cache = KVCache(2, 3, 2, 4, capacity=16)
+    cache.reserve(10)
+    before = cache.k[0].data_ptr()
+    cache.rollback(torch.tensor([1, 5, 10]))
+    assert cache.lengths.tolist() == [9, 5, 0] and cache.k[0].data_ptr() == before
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda m, s: m.step(s, torch.tensor([1, 2])), "shape"),
+    (lambda m, s: m.step(s, torch.tensor([[1.0, 2.0]])), "integer"),
+    (lambda m, s: m.step(s, torch.tensor([[1000]])), "token ids"),
+    (lambda m, s: m.step(s, torch.tensor([[1], [2]])), "batch"),
+    (lambda m, s: m.step(s, torch.zeros(1, 0, dtype=torch.long)), "at least one"),
+    (lambda m, s: s.rollback(99), "roll back"),
+    (lambda m, s: s.rollback(-1), ">= 0"),
+    (lambda m, s: m.step(s, torch.ones(1, 40, dtype=torch.long)), "overflow"),
+    (lambda m, s: m.step(s, torch.ones(1, 2, dtype=torch.long), tree_mask=torch.ones(1, 3, 3, dtype=torch.bool)), "tree_mask"),
+])
+def test_bad_input_gives_a_named_error(target, bad, message):
+    state = target.prefill([[1, 2, 3]], room=29)
+    with pytest.raises(InputError, match=message):
+        bad(target, state)
+
+
+def test_empty_prompt_is_rejected(target):
+    with pytest.raises(InputError, match="at least one token"):
+        target.prefill([[]], room=8)
+    with pytest.raises(InputError, match="non-empty"):
+        target.prefill([], room=8)
