@@ -1,8 +1,10 @@
-"""Shared fixtures: tiny random Llama-layout LMs (target and a smaller draft), seeded."""
+"""Shared fixtures: tiny random Llama-layout LMs (target and a smaller draft), seeded, and a tiny
+local Hugging Face LM directory (random weights, word-level tokenizer) built offline."""
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from mmaccel.lm.hf import HFCausalLM
 
@@ -35,3 +37,19 @@ def draft(target):
 def prompts():
     g = torch.Generator().manual_seed(1)
     return [torch.randint(0, 97, (n,), generator=g).tolist() for n in (5, 9, 3, 7)]
+
+WORDS = ["<pad>", "<eos>", "<unk>"] + "the a cat dog sat on mat ran far away and then stop go red blue".split()
+
+
+@pytest.fixture(scope="session")
+def tiny_lm_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_lm")
+    vocab = {w: i for i, w in enumerate(WORDS)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
+    fast.save_pretrained(path)
+    model = tiny_llama(0, layers=2, vocab=len(WORDS))
+    model.config.eos_token_id = 1
+    model.save_pretrained(path)
+    return path

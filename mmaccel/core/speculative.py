@@ -69,7 +69,9 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
     width = config.k if config.tree is None else config.tree[0] * config.tree[1]
     stats = DecodeStats()
     device = getattr(model, "device", torch.device("cpu"))
-    room = max_new_tokens + width + 2
+    # a row may overshoot max_new_tokens by `width` accepted drafts, and finished rows still take one
+    # more fed block (width + 1) before it is rolled back
+    room = max_new_tokens + 2 * (width + 1)
 
     with track_peak_memory(stats, device), stats.timed("total"):
         with stats.timed("prefill"):

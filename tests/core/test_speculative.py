@@ -185,3 +185,38 @@ def test_bad_sampling_and_lengths(resources, prompts):
         run(resources, prompts, "ar", {}, max_new_tokens=0)
     with pytest.raises(InputError, match="needs a draft"):
         build_method("speculative").loop_config(Resources(model=resources.model))
+
+
+class OracleProposer:
+    """Proposes the known greedy continuation for row 0 and junk for the others (ragged extremes)."""
+
+    needs_hidden = False
+
+    def __init__(self, truth):
+        self.truth = truth
+
+    def start(self, inputs, room, ctx):
+        pass
+
+    def passes(self):
+        return 0
+
+    def propose(self, ctx, k):
+        from mmaccel.core.proposers import Draft
+        rows = []
+        for b, n in enumerate(ctx.num_generated.tolist()):
+            good = self.truth[b][n : n + k]
+            rows.append(good + [0] * (k - len(good)) if b == 0 else [0] * k)
+        return Draft(torch.tensor(rows))
+
+    def observe(self, *args):
+        pass
+
+
+def test_rows_finishing_at_different_steps_stay_within_the_cache(target, prompts):
+    """Regression: a finished row still takes one fed block before rollback; the cache must have room."""
+    long_first = sorted(prompts, key=len, reverse=True)
+    truth = decode(target, long_first, LoopConfig(), max_new_tokens=20).tokens
+    out = decode(target, long_first, LoopConfig(OracleProposer(truth), k=6), max_new_tokens=10)
+    assert out.tokens == [t[:10] for t in truth]
+    assert out.stats.accepted_hist[7] >= 2          # row 0 overshot max_new_tokens by whole drafts

@@ -1,0 +1,6 @@
+"""Benchmarks: `mmaccel bench <suite>` compares every method with the AR baseline in one process."""
+
+from mmaccel.bench.core_suite import build_core_suite
+
+SUITES = {"core": build_core_suite}
+__all__ = ["SUITES"]

