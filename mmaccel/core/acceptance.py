@@ -39,6 +39,23 @@ def _at(x: Tensor, n: Tensor) -> Tensor:
     return x[torch.arange(x.shape[0], device=x.device), n.to(x.device)]
 
 
+def _draft_law(draft_tokens: Tensor, draft_probs: Tensor | None, target_probs: Tensor) -> Tensor:
+    """q [B, K, V]: the given draft distributions, or point masses on the drafts."""
+    if draft_probs is not None:
+        return draft_probs.float()
+    K = draft_tokens.shape[1]
+    return torch.zeros_like(target_probs[:, :K]).scatter_(2, draft_tokens[..., None], 1.0)
+
+
+def _correction(target_probs: Tensor, draft_probs: Tensor, n: Tensor, exponentials: Tensor) -> Tensor:
+    """The token after n kept drafts: a draw from norm(max(p_n - q_n, 0)), or from p_K (bonus)."""
+    q_pad = torch.cat([draft_probs, torch.zeros_like(target_probs[:, :1])], dim=1)  # bonus column: residual = p
+    p_n, q_n = _at(target_probs, n), _at(q_pad, n)
+    residual = (p_n - q_n).clamp_min(0)
+    residual = torch.where(residual.sum(-1, keepdim=True) <= 0, p_n, residual)  # p == q there: fall back to p
+    return race(residual, _at(exponentials, n))
+
+
 def accept_greedy(draft_tokens: Tensor, draft_probs: Tensor | None, target_probs: Tensor,
                   uniforms: Tensor | None = None, exponentials: Tensor | None = None) -> Verdict:
     """Keep drafts while they equal the target argmax; emit the argmax after them.
@@ -63,18 +80,10 @@ def accept_speculative(draft_tokens: Tensor, draft_probs: Tensor | None, target_
     B, K = draft_tokens.shape
     idx = draft_tokens[..., None]
     p_x = target_probs[:, :K].gather(2, idx).squeeze(2)
-    if draft_probs is None:
-        q = torch.zeros_like(target_probs[:, :K]).scatter_(2, idx, 1.0)
-    else:
-        q = draft_probs.float()
+    q = _draft_law(draft_tokens, draft_probs, target_probs)
     q_x = q.gather(2, idx).squeeze(2)
     n = _first_rejection(uniforms * q_x <= p_x)                     # u <= p/q without dividing by 0
-    q_pad = torch.cat([q, torch.zeros_like(target_probs[:, :1])], dim=1)  # bonus column: residual = p
-    p_n, q_n = _at(target_probs, n), _at(q_pad, n)
-    residual = (p_n - q_n).clamp_min(0)
-    empty = residual.sum(-1, keepdim=True) <= 0                     # p == q there: fall back to p
-    residual = torch.where(empty, p_n, residual)
-    return Verdict(n, race(residual, _at(exponentials, n)))
+    return Verdict(n, _correction(target_probs, q, n, exponentials))
 
 
 def accept_typical(draft_tokens: Tensor, draft_probs: Tensor | None, target_probs: Tensor,
@@ -112,8 +121,7 @@ def accept_pooled(draft_tokens: Tensor, draft_probs: Tensor | None, target_probs
     check(candidates.dim() == 3 and candidates.shape[:2] == draft_tokens.shape,
           f"candidates must have shape [B, {K}, M], got {tuple(candidates.shape)}")
     p = target_probs[:, :K]
-    q = (torch.zeros_like(p).scatter_(2, draft_tokens[..., None], 1.0) if draft_probs is None
-         else draft_probs.float())
+    q = _draft_law(draft_tokens, draft_probs, target_probs)
     valid = (candidates >= 0) & (candidates != draft_tokens[..., None])
     safe = candidates.clamp_min(0)
     p_c = p.gather(2, safe) * valid
@@ -125,12 +133,8 @@ def accept_pooled(draft_tokens: Tensor, draft_probs: Tensor | None, target_probs
     if pool_draft:
         q_x = q_x + (q.gather(2, safe) * within).sum(-1)
     n = _first_rejection(uniforms * q_x <= p_x)
-    q_pad = torch.cat([q, torch.zeros_like(target_probs[:, :1])], dim=1)
-    p_n, q_n = _at(target_probs, n), _at(q_pad, n)
-    residual = (p_n - q_n).clamp_min(0)
-    residual = torch.where(residual.sum(-1, keepdim=True) <= 0, p_n, residual)
     kept = torch.arange(K, device=n.device)[None, :] < n[:, None]
-    return Verdict(n, race(residual, _at(exponentials, n)), deviation=(moved * kept).sum(-1))
+    return Verdict(n, _correction(target_probs, q, n, exponentials), deviation=(moved * kept).sum(-1))
 
 
 def accept_coupled(draft_tokens: Tensor, draft_probs: Tensor | None, target_probs: Tensor,

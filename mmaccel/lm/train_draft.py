@@ -14,9 +14,10 @@ Stages, each resumable (rerun the same command after an interruption):
            Checkpoints `<out>/ckpt.pt` every `--ckpt-every` steps.
 3. export  the draft's own tensors in fp16 -> `--export` (default `mmaccel/assets/smollm2_draft.safetensors`)
            and a JSON config beside it.
-4. eval    greedy speculative decoding on 16 held-out prompts of `assets/prompts/core.jsonl` with
-           k=4 draft tokens per verify step, for the untrained truncated draft and the exported one,
-           and B=1 forward latencies -> `<out>/eval.json`.
+4. eval    on 16 held-out prompts of `assets/prompts/core.jsonl` (64 new tokens each): greedy
+           speculative decoding with k=4 draft tokens per verify step for the untrained truncated
+           draft and the exported one; teacher-forced top-1 agreement for truncations of 1-4 layers;
+           B=1 forward latencies -> `<out>/eval.json`.
 
 Everything is logged to `<out>/train.log`. Uses `--threads` CPU threads (default 1).
 """
@@ -439,33 +440,54 @@ def forward_latency_ms(models: dict, prefix: int = 128, widths=(1, 5), reps: int
     return {f"{n} T={w}": round(statistics.median(v) * 1e3, 2) for (n, w), v in times.items()}
 
 
+@torch.inference_mode()
+def teacher_forced_agreement(target, draft, prompts: list[list[int]], answers: list[list[int]]) -> float:
+    """Fraction of answer positions where argmax draft == argmax target, both given the target's
+    own greedy answer as prefix: the first-position acceptance rate alpha, from one forward each."""
+    hits = total = 0
+    for prompt, answer in zip(prompts, answers):
+        ids = torch.tensor([prompt + answer])
+        span = slice(len(prompt) - 1, len(prompt) - 1 + len(answer))
+        t = target(ids).logits[0, span].argmax(-1)
+        d = draft(ids).logits[0, span].argmax(-1)
+        hits += (t == d).sum().item()
+        total += len(answer)
+    return hits / total
+
+
 def evaluate(target, tokenizer, out: Path, weights: Path, args) -> dict:
     core = load_prompt_set("core")
-    prompts = [p["prompt"] for p in core[::3]]  # 16 held-out prompts, every category
+    prompts = [p["prompt"] for p in core[::3]]  # 16 held-out prompts from all 6 categories
+    rendered = [render_prompt(tokenizer, p) for p in prompts]
     t0 = time.perf_counter()
     reference = []
     with torch.inference_mode():
-        for p in prompts:
-            ids = render_prompt(tokenizer, p)
+        for ids in rendered:
             o = target.generate(torch.tensor([ids]), max_new_tokens=args.eval_tokens, do_sample=False)
             reference.append(o[0, len(ids) :].tolist())
     logger.info("target greedy reference for %d prompts in %.1f s", len(prompts), time.perf_counter() - t0)
-    results = {"eval_prompts": "assets/prompts/core.jsonl, every 3rd line (16 prompts)", "max_new_tokens": args.eval_tokens}
-    drafts = {f"truncated_{n}_layers": (lambda n=n: truncated_draft(target, n)) for n in range(1, 5)}
-    drafts["distilled"] = lambda: load_smollm2_draft(target, weights)
-    built = {}
-    for name, make in drafts.items():
+    results = {
+        "eval_prompts": "assets/prompts/core.jsonl, every 3rd line (16 prompts, all categories)",
+        "max_new_tokens": args.eval_tokens,
+        "answer_tokens": sum(map(len, reference)),
+    }
+    drafts = {f"truncated_{n}_layers": truncated_draft(target, n) for n in range(1, 5)}
+    drafts["distilled"] = load_smollm2_draft(target, weights)
+    results["teacher_forced_agreement"] = {
+        name: round(teacher_forced_agreement(target, d, rendered, reference), 4) for name, d in drafts.items()
+    }
+    logger.info("teacher-forced top-1 agreement: %s", json.dumps(results["teacher_forced_agreement"]))
+    for name in (f"truncated_{args.layers}_layers", "distilled"):
         t0 = time.perf_counter()
-        built[name] = make()
         rep, _ = acceptance_report(
-            target, built[name], tokenizer, prompts, k=args.k, max_new_tokens=args.eval_tokens, reference=reference
+            target, drafts[name], tokenizer, prompts, k=args.k, max_new_tokens=args.eval_tokens, reference=reference
         )
-        results[name] = rep
-        logger.info("acceptance %s (%.0f s): %s", name, time.perf_counter() - t0, json.dumps(rep))
-    lat = forward_latency_ms({"target": target, "distilled": built["distilled"], **{
-        f"truncated_{n}": built[f"truncated_{n}_layers"] for n in (1, 3, 4)}})
-    results["latency_ms_b1"] = lat
-    logger.info("latency (ms, B=1, 128-token context): %s", json.dumps(lat))
+        results[f"speculative_{name}"] = rep
+        logger.info("greedy speculative, %s (%.0f s): %s", name, time.perf_counter() - t0, json.dumps(rep))
+    models = {"target": target, "distilled": drafts["distilled"]}
+    models.update({f"truncated_{n}": drafts[f"truncated_{n}_layers"] for n in (1, 3, 4)})
+    results["latency_ms_b1"] = forward_latency_ms(models)
+    logger.info("latency (ms, B=1, 128-token context): %s", json.dumps(results["latency_ms_b1"]))
     results["draft_file_mb"] = round(weights.stat().st_size / 1e6, 2)
     (out / "eval.json").write_text(json.dumps(results, indent=2) + "\n")
     return results
@@ -484,12 +506,12 @@ def parse_args(argv=None):
     p.add_argument("--gen-batch", type=int, default=48)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--topk", type=int, default=64)
-    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--steps", type=int, default=300)
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--lr", type=float, default=5e-4)
-    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--log-every", type=int, default=20)
-    p.add_argument("--ckpt-every", type=int, default=100)
+    p.add_argument("--ckpt-every", type=int, default=50)
     p.add_argument("--k", type=int, default=4, help="draft tokens per verify step in the evaluation")
     p.add_argument("--eval-tokens", type=int, default=64, help="new tokens per evaluation prompt")
     p.add_argument("--stages", default="data,train,export,eval", help="comma-separated subset of data,train,export,eval")
@@ -517,7 +539,8 @@ def main(argv=None) -> int:
         draft = train(target, tokenizer, args.out, args)
         if "export" in stages:
             export(draft, target, weights, args, command)
-    logger.info("data+train+export took %.1f min", (time.perf_counter() - t_start) / 60)
+    if stages & {"data", "train", "export"}:
+        logger.info("%s took %.1f min", "+".join(sorted(stages - {"eval"})), (time.perf_counter() - t_start) / 60)
     if "eval" in stages:
         evaluate(target, tokenizer, args.out, weights, args)
     return 0
