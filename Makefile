@@ -29,6 +29,7 @@ test-slow: install
 
 bench: install
 	$(BIN)/mmaccel bench core
+	$(BIN)/mmaccel bench report
 
 bench-quick: install
 	$(BIN)/mmaccel bench core --quick

@@ -9,12 +9,15 @@ from __future__ import annotations
 from mmaccel.bench.harness import MethodSpec, Suite
 from mmaccel.core.methods import build_method
 
+# Widths follow the measured step cost of SmolLM2 on 2 CPU cores: verifying T = 3 tokens costs about
+# 1.15x a one-token step, T = 5 about 1.9x (docs in mmaccel/assets/README.md, "smollm2_draft").
 DEFAULT_METHODS = [
     MethodSpec("ar"),
-    MethodSpec("speculative", {"k": 4}),
-    MethodSpec("tree", {"depth": 4, "width": 2}),
-    MethodSpec("ngram", {"k": 4, "max_ngram": 3}),
-    MethodSpec("sjd", {"window": 4}, label="jacobi"),
+    MethodSpec("speculative", {"k": 2}, label="speculative-k2"),
+    MethodSpec("speculative", {"k": 4}, label="speculative-k4"),
+    MethodSpec("tree", {"depth": 3, "width": 2}),
+    MethodSpec("ngram", {"k": 2, "max_ngram": 3}),
+    MethodSpec("sjd", {"window": 2}, label="jacobi"),
 ]
 
 
@@ -24,15 +27,16 @@ def build_core_suite(quick: bool = False, methods: list[MethodSpec] | None = Non
 
     pipe = pipeline or TextPipeline.from_pretrained("builtin:smollm2")
     prompts = load_prompt_set("core")
+    per_category = 1 if quick else 4
+    picked, seen = [], {}
+    for p in prompts:
+        if seen.get(p["category"], 0) < per_category:
+            seen[p["category"]] = seen.get(p["category"], 0) + 1
+            picked.append(p)
     if quick:  # one prompt from each of three categories, short outputs, batch 1 only
-        seen, picked = set(), []
-        for p in prompts:
-            if p["category"] not in seen and len(picked) < 3:
-                seen.add(p["category"])
-                picked.append(p)
-        prompts, max_new, sizes = picked, 32, [1]
-    else:
-        max_new, sizes = 128, [1, 4]
+        prompts, max_new, sizes = picked[:3], 32, [1]
+    else:      # four prompts from each of the six categories
+        prompts, max_new, sizes = picked, 64, [1, 4]
     texts = [p["prompt"] for p in prompts]
     batches = {b: [texts[i : i + b] for i in range(0, len(texts), b)] for b in sizes}
     methods = methods or DEFAULT_METHODS

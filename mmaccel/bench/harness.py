@@ -126,24 +126,27 @@ def write_results(doc: dict, out: Path, primary_quality: str) -> list[Path]:
 
 
 def _plot(doc: dict, path: Path, primary_quality: str) -> None:
+    """Two panels: quality vs wall-clock speed-up, and NFE ratio vs wall-clock speed-up."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
-    for batch in sorted({r["batch"] for r in doc["results"]}):
-        rows = [r for r in doc["results"] if r["batch"] == batch]
-        xs = [r["speedup"] for r in rows]
-        ys = [r["quality"].get(primary_quality, float("nan")) for r in rows]
-        ax.scatter(xs, ys, label=f"batch {batch}")
-        for r, x, y in zip(rows, xs, ys):
-            ax.annotate(r["method"], (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    ax.axvline(1.0, color="grey", lw=0.8, ls="--")
-    ax.set_xlabel("wall-clock speed-up over AR (same process)")
-    ax.set_ylabel(primary_quality)
-    ax.set_title(f"mmaccel bench {doc['suite']}")
-    ax.legend(fontsize=8)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), dpi=120)
+    panels = [(lambda r: r["quality"].get(primary_quality, float("nan")), primary_quality),
+              (lambda r: r["nfe_ratio"], "NFE ratio (target passes saved)")]
+    for ax, (value, label) in zip(axes, panels):
+        for batch, marker in zip(sorted({r["batch"] for r in doc["results"]}), "os^vD"):
+            rows = [r for r in doc["results"] if r["batch"] == batch]
+            xs, ys = [r["speedup"] for r in rows], [value(r) for r in rows]
+            ax.scatter(xs, ys, marker=marker, label=f"batch {batch}")
+            for k, (r, x, y) in enumerate(zip(rows, xs, ys)):
+                ax.annotate(r["method"], (x, y), fontsize=7, xytext=(4, 4 + 7 * (k % 3)), textcoords="offset points")
+        ax.axvline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_xlabel("wall-clock speed-up over AR (same process)")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"mmaccel bench {doc['suite']} — {doc['device']}")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

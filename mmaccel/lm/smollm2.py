@@ -248,8 +248,8 @@ def _draft_shell(target, num_layers: int):
     from accelerate import init_empty_weights
     from transformers import LlamaForCausalLM
 
-    if not 1 <= num_layers <= target.config.num_hidden_layers:
-        raise InputError(f"draft num_layers must be in 1..{target.config.num_hidden_layers}, got {num_layers}")
+    if num_layers < 1:
+        raise InputError(f"a draft needs at least one decoder layer, got num_layers={num_layers}")
     config = copy.deepcopy(target.config)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
@@ -275,6 +275,8 @@ def _finish_draft(draft):
 def truncated_draft(target, num_layers: int = 2):
     """Untrained draft: copies of the target's first `num_layers` decoder layers and its final norm,
     sharing the target's embedding and lm_head. The starting point of distillation and its baseline."""
+    if not 1 <= num_layers <= target.config.num_hidden_layers:
+        raise InputError(f"num_layers must be in 1..{target.config.num_hidden_layers} (the target's depth), got {num_layers}")
     draft = _draft_shell(target, num_layers)
     draft.model.layers = torch.nn.ModuleList(copy.deepcopy(target.model.layers[i]) for i in range(num_layers))
     draft.model.norm = copy.deepcopy(target.model.norm)

@@ -35,7 +35,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from mmaccel.lm.smollm2 import (

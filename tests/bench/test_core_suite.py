@@ -13,7 +13,7 @@ def test_bench_core_quick_writes_valid_json(tmp_path):
     doc = json.loads(out.read_text())
     validate_document(doc)
     assert doc["suite"] == "core" and doc["baseline"] == "ar" and doc["config"]["quick"] is True
-    assert {r["method"] for r in doc["results"]} == {"ar", "speculative", "tree", "ngram", "jacobi"}
+    assert {r["method"] for r in doc["results"]} == {"ar", "speculative-k2", "speculative-k4", "tree", "ngram", "jacobi"}
     for r in doc["results"]:
         assert r["lossless"] is True and r["quality"]["identical_to_ar"] == 1.0, r
         assert r["nfe"] > 0 and r["latency_s"] > 0 and r["peak_mem_mb"] > 0
