@@ -64,7 +64,6 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
     """
     check(isinstance(max_new_tokens, int) and max_new_tokens >= 1, f"max_new_tokens must be an int >= 1, got {max_new_tokens}")
     rule_name = _effective_rule(config, sampling)
-    rule = RULES[rule_name]
     params = (config.rule_params or {}) if rule_name == config.rule else {}
     width = config.k if config.tree is None else config.tree[0] * config.tree[1]
     stats = DecodeStats()

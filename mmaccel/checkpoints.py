@@ -1,0 +1,85 @@
+"""Reading official checkpoint files: one reader, one container unwrapper, one strict layout check.
+
+Every loader of an official layout (LlamaGen VQ and GPT, later VAR, Whisper, ...) goes through
+these three functions, so a missing file, a corrupt file and a wrong layout give the same kind of
+one-line error everywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from mmaccel.errors import InputError, ModelNotFoundError
+
+CONTAINER_KEYS = ("model", "module", "state_dict")   # DDP, DeepSpeed, generic trainers
+PREFIXES = ("module.", "_orig_mod.")                  # DDP wrapper, torch.compile wrapper
+
+
+def _first_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return (lines[0] if lines else type(err).__name__)[:200]
+
+
+def read_checkpoint(path: str | os.PathLike, what: str) -> tuple[Mapping, dict[str, str]]:
+    """(checkpoint object, safetensors metadata) from a `.safetensors` or torch `.pt/.pth/.bin` file.
+
+    Torch files are read with `weights_only=True`; official trainers also store their
+    `argparse.Namespace` (LlamaGen's "args"), which is the one extra class allowed.
+    """
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise ModelNotFoundError(f"{what} not found: {path} (nothing is downloaded; pass the path of a local file)")
+    if path.suffix == ".safetensors":
+        from safetensors import safe_open
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                return {key: f.get_tensor(key) for key in f.keys()}, dict(f.metadata() or {})
+        except Exception as err:  # safetensors raises its own error types for bad headers
+            raise InputError(f"{path} is not a readable safetensors file: {_first_line(err)}") from None
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # any unreadable file is one user-facing error
+        raise InputError(f"cannot read {path} as a {what} ({type(err).__name__}: {_first_line(err)})") from None
+    if not isinstance(obj, Mapping):
+        raise InputError(f"{path} holds a {type(obj).__name__}, not a checkpoint dict or state dict")
+    return obj, {}
+
+
+def unwrap_state_dict(obj: Mapping, source: str, drop: Sequence[str] = ()) -> dict[str, Tensor]:
+    """The tensors inside an official container (`model`, `module`, `state_dict`, or top level), with a
+    whole-dict `module.`/`_orig_mod.` prefix removed and derived entries (names or suffixes in `drop`) dropped."""
+    for key in CONTAINER_KEYS:
+        if isinstance(obj.get(key), Mapping):
+            obj = obj[key]
+            break
+    bad = [k for k, v in obj.items() if not isinstance(k, str) or not isinstance(v, Tensor)]
+    if bad or not obj:
+        raise InputError(f"{source} is not a state dict: expected tensors under one of {CONTAINER_KEYS} or at the top "
+                         f"level, found keys {sorted(map(str, obj))[:5]}")
+    state = dict(obj)
+    for prefix in PREFIXES:
+        if all(k.startswith(prefix) for k in state):
+            state = {k[len(prefix):]: v for k, v in state.items()}
+    return {k: v for k, v in state.items() if not any(k == d or k.endswith(d) for d in drop)}
+
+
+def check_layout(expected: Mapping[str, Tensor], state: Mapping[str, Tensor], source: str, layout: str) -> None:
+    """Raise `InputError` naming the first missing / unexpected keys or wrong shapes of `state`."""
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    if missing or unexpected:
+        parts = ([f"{len(missing)} missing key(s), first: {', '.join(missing[:3])}"] if missing else []) + \
+                ([f"{len(unexpected)} unexpected key(s), first: {', '.join(unexpected[:3])}"] if unexpected else [])
+        raise InputError(f"{source} does not match the {layout} layout ({'; '.join(parts)}); check the model size/config")
+    wrong = [f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in expected.items()
+             if tuple(state[k].shape) != tuple(v.shape)]
+    if wrong:
+        raise InputError(f"{source} has {len(wrong)} tensor(s) of the wrong shape for the {layout} layout, first: "
+                         f"{'; '.join(wrong[:3])}; pass the matching config")

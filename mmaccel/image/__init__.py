@@ -1,0 +1,1 @@
+"""Autoregressive image generation: tokenizers, models, acceleration methods, pipeline."""

@@ -1,0 +1,498 @@
+"""LlamaGen class-conditional GPT (FoundationVision/LlamaGen, `autoregressive/models/gpt.py`) as a DecoderModel.
+
+Llama-style decoder (RMSNorm, SwiGLU, fused `wqkv`) over VQ image tokens in raster order, with
+one class-embedding token in front and a 2-D rotary embedding: image token i sits at grid cell
+(i // grid, i % grid); the first half of each head's rotary pairs encodes the row, the second the
+column. As in the official `precompute_freqs_cis_2d`, the class token's rotary entries are
+(cos, sin) = (0, 0), i.e. its query and key are multiplied by zero — it is reached through its
+value only. Classifier-free guidance uses the extra "null" class `num_classes` that label dropout
+trains (`class_dropout_prob > 0`).
+
+Module and parameter names match the official model exactly, so an official `c2i_*.pt` loads
+with strict key matching. The official rotary table is a plain attribute, not a buffer, so it is
+not in their state dict; here it is computed from positions on the fly (same float32 ops), which
+also lets speculative loops feed a few draft positions past the last grid cell harmlessly.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mmaccel.core.model import DecodeState, KVCache, check_step_args, default_positions
+from mmaccel.checkpoints import check_layout, read_checkpoint, unwrap_state_dict
+from mmaccel.errors import InputError, check
+
+
+def find_multiple(n: int, k: int) -> int:
+    """The smallest multiple of k that is >= n (the official SwiGLU width rounding)."""
+    return n if n % k == 0 else n + k - n % k
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Field names follow the official `ModelArgs`; defaults are GPT-B, 256x256 images (16x16 tokens).
+
+    Dropouts only act in training mode. `drop_path_rate` of the official trainer is not supported.
+    """
+
+    dim: int = 768
+    n_layer: int = 12
+    n_head: int = 12
+    n_kv_head: int | None = None
+    multiple_of: int = 256
+    ffn_dim_multiplier: float | None = None
+    rope_base: float = 10000
+    norm_eps: float = 1e-5
+    initializer_range: float = 0.02
+    token_dropout_p: float = 0.1
+    attn_dropout_p: float = 0.0
+    resid_dropout_p: float = 0.1
+    ffn_dropout_p: float = 0.1
+    num_classes: int = 1000
+    class_dropout_prob: float = 0.1
+    vocab_size: int = 16384
+    cls_token_num: int = 1
+    block_size: int = 256
+
+    def __post_init__(self):
+        check(self.n_layer >= 1 and self.dim >= 1 and self.n_head >= 1,
+              f"n_layer, dim and n_head must be >= 1, got {self.n_layer}, {self.dim}, {self.n_head}")
+        check(self.dim % self.n_head == 0, f"dim {self.dim} must be divisible by n_head {self.n_head}")
+        check(self.head_dim % 4 == 0, f"the 2-D rotary embedding needs head_dim divisible by 4, got {self.head_dim}")
+        check(self.n_head % self.kv_heads == 0, f"n_head {self.n_head} must be a multiple of n_kv_head {self.kv_heads}")
+        check(self.vocab_size >= 1 and self.num_classes >= 1,
+              f"vocab_size and num_classes must be >= 1, got {self.vocab_size}, {self.num_classes}")
+        grid = int(round(self.block_size ** 0.5))
+        check(self.block_size >= 1 and grid * grid == self.block_size,
+              f"block_size must be a square number of image tokens (16*16=256, 24*24=576), got {self.block_size}")
+        check(self.cls_token_num == 1, f"class-conditional LlamaGen uses one class token; cls_token_num must be 1, "
+              f"got {self.cls_token_num}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_head if self.n_kv_head is None else self.n_kv_head
+
+    @property
+    def grid_size(self) -> int:
+        return int(round(self.block_size ** 0.5))
+
+    @property
+    def ffn_hidden_dim(self) -> int:
+        hidden = int(2 * (4 * self.dim) / 3)
+        if self.ffn_dim_multiplier is not None:
+            hidden = int(self.ffn_dim_multiplier * hidden)
+        return find_multiple(hidden, self.multiple_of)
+
+    @property
+    def has_null_class(self) -> bool:
+        """Whether the class table has the CFG row `num_classes` (trained with label dropout)."""
+        return self.class_dropout_prob > 0
+
+
+# (n_layer, n_head, dim). Official c2i sizes (GPT-B/L/XL/XXL/XXXL; 1B/3B are listed there as t2i sizes but
+# c2i_3B_384.pt exists) and small sizes for the models this project trains itself.
+GPT_PRESETS: dict[str, tuple[int, int, int]] = {
+    "GPT-B": (12, 12, 768),        # 111M
+    "GPT-L": (24, 16, 1024),       # 343M
+    "GPT-XL": (36, 20, 1280),      # 775M
+    "GPT-XXL": (48, 24, 1536),     # 1.4B
+    "GPT-XXXL": (48, 40, 2560),    # 3.9B
+    "GPT-1B": (22, 32, 2048),
+    "GPT-3B": (24, 32, 3200),
+    "GPT-nano": (2, 4, 64),        # drafts and tests
+    "GPT-micro": (4, 4, 128),
+    "GPT-mini": (6, 8, 256),
+}
+
+
+def _check_fields(overrides: dict[str, Any]) -> None:
+    unknown = sorted(set(overrides) - {f.name for f in fields(GPTConfig)})
+    check(not unknown, f"unknown GPTConfig field(s) {', '.join(unknown)}; see GPTConfig for the official names")
+
+
+def gpt_config(name: str, **overrides: Any) -> GPTConfig:
+    """The preset `name` (e.g. "GPT-B") with `overrides` (block_size=576 for 384px, vocab_size, ...)."""
+    if name not in GPT_PRESETS:
+        raise InputError(f"unknown GPT preset {name!r}; choose from {', '.join(GPT_PRESETS)}")
+    n_layer, n_head, dim = GPT_PRESETS[name]
+    _check_fields(overrides)
+    return GPTConfig(**{"n_layer": n_layer, "n_head": n_head, "dim": dim, **overrides})
+
+
+def rope_2d(positions: Tensor, config: GPTConfig) -> Tensor:
+    """Rotary (cos, sin) [..., head_dim // 2, 2] for image-token indices `positions` [...] (raster order).
+
+    Pair j < head_dim/4 rotates by row * f_j, the rest by col * f_j, f_j = base^(-2j / (head_dim/2)),
+    the same float32 ops as the official `precompute_freqs_cis_2d`. Indices past the grid continue
+    the raster (extra rows).
+    """
+    half = config.head_dim // 2
+    freqs = 1.0 / (config.rope_base ** (torch.arange(0, half, 2)[: half // 2].float() / half))
+    freqs = freqs.to(positions.device)
+    row = (positions // config.grid_size).float()[..., None] * freqs
+    col = (positions % config.grid_size).float()[..., None] * freqs
+    angles = torch.cat([row, col], dim=-1)
+    return torch.stack([torch.cos(angles), torch.sin(angles)], dim=-1)
+
+
+def apply_rope(x: Tensor, rope: Tensor) -> Tensor:
+    # x: [B, T, H, D], rope: [B, T, D/2, 2]; pairs are adjacent channels (2j, 2j+1)
+    pairs = x.float().reshape(*x.shape[:-1], -1, 2)
+    cos, sin = rope[:, :, None, :, 0], rope[:, :, None, :, 1]
+    out = torch.stack([pairs[..., 0] * cos - pairs[..., 1] * sin,
+                       pairs[..., 1] * cos + pairs[..., 0] * sin], dim=-1)
+    return out.flatten(3).type_as(x)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+class LabelEmbedder(nn.Module):
+    """Class embedding table; row `num_classes` is the null class that label dropout trains for CFG."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.num_classes, self.dropout_prob = config.num_classes, config.class_dropout_prob
+        self.embedding_table = nn.Embedding(config.num_classes + int(config.has_null_class), config.dim)
+
+    def forward(self, labels: Tensor) -> Tensor:
+        # labels: [B] -> [B, 1, dim]
+        if self.training and self.dropout_prob > 0:
+            drop = torch.rand(labels.shape[0], device=labels.device) < self.dropout_prob
+            labels = torch.where(drop, torch.full_like(labels, self.num_classes), labels)
+        return self.embedding_table(labels)[:, None]
+
+
+class Attention(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.kv_heads, config.head_dim
+        self.wqkv = nn.Linear(config.dim, (config.n_head + 2 * config.kv_heads) * config.head_dim, bias=False)
+        self.wo = nn.Linear(config.dim, config.dim, bias=False)
+        self.attn_dropout_p = config.attn_dropout_p
+        self.resid_dropout = nn.Dropout(config.resid_dropout_p)
+
+    def forward(self, x: Tensor, rope: Tensor, mask: Tensor | None, cache: Any, layer_idx: int) -> Tensor:
+        # x: [B, T, dim]; mask: [B, 1, T, S] bool or None (= causal over x alone)
+        B, T, dim = x.shape
+        kv = self.n_kv_head * self.head_dim
+        q, k, v = self.wqkv(x).split([dim, kv, kv], dim=-1)
+        q = apply_rope(q.view(B, T, self.n_head, self.head_dim), rope).transpose(1, 2)
+        k = apply_rope(k.view(B, T, self.n_kv_head, self.head_dim), rope).transpose(1, 2)
+        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        if cache is not None:
+            k, v = cache.update(k, v, layer_idx)
+        if self.n_kv_head != self.n_head:
+            k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+            v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                             dropout_p=self.attn_dropout_p if self.training else 0.0)
+        return self.resid_dropout(self.wo(out.transpose(1, 2).reshape(B, T, dim)))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        hidden = config.ffn_hidden_dim
+        self.w1 = nn.Linear(config.dim, hidden, bias=False)
+        self.w3 = nn.Linear(config.dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, config.dim, bias=False)
+        self.ffn_dropout = nn.Dropout(config.ffn_dropout_p)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.ffn_dropout(self.w2(F.silu(self.w1(x)) * self.w3(x)))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.attention = Attention(config)
+        self.feed_forward = FeedForward(config)
+        self.attention_norm = RMSNorm(config.dim, config.norm_eps)
+        self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
+
+    def forward(self, x: Tensor, rope: Tensor, mask: Tensor | None, cache: Any, layer_idx: int) -> Tensor:
+        h = x + self.attention(self.attention_norm(x), rope, mask, cache, layer_idx)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class LlamaGenGPT(nn.Module):
+    """LlamaGen c2i GPT in the official parameter layout, decodable by every mmaccel method.
+
+    Inputs of `prefill` are class labels; label `num_classes` is the null class, so
+    `CFG(model, scale).prefill((labels, [model.num_classes] * B), room)` is guided generation.
+    Positions passed to `step` are image-token indices (0 = first image token).
+    """
+
+    def __init__(self, config: GPTConfig = GPTConfig()):
+        super().__init__()
+        check(isinstance(config, GPTConfig), f"config must be a GPTConfig, got {type(config).__name__}")
+        self.config = config
+        self.vocab_size, self.num_classes = config.vocab_size, config.num_classes
+        self.cls_embedding = LabelEmbedder(config)
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
+        self.tok_dropout = nn.Dropout(config.token_dropout_p)
+        self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layer))
+        self.norm = RMSNorm(config.dim, config.norm_eps)
+        self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
+        self.initialize_weights()
+
+    def initialize_weights(self) -> None:
+        """The official init: N(0, initializer_range) for linears and embeddings, zero output head."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
+        nn.init.zeros_(self.output.weight)
+
+    @property
+    def device(self) -> torch.device:
+        return self.output.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.output.weight.dtype
+
+    # ---- inputs -------------------------------------------------------------------------------
+
+    def _labels(self, labels: Any) -> Tensor:
+        """Class labels (a sequence of ints or an int tensor [B]) as a LongTensor [B] on the model's device."""
+        top = self.num_classes if self.config.has_null_class else self.num_classes - 1
+        if isinstance(labels, Tensor):
+            check(labels.dim() <= 1, f"labels must be a [batch] tensor, got shape {tuple(labels.shape)}")
+            check(not labels.is_floating_point() and labels.dtype != torch.bool,
+                  f"labels must be integer class indices, got dtype {labels.dtype}")
+            labels = labels.reshape(-1).tolist()
+        if not isinstance(labels, (list, tuple, str, bytes, Mapping)) and hasattr(labels, "__len__"):
+            labels = list(labels)                                  # numpy arrays, ranges
+        check(isinstance(labels, (list, tuple)), f"labels must be a list of class indices or a tensor, "
+              f"got {type(labels).__name__}")
+        check(len(labels) > 0, "labels is empty: pass at least one class index")
+        out = []
+        for label in labels:
+            if isinstance(label, Tensor) and label.numel() == 1 and not label.is_floating_point():
+                label = int(label)
+            if isinstance(label, bool) or not isinstance(label, numbers.Integral):
+                raise InputError(f"unknown label {label!r}: labels are class indices in [0, {self.num_classes}) "
+                                 f"(and {self.num_classes} = the null class for CFG)")
+            if label == self.num_classes and not self.config.has_null_class:
+                raise InputError(f"label {label} is the null class, but this model was trained without label "
+                                 "dropout (class_dropout_prob=0), so it has no null class and cannot do CFG")
+            check(0 <= label <= top, f"label {label} out of range: class indices lie in [0, {self.num_classes})"
+                  + (f", and {self.num_classes} is the null class" if self.config.has_null_class else ""))
+            out.append(int(label))
+        return torch.tensor(out, dtype=torch.long, device=self.device)
+
+    # ---- decoding -----------------------------------------------------------------------------
+
+    def _run(self, h: Tensor, rope: Tensor, mask: Tensor | None, cache: Any, depth: int | None = None) -> Tensor:
+        for i, layer in enumerate(self.layers[:depth]):
+            h = layer(h, rope, mask, cache, i)
+        return self.norm(h)
+
+    def early_exit(self, exit_layer: int, head: nn.Module | None = None) -> "EarlyExitGPT":
+        """A draft view of the first `exit_layer` layers (weights shared) for self-speculative decoding."""
+        return EarlyExitGPT(self, exit_layer, head)
+
+    def new_state(self, batch_size: int, capacity: int, depth: int | None = None) -> DecodeState:
+        cache = KVCache(depth or self.config.n_layer, batch_size, self.config.kv_heads, self.config.head_dim, capacity,
+                        dtype=self.dtype, device=self.device)
+        return DecodeState(cache)
+
+    def prefill(self, inputs: Any, room: int) -> DecodeState:
+        """Run the class token of each label [B]; `state.logits` [B, V] give image token 0.
+
+        The cache has room for the class token and `room` image tokens (the loop asks for its draft
+        slack on top of the image length).
+        """
+        return self._prefill(inputs, room, self.config.n_layer, self.output)
+
+    def step(self, state: DecodeState, tokens: Tensor, positions: Tensor | None = None,
+             tree_mask: Tensor | None = None) -> Tensor:
+        """Append image tokens [B, T]; returns logits [B, T, V] (row t predicts the token after tokens[:, t]).
+
+        `positions` [B, T] are image-token indices (default: the next free ones, or prefix + depth for
+        a tree); index i is rotated as grid cell (i // grid, i % grid).
+        """
+        return self._step(state, tokens, positions, tree_mask, self.config.n_layer, self.output)
+
+    @torch.inference_mode()
+    def _prefill(self, inputs: Any, room: int, depth: int, head: nn.Module) -> DecodeState:
+        labels = self._labels(inputs)
+        check(isinstance(room, int) and not isinstance(room, bool) and room >= 0, f"room must be an int >= 0, got {room!r}")
+        state = self.new_state(labels.shape[0], self.config.cls_token_num + room, depth)
+        write, start = state.cache.reserve(self.config.cls_token_num)
+        mask = state.cache.attention_mask(start, self.config.cls_token_num, None)
+        h = self.cls_embedding(labels)                                         # [B, 1, dim]
+        rope = h.new_zeros(*h.shape[:2], self.config.head_dim // 2, 2, dtype=torch.float32)
+        h = self._run(h, rope, mask, write, depth)
+        state.hidden = h
+        state.logits = head(h[:, -1]).float()
+        return state
+
+    @torch.inference_mode()
+    def _step(self, state: DecodeState, tokens: Tensor, positions: Tensor | None, tree_mask: Tensor | None,
+              depth: int, head: nn.Module) -> Tensor:
+        check_step_args(state, tokens, tree_mask, self.vocab_size)
+        T = tokens.shape[1]
+        if positions is not None:
+            check(isinstance(positions, Tensor) and positions.shape == tokens.shape,
+                  f"positions must be a tensor shaped like tokens {tuple(tokens.shape)}")
+            check(bool((positions >= 0).all()), "positions are image-token indices and must be >= 0")
+        write, start = state.cache.reserve(T)
+        mask = state.cache.attention_mask(start, T, tree_mask)
+        if positions is None:
+            positions = default_positions(start, T, tree_mask) - self.config.cls_token_num
+        rope = rope_2d(positions.to(self.device), self.config)
+        h = self._run(self.tok_embeddings(tokens.to(self.device)), rope, mask, write, depth)
+        state.hidden = h
+        return head(h).float()
+
+    # ---- training -----------------------------------------------------------------------------
+
+    def forward(self, labels: Any, tokens: Tensor) -> Tensor:
+        """Teacher-forced logits [B, N + 1, V] for class token + image tokens [B, N] (N <= block_size).
+
+        Row j predicts image token j, so training on targets `x` [B, L] feeds `tokens = x[:, :-1]`
+        (the official c2i trainer). In training mode label dropout and the dropouts are active.
+        """
+        labels = self._labels(labels)
+        check(isinstance(tokens, Tensor) and tokens.dim() == 2, f"tokens must be a [batch, N] tensor, "
+              f"got {tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__}")
+        check(not tokens.is_floating_point() and tokens.dtype != torch.bool, f"tokens must be integer ids, got {tokens.dtype}")
+        check(tokens.shape[0] == labels.shape[0], f"{labels.shape[0]} labels but {tokens.shape[0]} token rows")
+        N = tokens.shape[1]
+        check(N <= self.config.block_size, f"sequence of {N} image tokens is longer than block_size "
+              f"{self.config.block_size} ({self.config.grid_size}x{self.config.grid_size} grid)")
+        check(bool(((tokens >= 0) & (tokens < self.vocab_size)).all()), f"token ids must lie in [0, {self.vocab_size})")
+        tokens = tokens.to(self.device)
+        h = torch.cat([self.cls_embedding(labels), self.tok_embeddings(tokens)], dim=1)
+        h = self.tok_dropout(h)
+        B = h.shape[0]
+        cls_rope = torch.zeros(B, self.config.cls_token_num, self.config.head_dim // 2, 2, device=self.device)
+        img_rope = rope_2d(torch.arange(N, device=self.device).expand(B, N), self.config)
+        h = self._run(h, torch.cat([cls_rope, img_rope], dim=1), None, None)
+        return self.output(h[:, self.config.cls_token_num - 1:]).float()
+
+    forward_full = forward
+
+
+class EarlyExitGPT:
+    """The first `exit_layer` layers of a LlamaGenGPT, then its final norm and `head` (default: its
+    own output layer) — a weight-sharing draft for self-speculation (LayerSkip-style)."""
+
+    def __init__(self, model: LlamaGenGPT, exit_layer: int, head: nn.Module | None = None):
+        n = model.config.n_layer
+        check(isinstance(exit_layer, int) and 1 <= exit_layer <= n, f"exit layer must be in [1, {n}], got {exit_layer}")
+        self.model, self.exit_layer = model, exit_layer
+        self.head = model.output if head is None else head
+        self.vocab_size, self.num_classes = model.vocab_size, model.num_classes
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def prefill(self, inputs: Any, room: int) -> DecodeState:
+        return self.model._prefill(inputs, room, self.exit_layer, self.head)
+
+    def step(self, state: DecodeState, tokens: Tensor, positions: Tensor | None = None,
+             tree_mask: Tensor | None = None) -> Tensor:
+        return self.model._step(state, tokens, positions, tree_mask, self.exit_layer, self.head)
+
+
+# ---- checkpoints --------------------------------------------------------------------------------
+
+# Derived tensors that a saved official model may carry (`setup_caches` registers KV-cache buffers;
+# LlamaGen's sampler anticipates a stray `freqs_cis`); they hold no weights, so loading drops them.
+_DERIVED_KEYS = ("freqs_cis", "causal_mask")
+_DERIVED_SUFFIXES = (".kv_cache.k_cache", ".kv_cache.v_cache")
+
+
+def unwrap_gpt_state_dict(ckpt: Mapping, source: str = "checkpoint") -> dict[str, Tensor]:
+    """The weights inside an official container (see `mmaccel.checkpoints.unwrap_state_dict`), with
+    derived buffers (`freqs_cis`, causal mask, KV caches) dropped: they hold no weights."""
+    return unwrap_state_dict(ckpt, source, drop=_DERIVED_KEYS + _DERIVED_SUFFIXES)
+
+
+def infer_config(state: Mapping[str, Tensor], **overrides: Any) -> GPTConfig:
+    """A GPTConfig whose shapes match `state`; n_head comes from the preset with the same depth and width
+    (or `overrides`), block_size defaults to 256 (pass block_size=576 for 384px checkpoints)."""
+    needed = ["tok_embeddings.weight", "cls_embedding.embedding_table.weight", "layers.0.attention.wqkv.weight",
+              "layers.0.feed_forward.w1.weight"]
+    missing = [k for k in needed if k not in state]
+    check(not missing, f"not a LlamaGen c2i GPT state dict: missing {', '.join(missing)}")
+    vocab, dim = state["tok_embeddings.weight"].shape
+    n_layer = 1 + max(int(k.split(".")[1]) for k in state if k.startswith("layers."))
+    values: dict[str, Any] = {"dim": dim, "vocab_size": vocab, "n_layer": n_layer}
+    if "n_head" not in overrides:
+        heads = [h for (l, h, d) in GPT_PRESETS.values() if (l, d) == (n_layer, dim)]
+        check(bool(heads), f"cannot infer n_head for a {n_layer}-layer, dim-{dim} model (no preset matches); "
+              "pass config=GPTConfig(...) or n_head=...")
+        values["n_head"] = heads[0]
+    values.update(overrides)
+    head_dim = values["dim"] // values["n_head"]
+    rows = state["layers.0.attention.wqkv.weight"].shape[0] // head_dim
+    if rows != 3 * values["n_head"] and "n_kv_head" not in overrides:
+        values["n_kv_head"] = (rows - values["n_head"]) // 2
+    if "num_classes" not in overrides:
+        table = state["cls_embedding.embedding_table.weight"].shape[0]
+        null = values.get("class_dropout_prob", GPTConfig.class_dropout_prob) > 0
+        values["num_classes"] = table - int(null)
+    if "multiple_of" not in overrides and "ffn_dim_multiplier" not in overrides:
+        hidden = state["layers.0.feed_forward.w1.weight"].shape[0]
+        for multiple in (256, 128, 64, 32, 16, 8, 4, 2, 1):
+            if replace(GPTConfig(), dim=values["dim"], n_head=values["n_head"], multiple_of=multiple,
+                       n_kv_head=None).ffn_hidden_dim == hidden:
+                values["multiple_of"] = multiple
+                break
+    return GPTConfig(**values)
+
+
+def load_gpt(source: Any, config: GPTConfig | None = None, *, dtype: torch.dtype | None = None,
+             **overrides: Any) -> LlamaGenGPT:
+    """Load a LlamaGen c2i GPT from an official checkpoint path (.pt/.pth, any official container, or
+    .safetensors) or an in-memory checkpoint/state dict. Keys and shapes must match exactly.
+
+    Without `config` the size is read off the weights (see `infer_config`); `overrides` adjust it.
+    Raises ModelNotFoundError for a missing file and InputError for unreadable or mismatching ones.
+    """
+    _check_fields(overrides)
+    if isinstance(source, Mapping):
+        ckpt, name = source, "the given state dict"
+    else:
+        check(isinstance(source, (str, os.PathLike)), f"load_gpt takes a checkpoint path or a state dict, "
+              f"got {type(source).__name__}")
+        ckpt, _ = read_checkpoint(source, "LlamaGen GPT checkpoint (a c2i_*.pt or .safetensors file)")
+        name = os.fspath(source)
+    state = unwrap_gpt_state_dict(ckpt, name)
+    if config is None:
+        config = infer_config(state, **overrides)
+    elif overrides:
+        config = replace(config, **overrides)
+    with torch.device("meta"):
+        model = LlamaGenGPT(config)
+    check_layout(model.state_dict(), state, name, f"LlamaGen GPT (dim={config.dim}, n_layer={config.n_layer}, "
+                 f"n_head={config.n_head}, vocab_size={config.vocab_size}, num_classes={config.num_classes})")
+    model.load_state_dict(state, strict=True, assign=True)
+    if dtype is not None:
+        model = model.to(dtype)
+    return model.eval()
