@@ -33,8 +33,8 @@ def build_core_suite(quick: bool = False, methods: list[MethodSpec] | None = Non
         if seen.get(p["category"], 0) < per_category:
             seen[p["category"]] = seen.get(p["category"], 0) + 1
             picked.append(p)
-    if quick:  # one prompt from each of three categories, short outputs, batch 1 only
-        prompts, max_new, sizes = picked[:3], 32, [1]
+    if quick:  # one prompt from each of two categories, short outputs, batch 1 only
+        prompts, max_new, sizes = picked[:2], 24, [1]
     else:      # four prompts from each of the six categories
         prompts, max_new, sizes = picked, 64, [1, 4]
     texts = [p["prompt"] for p in prompts]
@@ -58,4 +58,4 @@ def build_core_suite(quick: bool = False, methods: list[MethodSpec] | None = Non
               "threads": __import__("torch").get_num_threads()}
     return Suite("core", config, methods, batches, run_batch, quality,
                  claims_lossless=lambda spec: build_method(spec.name, **spec.params).lossless,
-                 warmup=texts[:1])
+                 warmup=lambda spec: pipe.generate(texts[:1], spec.name, max_new_tokens=4, **spec.params))

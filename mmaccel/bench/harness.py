@@ -46,7 +46,7 @@ class Suite:
     claims_lossless: Callable[[MethodSpec], bool]
     verify_identical: bool = True                 # greedy suites: lossless claims are checked token for token
     primary_quality: str = "identical_to_ar"
-    warmup: Any = None                            # inputs for one untimed warm-up call per method
+    warmup: Callable[[MethodSpec], Any] | None = None  # one short untimed call per method
 
 
 def run_suite(suite: Suite, seed: int = 0, log: Callable[[str], None] = print) -> dict:
@@ -56,7 +56,7 @@ def run_suite(suite: Suite, seed: int = 0, log: Callable[[str], None] = print) -
     for batch_size, batches in suite.batches.items():
         if suite.warmup is not None:
             for spec in suite.methods:
-                suite.run_batch(spec, suite.warmup, seed)
+                suite.warmup(spec)
         outputs = {spec.key: [] for spec in suite.methods}
         stats = {spec.key: DecodeStats() for spec in suite.methods}
         for i, inputs in enumerate(batches):

@@ -28,7 +28,8 @@ def tiny_suite(pipe, methods, corrupt=None):
         return {"identical_to_ar": sum(a == b for a, b in zip(outputs, baseline)) / len(baseline)}
 
     return Suite("tiny", {"max_new_tokens": 8}, methods, {1: [[p] for p in prompts[:2]], 2: [prompts[:2], prompts[2:]]},
-                 run_batch, quality, lambda spec: build_method(spec.name, **spec.params).lossless, warmup=prompts[:1])
+                 run_batch, quality, lambda spec: build_method(spec.name, **spec.params).lossless,
+                 warmup=lambda spec: run_batch(spec, prompts[:1], 0))
 
 
 def test_suite_document_shape_and_ratios(pipe, tmp_path):
