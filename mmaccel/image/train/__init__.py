@@ -1,0 +1,1 @@
+"""Scripts that train the tiny image models shipped under `mmaccel/assets/`."""
