@@ -105,34 +105,73 @@ def accept_typical(draft_tokens: Tensor, draft_probs: Tensor | None, target_prob
 
 
 def accept_pooled(draft_tokens: Tensor, draft_probs: Tensor | None, target_probs: Tensor,
-                  uniforms: Tensor, exponentials: Tensor, *, candidates: Tensor, delta: float,
-                  pool_draft: bool = False) -> Verdict:
-    """Relaxed acceptance over a candidate set per drafted token — the mechanism LANTERN and GSD share.
+                  uniforms: Tensor, exponentials: Tensor, *, neighbours: Tensor, delta: float) -> Verdict:
+    """LANTERN's relaxed acceptance (Jang et al., ICLR 2025, §3.2): pool target mass over the draft's
+    latent neighbours within a total-variation budget `delta`.
 
-    `candidates` [B, K, M] lists, nearest first, the tokens that may stand in for the draft x_j
-    (-1 = padding). The largest prefix of them whose target mass stays within `delta` is pooled:
-    p~(x) = p(x) + sum p(n_i) (LANTERN, eq. 5; moving that mass onto x changes p by at most delta in
-    total variation). Accept with min(1, p~(x)/q~(x)) where q~ = q(x), or with `pool_draft` the
-    draft mass pooled over the same set (GSD's grouped ratio). On rejection sample from
+    `neighbours` [V, M] lists for every token the tokens nearest to it in latent space (nearest first,
+    -1 = padding). For a draft x the largest prefix n_1..n_m of its neighbours with
+    sum p(n_i) <= delta is pooled: p~(x) = p(x) + sum p(n_i) (moving that mass onto x changes p by at
+    most delta in total variation). Accept with min(1, p~(x)/q(x)); on rejection sample from
     norm(max(p - q, 0)) as in exact speculative sampling. `delta = 0` is exact speculative sampling.
+    `Verdict.deviation` is the pooled mass of the kept drafts (the budget actually spent).
     """
     check(0 <= delta <= 1, f"delta (total-variation budget) must be in [0, 1], got {delta}")
+    check(neighbours.dim() == 2 and neighbours.shape[0] == target_probs.shape[-1],
+          f"neighbours must be a [vocab={target_probs.shape[-1]}, M] table, got {tuple(neighbours.shape)}")
     K = draft_tokens.shape[1]
-    check(candidates.dim() == 3 and candidates.shape[:2] == draft_tokens.shape,
-          f"candidates must have shape [B, {K}, M], got {tuple(candidates.shape)}")
     p = target_probs[:, :K]
     q = _draft_law(draft_tokens, draft_probs, target_probs)
+    candidates = neighbours.to(draft_tokens.device)[draft_tokens]          # [B, K, M]
     valid = (candidates >= 0) & (candidates != draft_tokens[..., None])
-    safe = candidates.clamp_min(0)
-    p_c = p.gather(2, safe) * valid
-    within = (p_c.cumsum(-1) <= delta) & valid                     # budgeted prefix of neighbours
+    p_c = p.gather(2, candidates.clamp_min(0)) * valid
+    within = (p_c.cumsum(-1) <= delta) & valid                            # budgeted prefix of neighbours
     within = within.to(torch.long).cumprod(-1).bool()
-    moved = (p_c * within).sum(-1)                                 # [B, K] mass pooled onto x
+    moved = (p_c * within).sum(-1)                                        # [B, K] mass pooled onto x
     p_x = p.gather(2, draft_tokens[..., None]).squeeze(2) + moved
     q_x = q.gather(2, draft_tokens[..., None]).squeeze(2)
-    if pool_draft:
-        q_x = q_x + (q.gather(2, safe) * within).sum(-1)
     n = _first_rejection(uniforms * q_x <= p_x)
+    kept = torch.arange(K, device=n.device)[None, :] < n[:, None]
+    return Verdict(n, _correction(target_probs, q, n, exponentials), deviation=(moved * kept).sum(-1))
+
+
+def accept_grouped(draft_tokens: Tensor, draft_probs: Tensor | None, target_probs: Tensor,
+                   uniforms: Tensor, exponentials: Tensor, *, distances: Tensor, p_threshold: float = 0.15,
+                   d_threshold: float = 0.5, half_window: int = 7) -> Verdict:
+    """GSD's grouped acceptance (So et al., ICCV 2025): verify a dynamic cluster of visually valid
+    tokens instead of the single draft.
+
+    For a draft x the candidates are the tokens within `half_window` ranks of x in the target's
+    probability order; the group G keeps those y with |p(y) - p(x)| < `p_threshold` and
+    `distances`[x, y] < `d_threshold` (squared latent distance, [V, V]), plus x itself. Accept with
+    min(1, p(G)/q(G)); on rejection sample from norm(max(p - q, 0)) (SJD's residual). All positions
+    are handled at once with one sort per verify pass (no loop over tokens). `p_threshold = 0` or
+    `d_threshold = 0` leaves G = {x}: exact speculative sampling. `Verdict.deviation` is the mass
+    p(G) - p(x) of the kept drafts.
+    """
+    check(0 <= p_threshold <= 1, f"p_threshold must be in [0, 1], got {p_threshold}")
+    check(d_threshold >= 0, f"d_threshold must be >= 0, got {d_threshold}")
+    check(isinstance(half_window, int) and half_window >= 0, f"half_window must be an int >= 0, got {half_window}")
+    V = target_probs.shape[-1]
+    check(distances.shape == (V, V), f"distances must be a [{V}, {V}] matrix, got {tuple(distances.shape)}")
+    K = draft_tokens.shape[1]
+    p = target_probs[:, :K]
+    q = _draft_law(draft_tokens, draft_probs, target_probs)
+    x = draft_tokens[..., None]                                           # [B, K, 1]
+    order = torch.sort(p, dim=-1, descending=True, stable=True).indices                 # [B, K, V] tokens by rank
+    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(V, device=p.device).expand_as(order))
+    offsets = torch.arange(-half_window, half_window + 1, device=p.device)
+    slots = rank.gather(-1, x) + offsets                                  # [B, K, 2w+1] ranks around x
+    in_range = (slots >= 0) & (slots < V)
+    cand = order.gather(-1, slots.clamp(0, V - 1))                        # candidate tokens
+    p_x = p.gather(-1, x)
+    p_c = p.gather(-1, cand)
+    close = distances.to(p.device)[x.squeeze(-1)].gather(-1, cand) < d_threshold
+    group = in_range & close & ((p_c - p_x).abs() < p_threshold) & (cand != x)
+    moved = (p_c * group).sum(-1)
+    p_g = p_x.squeeze(-1) + moved
+    q_g = q.gather(-1, x).squeeze(-1) + (q.gather(-1, cand) * group).sum(-1)
+    n = _first_rejection(uniforms * q_g <= p_g)
     kept = torch.arange(K, device=n.device)[None, :] < n[:, None]
     return Verdict(n, _correction(target_probs, q, n, exponentials), deviation=(moved * kept).sum(-1))
 
@@ -154,6 +193,7 @@ RULES = {
     "speculative": accept_speculative,
     "typical": accept_typical,
     "pooled": accept_pooled,
+    "grouped": accept_grouped,
     "coupled": accept_coupled,
 }
 LOSSLESS_RULES = {"greedy", "speculative", "coupled"}

@@ -3,7 +3,8 @@
 Methods are to decoding what schedulers are to diffusion: chosen by name (`method="sjd"`) or
 passed as an object, swappable without touching the model. A `Method` is a recipe; the proposer it
 needs is built fresh for every call (proposers hold per-call state) from the `Resources` the
-pipeline has (target model, draft model, Medusa heads).
+pipeline has (target model, draft model, Medusa heads, token latents). Methods whose schedule is
+not draft-then-verify (ZipAR's wavefront) bring their own `runner`.
 """
 
 from __future__ import annotations
@@ -11,23 +12,26 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from torch import nn
+from torch import Tensor, nn
 
 from mmaccel.core.jacobi import JacobiProposer
 from mmaccel.core.model import DecoderModel
 from mmaccel.core.proposers import (DraftModelProposer, EarlyExitProposer, HeadsProposer, NGramProposer,
                                     Proposer)
-from mmaccel.core.speculative import LoopConfig
+from mmaccel.core.sampling import Sampling
+from mmaccel.core.speculative import Generation, LoopConfig, decode
 from mmaccel.errors import InputError, check
 
 
 @dataclass
 class Resources:
-    """What a pipeline can offer methods: the target, and optionally a draft model and Medusa heads."""
+    """What a pipeline can offer methods: the target, and optionally a draft model, Medusa heads and
+    the latent vector of every token (an image tokenizer's codebook, [V, D]) for latent neighbourhoods."""
 
     model: DecoderModel
     draft: DecoderModel | None = None
     heads: nn.ModuleList | None = None
+    latents: Tensor | None = None
 
 
 @dataclass
@@ -42,10 +46,25 @@ class Method:
     tree: tuple[int, int] | None = None
     coupled: bool = False
     rule_params: dict[str, Any] = field(default_factory=dict)
+    # rule parameters computed from the resources (e.g. LANTERN's neighbour table from the latents)
+    make_rule_params: Callable[[Resources], dict[str, Any]] | None = field(default=None, repr=False)
+    # a decoder with its own schedule: runner(resources, inputs, max_new_tokens=, sampling=, seed=)
+    runner: Callable[..., Generation] | None = field(default=None, repr=False)
 
     def loop_config(self, resources: Resources) -> LoopConfig:
+        params = dict(self.rule_params)
+        if self.make_rule_params is not None:
+            params.update(self.make_rule_params(resources))
         return LoopConfig(proposer=self.make_proposer(resources), rule=self.rule, k=self.k, tree=self.tree,
-                          coupled=self.coupled, rule_params=self.rule_params or None)
+                          coupled=self.coupled, rule_params=params or None)
+
+    def run(self, resources: Resources, inputs: Any, *, max_new_tokens: int, sampling: Sampling = Sampling(),
+            seed: int = 0, eos_token_id: int | None = None, prompt_tokens: list[list[int]] | None = None) -> Generation:
+        """Decode `inputs` (whatever the target's `prefill` takes) with this method."""
+        if self.runner is not None:
+            return self.runner(resources, inputs, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed)
+        return decode(resources.model, inputs, self.loop_config(resources), max_new_tokens=max_new_tokens,
+                      sampling=sampling, seed=seed, eos_token_id=eos_token_id, prompt_tokens=prompt_tokens)
 
 
 def _need(resources: Resources, attr: str, method: str):
@@ -132,15 +151,18 @@ REGISTRY: dict[str, Callable[[dict], Method]] = {
 }
 
 
-def build_method(name: str | Method, **params: Any) -> Method:
-    """The method called `name`, configured by `params` (k, depth, width, window, ...)."""
+def build_method(name: str | Method, registry: dict[str, Callable[[dict], Method]] | None = None,
+                 **params: Any) -> Method:
+    """The method called `name` in `registry` (default: the core REGISTRY), configured by `params`
+    (k, depth, width, window, ...); a Method object is returned as it is."""
     if isinstance(name, Method):
         check(not params, "pass parameters when building a method by name, not with a Method object")
         return name
+    registry = REGISTRY if registry is None else registry
     check(isinstance(name, str), f"method must be a name or a Method, got {type(name).__name__}")
-    if name not in REGISTRY:
-        raise InputError(f"unknown method {name!r}; choose from {', '.join(REGISTRY)}")
+    if name not in registry:
+        raise InputError(f"unknown method {name!r}; choose from {', '.join(registry)}")
     rest = dict(params)
-    method = REGISTRY[name](rest)
+    method = registry[name](rest)
     check(not rest, f"method {name!r} does not take parameter(s) {', '.join(sorted(rest))}")
     return method

@@ -64,13 +64,35 @@ class KVCache:
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.lengths = torch.zeros(batch_size, dtype=torch.long)  # CPU: host-side bookkeeping
         self.capacity, self.device = capacity, torch.device(device)
+        self._placed: tuple[Tensor, Tensor] | None = None
+        self._placed_mask: Tensor | None = None
 
     @property
     def batch_size(self) -> int:
         return self.lengths.shape[0]
 
+    def place_next(self, slots: Tensor, visible: Tensor) -> None:
+        """Make the next append write its T entries at explicit `slots` [b, T] (overwriting what is
+        there) and attend by `visible` [b, T, capacity] instead of the causal rule; `lengths` stay.
+
+        This is how wavefront decoders (ZipAR) keep one slot per image position. b may divide the
+        cache batch (CFG doubles the rows); the plan is then repeated.
+        """
+        b, T = slots.shape
+        check(self.batch_size % b == 0, f"placed slots for {b} rows do not tile a cache batch of {self.batch_size}")
+        check(visible.shape == (b, T, self.capacity), f"visible must be [{b}, {T}, {self.capacity}], got {tuple(visible.shape)}")
+        check(bool(((slots >= 0) & (slots < self.capacity)).all()), f"slots must lie in [0, {self.capacity})")
+        self._placed = (slots, visible)
+
     def reserve(self, num_new: int) -> tuple[CacheWrite, Tensor]:
         """Claim the next `num_new` slots of every row; returns the writer and the old lengths [B]."""
+        if self._placed is not None:
+            slots, visible = self._placed
+            self._placed = None
+            check(slots.shape[1] == num_new, f"placed {slots.shape[1]} slots but the step appends {num_new} tokens")
+            reps = self.batch_size // slots.shape[0]
+            self._placed_mask = visible.repeat(reps, 1, 1)[:, None].to(self.device)
+            return CacheWrite(self, slots.repeat(reps, 1).to(self.device), self.capacity, False), self.lengths.clone()
         start = self.lengths.clone()
         if int(start.max()) + num_new > self.capacity:
             raise InputError(
@@ -89,6 +111,9 @@ class KVCache:
         block and the T new ones) each new token may see; everything before those W is prefix and
         visible. Without it the new block is causal.
         """
+        if self._placed_mask is not None:
+            mask, self._placed_mask = self._placed_mask, None
+            return mask
         T, S = num_new, int(self.lengths.max())
         if tree_mask is None:
             tree_mask = torch.ones(T, T, dtype=torch.bool).tril()[None]

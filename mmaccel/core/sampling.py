@@ -159,6 +159,11 @@ class CFG:
         state.hidden = None if inner.hidden is None else inner.hidden[: len(cond)]
         return state
 
+    def early_exit(self, exit_layer: int, head=None) -> "CFG":
+        """The guided early-exit draft view of the wrapped model (self-speculation under CFG)."""
+        check(hasattr(self.model, "early_exit"), f"{type(self.model).__name__} offers no early-exit view")
+        return CFG(self.model.early_exit(exit_layer, head), self.scale)
+
     def _mix(self, logits: Tensor) -> Tensor:
         c, u = logits.chunk(2, dim=0)
         return u + self.scale * (c - u)

@@ -72,11 +72,12 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
     # more fed block (width + 1) before it is rolled back
     room = max_new_tokens + 2 * (width + 1)
 
-    with track_peak_memory(stats, device), stats.timed("total"):
+    with torch.inference_mode(), track_peak_memory(stats, device), stats.timed("total"):
         with stats.timed("prefill"):
             state = model.prefill(inputs, room)
             stats.nfe += 1
         B, V = state.logits.shape
+        stats.deviation_per_row = [0.0] * B
         sampler = TokenSampler(seed, B, V, coupled=config.coupled, device=state.logits.device)
         first = _sample_first(state.logits, sampling, sampler)
         history = [list(p) + [t] for p, t in zip(prompt_tokens or [[]] * B, first.tolist())]
@@ -154,7 +155,9 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
                         break
             stats.record_accepted(emitted)
             if verdict.deviation is not None:
-                stats.deviation += float(verdict.deviation.cpu()[active].sum())
+                spent = torch.where(active, verdict.deviation.cpu(), 0.0)
+                stats.deviation += float(spent.sum())
+                stats.deviation_per_row = [a + b for a, b in zip(stats.deviation_per_row, spent.tolist())]
             pending = torch.where(done.to(nxt.device), pending, nxt)
 
     tokens = [r[:max_new_tokens] for r in out]

@@ -28,6 +28,7 @@ class DecodeStats:
     peak_mem_mb: float = 0.0
     device: str = "cpu"
     deviation: float = 0.0   # summed TV budget spent by relaxed rules (0 for lossless ones)
+    deviation_per_row: list[float] = field(default_factory=list)  # the same, per generated sequence
 
     @property
     def mean_accepted(self) -> float:
@@ -58,7 +59,8 @@ class DecodeStats:
             new_tokens=self.new_tokens + other.new_tokens,
             accepted_hist=self.accepted_hist + other.accepted_hist, time_s=times,
             peak_mem_mb=max(self.peak_mem_mb, other.peak_mem_mb), device=other.device,
-            deviation=self.deviation + other.deviation)
+            deviation=self.deviation + other.deviation,
+            deviation_per_row=self.deviation_per_row + other.deviation_per_row)
 
     def to_dict(self) -> dict:
         return {
@@ -68,6 +70,7 @@ class DecodeStats:
             "time_s": {k: round(v, 6) for k, v in self.time_s.items()},
             "peak_mem_mb": round(self.peak_mem_mb, 1), "device": self.device,
             "deviation": round(self.deviation, 6),
+            "deviation_per_row": [round(d, 6) for d in self.deviation_per_row],
         }
 
 

@@ -9,7 +9,6 @@ import torch
 
 from mmaccel.core.methods import Method, Resources, build_method
 from mmaccel.core.sampling import Sampling
-from mmaccel.core.speculative import decode
 from mmaccel.core.stats import DecodeStats
 from mmaccel.errors import InputError, ModelNotFoundError, check
 from mmaccel.lm.hf import HFCausalLM
@@ -74,12 +73,11 @@ class TextPipeline:
         """Decode each prompt with `method` (a name from `mmaccel.core.methods.REGISTRY` or a Method)."""
         sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
         built = build_method(method, **method_params)
-        config = built.loop_config(self.resources)
         ids = self.encode(prompts)
         limit = getattr(self.model.hf.config, "max_position_embeddings", None)
         if limit is not None and max(map(len, ids)) + max_new_tokens > limit:
             raise InputError(f"prompt + max_new_tokens exceeds the model's {limit} positions")
-        gen = decode(self.model, ids, config, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
-                     eos_token_id=self.tokenizer.eos_token_id, prompt_tokens=ids)
+        gen = built.run(self.resources, ids, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
+                        eos_token_id=self.tokenizer.eos_token_id, prompt_tokens=ids)
         texts = [self.tokenizer.decode(t, skip_special_tokens=True) for t in gen.tokens]
         return TextOutput(texts, gen.tokens, gen.stats)

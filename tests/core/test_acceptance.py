@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mmaccel.core.acceptance import (accept_coupled, accept_greedy, accept_pooled, accept_speculative,
+from mmaccel.core.acceptance import (accept_coupled, accept_greedy, accept_grouped, accept_pooled, accept_speculative,
                                      accept_typical)
 from mmaccel.errors import InputError
 
@@ -113,15 +113,60 @@ def test_pooled_with_zero_budget_is_exact_speculative_sampling():
     q = torch.rand(n, k, V, generator=g).softmax(-1)
     p = torch.rand(n, k + 1, V, generator=g).softmax(-1)
     u, e = torch.rand(n, k, generator=g), torch.empty(n, k + 1, V).exponential_(generator=g)
-    cand = torch.randint(0, V, (n, k, 4), generator=g)
+    table = torch.randint(0, V, (V, 4), generator=g)
     exact = accept_speculative(drafts, q, p, u, e)
-    pooled = accept_pooled(drafts, q, p, u, e, candidates=cand, delta=0.0)
+    pooled = accept_pooled(drafts, q, p, u, e, neighbours=table, delta=0.0)
     assert torch.equal(exact.num_accepted, pooled.num_accepted) and torch.equal(exact.next_token, pooled.next_token)
-    relaxed = accept_pooled(drafts, q, p, u, e, candidates=cand, delta=0.2)
+    relaxed = accept_pooled(drafts, q, p, u, e, neighbours=table, delta=0.2)
     assert (relaxed.num_accepted >= exact.num_accepted).all() and relaxed.num_accepted.sum() > exact.num_accepted.sum()
     assert (relaxed.deviation <= 0.2 * k + 1e-6).all()   # at most delta per kept draft
     with pytest.raises(InputError, match="delta"):
-        accept_pooled(drafts, q, p, u, e, candidates=cand, delta=1.5)
+        accept_pooled(drafts, q, p, u, e, neighbours=table, delta=1.5)
+
+
+def _random_case(seed, n=1000, k=3):
+    g = torch.Generator().manual_seed(seed)
+    drafts = torch.randint(0, V, (n, k), generator=g)
+    q = torch.rand(n, k, V, generator=g).softmax(-1)
+    p = (3 * torch.rand(n, k + 1, V, generator=g)).softmax(-1)
+    u, e = torch.rand(n, k, generator=g), torch.empty(n, k + 1, V).exponential_(generator=g)
+    return drafts, q, p, u, e
+
+
+@pytest.mark.parametrize("budget", [{"p_threshold": 0.0}, {"d_threshold": 0.0}, {"half_window": 0}])
+def test_grouped_with_zero_budget_is_exact_speculative_sampling(budget):
+    drafts, q, p, u, e = _random_case(6)
+    dist = torch.rand(V, V, generator=torch.Generator().manual_seed(1))
+    exact = accept_speculative(drafts, q, p, u, e)
+    grouped = accept_grouped(drafts, q, p, u, e, distances=dist, **{"p_threshold": 0.5, "d_threshold": 2.0, **budget})
+    assert torch.equal(exact.num_accepted, grouped.num_accepted) and torch.equal(exact.next_token, grouped.next_token)
+    assert float(grouped.deviation.abs().sum()) == 0.0
+
+
+def test_grouped_pools_the_cluster_around_the_draft():
+    # p over 10 tokens; the draft x=3 (q = point mass) sits between 2 and 4 in rank order
+    p = torch.tensor([0.02, 0.02, 0.16, 0.14, 0.12, 0.30, 0.05, 0.05, 0.07, 0.07])
+    target = torch.stack([p, p])[None]                                     # [1, 2, V]
+    dist = torch.full((V, V), 9.0)
+    dist[3, [2, 4, 5]] = 0.1                                               # 2, 4, 5 look like 3; 8 does not
+    drafts = torch.tensor([[3]])
+    e = torch.ones(1, 2, V)
+    # |p(y) - p(x)| < 0.05 keeps 2 and 4 (5 is too likely: |0.30 - 0.14| = 0.16), 8 is too far in latent space
+    for u, kept in ((0.41, 1), (0.43, 0)):                                 # p(G) = 0.14 + 0.16 + 0.12 = 0.42
+        v = accept_grouped(drafts, None, target, torch.tensor([[u]]), e, distances=dist, p_threshold=0.05,
+                           d_threshold=0.5, half_window=7)
+        assert int(v.num_accepted) == kept
+    assert abs(float(v.deviation) - 0.0) < 1e-7                           # rejected: nothing kept
+    v = accept_grouped(drafts, None, target, torch.tensor([[0.1]]), e, distances=dist, p_threshold=0.05, d_threshold=0.5)
+    assert abs(float(v.deviation) - 0.28) < 1e-6
+    drafts, _, p, u, e = _random_case(7)       # point-mass drafts (fresh Jacobi guesses): pooling only helps
+    relaxed = accept_grouped(drafts, None, p, u, e, distances=torch.zeros(V, V), p_threshold=0.3)
+    exact = accept_speculative(drafts, None, p, u, e)
+    assert (relaxed.num_accepted >= exact.num_accepted).all() and relaxed.num_accepted.sum() > exact.num_accepted.sum()
+    with pytest.raises(InputError, match="p_threshold"):
+        accept_grouped(*_random_case(7), distances=dist, p_threshold=2.0)
+    with pytest.raises(InputError, match="distances"):
+        accept_grouped(*_random_case(7), distances=torch.zeros(3, 3))
 
 
 def test_typical_acceptance_thresholds():

@@ -16,10 +16,12 @@ also lets speculative loops feed a few draft positions past the last grid cell h
 
 from __future__ import annotations
 
+import json
 import numbers
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -481,8 +483,10 @@ def load_gpt(source: Any, config: GPTConfig | None = None, *, dtype: torch.dtype
     else:
         check(isinstance(source, (str, os.PathLike)), f"load_gpt takes a checkpoint path or a state dict, "
               f"got {type(source).__name__}")
-        ckpt, _ = read_checkpoint(source, "LlamaGen GPT checkpoint (a c2i_*.pt or .safetensors file)")
+        ckpt, meta = read_checkpoint(source, "LlamaGen GPT checkpoint (a c2i_*.pt or .safetensors file)")
         name = os.fspath(source)
+        if config is None and meta and _CONFIG_KEY in meta:
+            config = GPTConfig(**json.loads(meta[_CONFIG_KEY]))
     state = unwrap_gpt_state_dict(ckpt, name)
     if config is None:
         config = infer_config(state, **overrides)
@@ -496,3 +500,20 @@ def load_gpt(source: Any, config: GPTConfig | None = None, *, dtype: torch.dtype
     if dtype is not None:
         model = model.to(dtype)
     return model.eval()
+
+
+_CONFIG_KEY = "mmaccel_gpt_config"
+
+
+def save_gpt(model: LlamaGenGPT, path: str | os.PathLike, metadata: Mapping[str, str] | None = None) -> Path:
+    """Write `model` so `load_gpt(path)` restores it exactly: `.safetensors` with the config (and any
+    `metadata` strings) in the header, or `.pt` as the official `{"model": state_dict}` container."""
+    path = Path(path)
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".safetensors":
+        from safetensors.torch import save_file
+        save_file(state, str(path), metadata={**(metadata or {}), _CONFIG_KEY: json.dumps(asdict(model.config))})
+    else:
+        torch.save({"model": state}, path)
+    return path

@@ -1,0 +1,108 @@
+"""The image decoding methods: the core ones plus LANTERN, GSD and ZipAR, all chosen by name.
+
+| name        | drafts from                  | acceptance                                   | lossless |
+|-------------|------------------------------|----------------------------------------------|----------|
+| ar          | -                            | -                                            | yes      |
+| speculative | trained small GPT drafter    | exact speculative sampling                   | yes      |
+| sjd         | Jacobi window                | exact speculative sampling (SJD)             | yes      |
+| sjd-coupled | Jacobi window, fixed noise   | coupled (SCD)                                | yes      |
+| lantern     | trained small GPT drafter    | latent-neighbour pooling within TV budget δ  | no (δ)   |
+| gsd         | Jacobi window (SJD drafts)   | grouped over dynamic clusters                | no       |
+| zipar       | wavefront over image rows    | - (or SJD per row with `window`)             | no       |
+
+Relaxed methods report the mass they moved in `DecodeStats.deviation`; their budget 0 (δ = 0,
+p_threshold = 0) is the exact rule.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from mmaccel.core.jacobi import JacobiProposer
+from mmaccel.core.methods import REGISTRY as CORE_REGISTRY
+from mmaccel.core.methods import Method, Resources, _float, _int, _need, build_method
+from mmaccel.core.proposers import DraftModelProposer
+from mmaccel.errors import check
+from mmaccel.image.zipar import zipar_decode
+
+
+def latent_neighbours(latents: Tensor, k: int) -> Tensor:
+    """The k nearest other tokens of every token by L2 distance of their latent vectors: [V, k], nearest first."""
+    codes = latents.detach().float()
+    check(isinstance(k, int) and 1 <= k < codes.shape[0], f"neighbours must be an int in [1, {codes.shape[0] - 1}], got {k}")
+    d = torch.cdist(codes, codes)
+    d.fill_diagonal_(math.inf)
+    return d.topk(k, dim=1, largest=False).indices
+
+
+def latent_sq_distances(latents: Tensor) -> Tensor:
+    """Squared L2 distances [V, V] between token latents (GSD's visual-similarity test)."""
+    codes = latents.detach().float()
+    return torch.cdist(codes, codes).pow(2)
+
+
+def _lantern(p: dict) -> Method:
+    k = _int(p, "k", 4)
+    neighbours = _int(p, "neighbours", 50, high=1 << 20)
+    delta = _float(p, "delta", 0.1, 0.0, 1.0)
+
+    def rule_params(r: Resources) -> dict[str, Any]:
+        return {"neighbours": latent_neighbours(_need(r, "latents", "lantern"), neighbours), "delta": delta}
+
+    return Method("lantern", f"LANTERN: draft model k={k}, pool over {neighbours} latent neighbours, TV budget {delta}",
+                  "draft", delta == 0, lambda r: DraftModelProposer(_need(r, "draft", "lantern")), "pooled", k=k,
+                  make_rule_params=rule_params)
+
+
+def _gsd(p: dict) -> Method:
+    window = _int(p, "window", 8)
+    p_threshold = _float(p, "p_threshold", 0.15, 0.0, 1.0)
+    d_threshold = _float(p, "d_threshold", 0.5, 0.0, 1e9)
+    half_window = _int(p, "half_window", 7, low=0, high=1 << 20)
+
+    def rule_params(r: Resources) -> dict[str, Any]:
+        return {"distances": latent_sq_distances(_need(r, "latents", "gsd")), "p_threshold": p_threshold,
+                "d_threshold": d_threshold, "half_window": half_window}
+
+    return Method("gsd", f"GSD: SJD window {window}, grouped acceptance (ranks ±{half_window}, |Δp| < {p_threshold}, "
+                  f"d² < {d_threshold})", "", p_threshold == 0 or d_threshold == 0 or half_window == 0,
+                  lambda r: JacobiProposer(window, "sample", "repeat"), "grouped", k=window,
+                  make_rule_params=rule_params)
+
+
+def _zipar(p: dict) -> Method:
+    s = _int(p, "s", 4, high=1 << 20)
+    window = _int(p, "window", 0, low=0)
+    coupled = bool(p.pop("coupled", False))
+
+    def run(resources: Resources, inputs: Any, *, max_new_tokens: int, sampling, seed: int):
+        grid = math.isqrt(max_new_tokens)
+        check(grid * grid == max_new_tokens, f"ZipAR decodes square token grids; {max_new_tokens} tokens is not one")
+        return zipar_decode(resources.model, inputs, grid=grid, s=s, jacobi=window,
+                            rule="coupled" if coupled else "speculative", sampling=sampling, seed=seed, coupled=coupled)
+
+    extra = f" x {'coupled ' if coupled else ''}SJD window {window} per row" if window else ""
+    return Method("zipar", f"ZipAR next-set decoding, row window s={s}{extra}", "", False, lambda r: None,
+                  runner=run)
+
+
+IMAGE_REGISTRY: dict[str, Callable[[dict], Method]] = {
+    "ar": CORE_REGISTRY["ar"],
+    "speculative": CORE_REGISTRY["speculative"],
+    "tree": CORE_REGISTRY["tree"],
+    "sjd": CORE_REGISTRY["sjd"],
+    "sjd-coupled": CORE_REGISTRY["sjd-coupled"],
+    "early-exit": CORE_REGISTRY["early-exit"],
+    "lantern": _lantern,
+    "gsd": _gsd,
+    "zipar": _zipar,
+}
+
+
+def build_image_method(name: str | Method, **params: Any) -> Method:
+    """The image method called `name` (see IMAGE_REGISTRY) configured by `params`, or a Method as it is."""
+    return build_method(name, IMAGE_REGISTRY, **params)

@@ -1,0 +1,179 @@
+"""ImagePipeline: a class-conditional LlamaGen GPT + its VQ tokenizer (+ drafter) and any image method.
+
+>>> pipe = ImagePipeline.from_pretrained("builtin:fashion-mnist")
+>>> out = pipe.generate([0, 7, 9], method="gsd", cfg_scale=2.0, seed=0)
+>>> out.images[0].save("t-shirt.png"); out.stats.nfe
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+from mmaccel.core.methods import Method, Resources
+from mmaccel.core.sampling import CFG, Sampling
+from mmaccel.core.stats import DecodeStats
+from mmaccel.errors import InputError, ModelNotFoundError, check
+from mmaccel.image.methods import build_image_method
+from mmaccel.image.models.gpt import LlamaGenGPT, load_gpt
+from mmaccel.image.tokenizers.vq import VQModel, load_vq
+
+BUILTIN = "builtin:fashion-mnist"
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
+BUILTIN_FILES = {"gpt": ASSETS / "fashion_gpt.safetensors", "vq": ASSETS / "fashion_vq.safetensors",
+                 "draft": ASSETS / "fashion_gpt_draft.safetensors"}
+FASHION_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+                   "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
+CHECKPOINT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
+
+
+@dataclass
+class ImageOutput:
+    images: list                   # PIL images, one per label
+    tokens: Tensor                 # [B, grid, grid] code indices
+    labels: list[int]
+    stats: DecodeStats
+
+
+def _find(directory: Path, stem: str) -> Path | None:
+    for suffix in CHECKPOINT_SUFFIXES:
+        if (directory / f"{stem}{suffix}").is_file():
+            return directory / f"{stem}{suffix}"
+    return None
+
+
+class ImagePipeline:
+    """Class-conditional image generation; `method` picks the decoding algorithm (see
+    `mmaccel.image.methods`). The drafter, when there is one, is guided with the same CFG scale."""
+
+    def __init__(self, model: LlamaGenGPT, vq: VQModel, draft: LlamaGenGPT | None = None,
+                 class_names: Sequence[str] | None = None):
+        check(isinstance(model, LlamaGenGPT), f"model must be a LlamaGenGPT, got {type(model).__name__}")
+        check(isinstance(vq, VQModel), f"vq must be a VQModel, got {type(vq).__name__}")
+        check(model.vocab_size == vq.codebook_size, f"the GPT has {model.vocab_size} token ids but the tokenizer "
+              f"has {vq.codebook_size} codes: they were not trained together")
+        check(draft is None or draft.vocab_size == model.vocab_size, "the drafter's vocabulary differs from the target's")
+        self.model, self.vq, self.draft = model.eval(), vq.eval(), None if draft is None else draft.eval()
+        self.class_names = tuple(class_names) if class_names is not None else None
+        self.grid = model.config.grid_size
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | Path = BUILTIN, *, vq: str | Path | None = None,
+                        draft: str | Path | None = "builtin", dtype: torch.dtype | None = None) -> "ImagePipeline":
+        """`"builtin:fashion-mnist"` (the shipped Fashion-MNIST GPT, tokenizer and drafter), a directory
+        holding `gpt.*` and `vq.*` (and optionally `draft.*`) checkpoints, or a GPT checkpoint file
+        (an official `c2i_*.pt` too) with `vq=` its tokenizer (`vq_ds16_c2i.pt`). `draft` is a drafter
+        checkpoint, "builtin" (the directory's or built-in one, if any) or None."""
+        name = str(name_or_path)
+        names = None
+        if name == BUILTIN:
+            gpt_path, vq_path, draft_path = BUILTIN_FILES["gpt"], BUILTIN_FILES["vq"], BUILTIN_FILES["draft"]
+            names = FASHION_CLASSES
+            missing = [str(p) for p in (gpt_path, vq_path) if not p.is_file()]
+            if missing:
+                raise ModelNotFoundError(f"the built-in model files are missing: {', '.join(missing)} "
+                                         "(reinstall mmaccel, or train them: see mmaccel/assets/README.md)")
+        elif name.startswith("builtin:"):
+            raise ModelNotFoundError(f"unknown built-in image model {name!r}; the built-in one is {BUILTIN!r}")
+        else:
+            path = Path(name)
+            if path.is_dir():
+                gpt_path, draft_path = _find(path, "gpt"), _find(path, "draft")
+                vq_path = Path(vq) if vq is not None else _find(path, "vq")
+                if gpt_path is None or vq_path is None:
+                    raise ModelNotFoundError(f"{path} must hold gpt.(safetensors|pt) and vq.(safetensors|pt) checkpoints")
+            else:
+                if not path.exists():
+                    raise ModelNotFoundError(f"image model {path} not found")
+                if vq is None:
+                    raise InputError(f"{path} is a GPT checkpoint: pass its tokenizer too, vq=PATH (e.g. vq_ds16_c2i.pt)")
+                gpt_path, vq_path, draft_path = path, Path(vq), None
+        if draft not in (None, "builtin"):
+            draft_path = Path(draft)
+        elif draft is None:
+            draft_path = None
+        model = load_gpt(gpt_path, dtype=dtype)
+        tokenizer = load_vq(vq_path)
+        drafter = load_gpt(draft_path, dtype=dtype) if draft_path is not None and Path(draft_path).exists() else None
+        if draft not in (None, "builtin") and drafter is None:
+            raise ModelNotFoundError(f"drafter checkpoint {draft_path} not found")
+        return cls(model, tokenizer, drafter, names)
+
+    # ---- inputs -------------------------------------------------------------------------------
+
+    def labels(self, class_labels: Any) -> list[int]:
+        """Class indices (or class names) -> a checked list of ints in [0, num_classes)."""
+        C = self.model.num_classes
+        if isinstance(class_labels, (numbers.Integral, str)):
+            class_labels = [class_labels]
+        if isinstance(class_labels, Tensor):
+            check(class_labels.dim() <= 1 and not class_labels.is_floating_point(),
+                  "class_labels must be a 1-D integer tensor")
+            class_labels = class_labels.reshape(-1).tolist()
+        check(isinstance(class_labels, (list, tuple, range)), f"class_labels must be a list of class indices, "
+              f"got {type(class_labels).__name__}")
+        check(len(class_labels) > 0, "class_labels is empty: pass at least one class index")
+        out = []
+        for label in class_labels:
+            if isinstance(label, str):
+                if self.class_names is None or label not in self.class_names:
+                    known = f"; known names: {', '.join(self.class_names)}" if self.class_names else ""
+                    raise InputError(f"unknown class label {label!r}{known}")
+                label = self.class_names.index(label)
+            if isinstance(label, bool) or not isinstance(label, numbers.Integral):
+                raise InputError(f"unknown class label {label!r}: labels are class indices in [0, {C})")
+            check(0 <= label < C, f"class label {label} out of range: this model has classes 0..{C - 1}")
+            out.append(int(label))
+        return out
+
+    def resources(self, cfg_scale: float) -> tuple[Resources, bool]:
+        """(what methods may use, guided?) for one CFG scale: target and drafter CFG-wrapped when guided."""
+        check(isinstance(cfg_scale, (int, float)) and not isinstance(cfg_scale, bool) and cfg_scale >= 0,
+              f"cfg_scale must be a number >= 0, got {cfg_scale!r}")
+        guided = cfg_scale != 1.0
+        if guided and not self.model.config.has_null_class:
+            raise InputError("this model was trained without label dropout, so it has no null class: use cfg_scale=1")
+        wrap = (lambda m: CFG(m, cfg_scale)) if guided else (lambda m: m)
+        draft = None
+        if self.draft is not None:
+            draft = wrap(self.draft) if guided and self.draft.config.has_null_class else self.draft
+        return Resources(model=wrap(self.model), draft=draft, latents=self.vq.codebook), guided
+
+    # ---- generation ---------------------------------------------------------------------------
+
+    def generate(self, class_labels: Any, method: str | Method = "ar", *, cfg_scale: float = 2.0,
+                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+                 **method_params: Any) -> ImageOutput:
+        """One image per class label, decoded with `method` (a name from IMAGE_REGISTRY or a Method).
+
+        Guidance is LlamaGen's logits = u + cfg_scale * (c - u) (1 = no guidance); temperature 0 is greedy.
+        """
+        labels = self.labels(class_labels)
+        sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
+        built = build_image_method(method, **method_params)
+        resources, guided = self.resources(cfg_scale)
+        inputs = (labels, [self.model.num_classes] * len(labels)) if guided else labels
+        gen = built.run(resources, inputs, max_new_tokens=self.grid * self.grid, sampling=sampling, seed=seed)
+        tokens = torch.tensor(gen.tokens, dtype=torch.long).reshape(len(labels), self.grid, self.grid)
+        return ImageOutput(self.decode(tokens), tokens, labels, gen.stats)
+
+    @torch.inference_mode()
+    def decode_pixels(self, tokens: Tensor) -> Tensor:
+        """Code grids [B, h, w] -> images [B, 3, H, W] in [-1, 1]."""
+        return self.vq.decode(tokens.to(self.vq.codebook.device)).clamp(-1, 1)
+
+    def decode(self, tokens: Tensor) -> list:
+        """Code grids [B, h, w] -> PIL images: grey ("L") when the channels agree within 3/255 (a tokenizer
+        trained on grey data), else RGB."""
+        from PIL import Image
+
+        x = ((self.decode_pixels(tokens) + 1) * 127.5).round().cpu()
+        if x.shape[1] == 1 or float((x.amax(1) - x.amin(1)).max()) <= 3:
+            return [Image.fromarray(img.mean(0).round().to(torch.uint8).numpy(), mode="L") for img in x]
+        x = x.to(torch.uint8)
+        return [Image.fromarray(img.permute(1, 2, 0).numpy(), mode="RGB") for img in x]
