@@ -32,10 +32,12 @@ test-slow: install
 
 bench: install
 	$(BIN)/mmaccel bench core
+	$(BIN)/mmaccel bench image
 	$(BIN)/mmaccel bench report
 
 bench-quick: install
 	$(BIN)/mmaccel bench core --quick
+	$(BIN)/mmaccel bench image --quick
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -29,7 +30,7 @@ def _method_specs(text: str | None):
     for item in text.split(","):  # name or name:key=value:key=value
         name, *kvs = item.strip().split(":")
         if name and name != "ar":
-            specs.append(MethodSpec(name, dict(_param(kv) for kv in kvs)))
+            specs.append(MethodSpec(name, dict(_param(kv) for kv in kvs), label=item.strip() if kvs else None))
     return specs
 
 
@@ -45,6 +46,31 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _labels(text: str) -> list:
+    """'0,1,2' or 'Sneaker,Bag' -> [0, 1, 2] / ['Sneaker', 'Bag'] (names are resolved by the pipeline)."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    return [int(t) if t.lstrip("-").isdigit() else t for t in items]
+
+
+def cmd_image_generate(args) -> int:
+    from mmaccel.image.pipeline import ImagePipeline
+
+    labels = _labels(args.labels)
+    if not labels:
+        raise InputError("--labels is empty: pass class indices such as --labels 0,1,2")
+    pipe = ImagePipeline.from_pretrained(args.model, vq=args.vq, draft=args.draft)
+    out = pipe.generate(labels, args.method, cfg_scale=args.cfg_scale, temperature=args.temperature,
+                        top_k=args.top_k, top_p=args.top_p, seed=args.seed, **dict(args.param))
+    directory = Path(args.out)
+    directory.mkdir(parents=True, exist_ok=True)
+    for i, (image, label) in enumerate(zip(out.images, out.labels)):
+        path = directory / f"{i:03d}_class{label}.png"
+        image.save(path)
+        print(path)
+    print(json.dumps(out.stats.to_dict()), file=sys.stderr)
+    return 0
+
+
 def cmd_bench(args) -> int:
     from mmaccel.bench import SUITES
     from mmaccel.bench.harness import markdown_table, run_suite, write_results
@@ -56,7 +82,14 @@ def cmd_bench(args) -> int:
         return 0
     if args.suite not in SUITES:
         raise InputError(f"unknown benchmark suite {args.suite!r}; choose from {', '.join(SUITES)} or report")
-    suite = SUITES[args.suite](quick=args.quick, methods=_method_specs(args.methods))
+    extra = {}
+    if args.samples is not None:
+        if "samples" not in inspect.signature(SUITES[args.suite]).parameters:
+            raise InputError(f"--samples does not apply to the {args.suite!r} suite")
+        if args.samples < 2:
+            raise InputError(f"--samples must be >= 2, got {args.samples}")
+        extra["samples"] = args.samples
+    suite = SUITES[args.suite](quick=args.quick, methods=_method_specs(args.methods), **extra)
     doc = run_suite(suite, log=lambda m: print(m, file=sys.stderr))
     out = Path(args.out) if args.out else Path("benchmarks") / f"{args.suite}{'-quick' if args.quick else ''}.json"
     paths = write_results(doc, out, suite.primary_quality)
@@ -66,23 +99,35 @@ def cmd_bench(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    """The main job on the embedded defaults: AR next to the core methods on the real small LM."""
+    """The main job on the embedded defaults: image methods next to AR on the Fashion-MNIST GPT (a
+    sample grid and the table), then the core methods on the real small LM."""
     from mmaccel.bench import SUITES
     from mmaccel.bench.harness import markdown_table, run_suite
+    from mmaccel.bench.image_suite import DEMO_METHODS, sample_grid
+    from mmaccel.image.pipeline import ImagePipeline
 
-    suite = SUITES["core"](quick=True)
-    doc = run_suite(suite, log=lambda m: print(m, file=sys.stderr))
-    print(markdown_table(doc))
+    log = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    pipe = ImagePipeline.from_pretrained("builtin:fashion-mnist")
+    grid = sample_grid(pipe, DEMO_METHODS, out / "image_grid.png")
+    print(f"wrote {grid} (one row of samples per method, same labels and seed)")
+    print("\n## Image methods (built-in Fashion-MNIST GPT, quick run)\n")
+    print(markdown_table(run_suite(SUITES["image"](quick=True, methods=DEMO_METHODS, pipeline=pipe), log=log)))
+    print("\n## Core methods (SmolLM2-135M, greedy, quick run)\n")
+    print(markdown_table(run_suite(SUITES["core"](quick=True), log=log)))
     return 0
 
 
 def cmd_methods(args) -> int:
     from mmaccel.core.methods import REGISTRY, build_method
+    from mmaccel.image.methods import IMAGE_REGISTRY
 
-    print("| method | lossless | needs | what |\n|---|---|---|---|")
-    for name in REGISTRY:
-        m = build_method(name)
-        print(f"| {name} | {'yes' if m.lossless else 'no (budgeted)'} | {m.needs or 'target only'} | {m.description} |")
+    for title, registry in (("text (mmaccel generate)", REGISTRY), ("image (mmaccel image generate)", IMAGE_REGISTRY)):
+        print(f"\n{title}\n\n| method | lossless | needs | what |\n|---|---|---|---|")
+        for name in registry:
+            m = build_method(name, registry)
+            print(f"| {name} | {'yes' if m.lossless else 'no (budgeted)'} | {m.needs or 'target only'} | {m.description} |")
     return 0
 
 
@@ -104,16 +149,37 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0)
     g.set_defaults(func=cmd_generate)
 
+    image = sub.add_parser("image", help="class-conditional image generation")
+    image_sub = image.add_subparsers(dest="image_command", required=True)
+    ig = image_sub.add_parser("generate", help="generate one PNG per class label")
+    ig.add_argument("--model", default="builtin:fashion-mnist",
+                    help="builtin:fashion-mnist, a directory with gpt.* and vq.*, or a GPT checkpoint (with --vq)")
+    ig.add_argument("--vq", default=None, help="tokenizer checkpoint when --model is a GPT file")
+    ig.add_argument("--draft", default="builtin", help="drafter checkpoint, 'builtin' or 'none'")
+    ig.add_argument("--method", default="ar")
+    ig.add_argument("--labels", required=True, help="comma-separated class indices (or class names)")
+    ig.add_argument("--param", type=_param, action="append", default=[], metavar="KEY=VALUE",
+                    help="method parameter, e.g. --param window=8 (repeatable)")
+    ig.add_argument("--cfg-scale", type=float, default=2.0)
+    ig.add_argument("--temperature", type=float, default=1.0)
+    ig.add_argument("--top-k", type=int, default=0)
+    ig.add_argument("--top-p", type=float, default=1.0)
+    ig.add_argument("--seed", type=int, default=0)
+    ig.add_argument("--out", required=True, help="directory for the PNGs")
+    ig.set_defaults(func=cmd_image_generate)
+
     b = sub.add_parser("bench", help="run a benchmark suite (or `report` to refresh the README tables)")
-    b.add_argument("suite", help="core | report")
+    b.add_argument("suite", help="core | image | report")
     b.add_argument("--quick", action="store_true", help="reduced run (same code path, fewer samples)")
     b.add_argument("--out", help="JSON path (Markdown and PNG are written beside it)")
     b.add_argument("--methods", help="comma-separated methods, e.g. 'speculative:k=6,ngram'")
+    b.add_argument("--samples", type=int, default=None, help="image suite: images per method at the large batch")
     b.add_argument("--readme", default="README.md")
     b.add_argument("--dir", default="benchmarks")
     b.set_defaults(func=cmd_bench)
 
-    d = sub.add_parser("demo", help="AR vs the accelerated methods on the embedded default model")
+    d = sub.add_parser("demo", help="AR vs the accelerated methods on the embedded default models")
+    d.add_argument("--out", default="runs/demo", help="directory for the sample grid")
     d.set_defaults(func=cmd_demo)
 
     m = sub.add_parser("methods", help="list the decoding methods")

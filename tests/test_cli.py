@@ -40,3 +40,26 @@ def test_methods_table(capsys):
     assert main(["methods"]) == 0
     out = capsys.readouterr().out
     assert "| speculative | yes |" in out and "| medusa-typical | no (budgeted) |" in out
+
+
+def test_image_generate_writes_pngs(tmp_path, capsys):
+    assert main(["image", "generate", "--method", "gsd", "--labels", "0,Sneaker", "--out", str(tmp_path), "--seed", "1"]) == 0
+    pngs = sorted(p.name for p in tmp_path.glob("*.png"))
+    assert pngs == ["000_class0.png", "001_class7.png"]
+    stats = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    assert stats["nfe"] > 1 and stats["new_tokens"] == 2 * 256
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--labels", ","], "labels is empty"),
+    (["--labels", "10"], "out of range"),
+    (["--labels", "Shoe"], "unknown class label"),
+    (["--labels", "1", "--method", "nope"], "unknown method"),
+    (["--labels", "1", "--cfg-scale", "-1"], "cfg_scale"),
+    (["--labels", "1", "--method", "zipar", "--param", "s=0"], "s must"),
+    (["--labels", "1", "--model", "/nowhere/gpt.pt", "--vq", "/nowhere/vq.pt"], "not found"),
+])
+def test_image_generate_errors_are_one_line(tmp_path, capsys, argv, match):
+    assert main(["image", "generate", "--out", str(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mmaccel: error:") and match in err and "\n" not in err

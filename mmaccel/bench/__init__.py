@@ -1,6 +1,7 @@
 """Benchmarks: `mmaccel bench <suite>` compares every method with the AR baseline in one process."""
 
 from mmaccel.bench.core_suite import build_core_suite
+from mmaccel.bench.image_suite import build_image_suite
 
-SUITES = {"core": build_core_suite}
+SUITES = {"core": build_core_suite, "image": build_image_suite}
 __all__ = ["SUITES"]

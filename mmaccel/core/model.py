@@ -183,8 +183,9 @@ class DecoderModel(Protocol):
     - `prefill(inputs, room)` runs the prompt/condition (one entry per batch row) and returns a
       state whose `logits` [B, V] give the first new token, with cache room for `room` more tokens;
     - `step(state, tokens [B, T], positions=None, tree_mask=None)` appends T tokens per row and
-      returns logits [B, T, V]; positions default to the next free positions (for a tree, to the
-      prefix length + depth read off `tree_mask`);
+      returns logits [B, T, V]; `positions` are the model's own position ids (absolute cache
+      positions for a causal LM, image-token indices for LlamaGen) and default to the next free
+      positions (for a tree, to the prefix length + depth read off `tree_mask`);
     - `state.rollback(n)` drops the last n entries in O(1).
     """
 

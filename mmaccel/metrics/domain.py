@@ -119,7 +119,7 @@ def _batched(images: Images, batch_size: int, path, fn) -> Tensor:
     check(isinstance(batch_size, int) and batch_size >= 1, f"batch_size must be a positive int, got {batch_size!r}")
     model = _classifier(None if path is None else str(path))
     x = to_classifier_input(images)
-    with torch.inference_mode():
+    with torch.no_grad():
         return torch.cat([fn(model, x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
 
 

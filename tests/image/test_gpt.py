@@ -64,7 +64,7 @@ def test_official_containers_round_trip(model, tokens, tmp_path, container):
     loaded = load_gpt(path, block_size=N)     # size inferred from the weights (dim 64, 2 layers -> GPT-nano)
     assert loaded.config.num_classes == C and loaded.config.vocab_size == V and loaded.config.n_head == 4
     with torch.no_grad():
-        assert torch.equal(loaded.forward_full(LABELS, tokens), model.forward_full(LABELS, tokens))
+        assert torch.equal(loaded(LABELS, tokens), model(LABELS, tokens))
 
 
 def test_derived_buffers_and_prefixes_are_tolerated(model, tokens):
@@ -72,7 +72,7 @@ def test_derived_buffers_and_prefixes_are_tolerated(model, tokens):
     sd["module.freqs_cis"] = torch.zeros(N + 1, 8, 2)          # older official code kept the rope table
     loaded = load_gpt({"model": sd}, model.config)
     with torch.no_grad():
-        assert torch.equal(loaded.forward_full(LABELS, tokens), model.forward_full(LABELS, tokens))
+        assert torch.equal(loaded(LABELS, tokens), model(LABELS, tokens))
 
 
 # ---- (2) official names and shapes ----------------------------------------------------------------
@@ -126,7 +126,7 @@ def test_rope_2d_is_row_then_column_in_raster_order():
 
 def test_cached_decoding_equals_full_forward_and_rollback(model, tokens):
     with torch.no_grad():
-        full = model.forward_full(LABELS, tokens)                      # [B, N + 1, V]
+        full = model(LABELS, tokens)                      # [B, N + 1, V]
     assert full.shape == (3, N + 1, V)
     state = model.prefill(LABELS, N + 4)                               # + room for ragged padding
     assert (full[:, 0] - state.logits).abs().max() < 1e-4
@@ -142,7 +142,7 @@ def test_cached_decoding_equals_full_forward_and_rollback(model, tokens):
     new[:, N - 5 :] = (tokens[:, N - 5 :] + 1) % V
     out = model.step(state, new[:, N - 5 :])
     with torch.no_grad():
-        full_new = model.forward_full(LABELS, new)
+        full_new = model(LABELS, new)
     assert (out - full_new[:, N - 4 :]).abs().max() < 1e-4
 
     # ragged rows: per-row rollback then different numbers of tokens per row
@@ -161,7 +161,7 @@ def test_tree_step_matches_full_forward_along_each_branch(model, tokens):
     for j in range(2):
         seq = torch.cat([tokens[:2, :5], branch[:, j : j + 1]], 1)
         with torch.no_grad():
-            ref = model.forward_full(LABELS[:2], seq)[:, -1]
+            ref = model(LABELS[:2], seq)[:, -1]
         assert (out[:, j] - ref).abs().max() < 1e-4
 
 
@@ -224,9 +224,9 @@ def test_input_errors(model, tokens, tmp_path):
     with pytest.raises(InputError, match=r"token ids must lie in \[0, 64\)"):
         model.step(state, torch.tensor([[V]]))
     with pytest.raises(InputError, match="longer than block_size"):
-        model.forward_full([1], torch.zeros(1, N + 1, dtype=torch.long))
+        model([1], torch.zeros(1, N + 1, dtype=torch.long))
     with pytest.raises(InputError, match="token ids"):
-        model.forward_full([1], torch.full((1, 3), -1))
+        model([1], torch.full((1, 3), -1))
     no_null = LlamaGenGPT(GPTConfig(dim=32, n_layer=1, n_head=2, vocab_size=V, num_classes=C, block_size=N,
                                     class_dropout_prob=0.0))
     with pytest.raises(InputError, match="no null class"):

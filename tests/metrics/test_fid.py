@@ -106,7 +106,8 @@ def test_fid_real_vs_noise(fashion):
 
 def gaussian_features(n, d, shift, seed):
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(n, d, generator=g, dtype=torch.float64) @ torch.randn(d, d, generator=g, dtype=torch.float64) + shift
+    mix = torch.randn(d, d, generator=g, dtype=torch.float64)
+    return torch.randn(n, d, generator=g, dtype=torch.float64) @ mix + shift
 
 
 def test_frechet_distance_properties():

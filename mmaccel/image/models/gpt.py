@@ -395,8 +395,6 @@ class LlamaGenGPT(nn.Module):
         h = self._run(h, torch.cat([cls_rope, img_rope], dim=1), None, None)
         return self.output(h[:, self.config.cls_token_num - 1:]).float()
 
-    forward_full = forward
-
 
 class EarlyExitGPT:
     """The first `exit_layer` layers of a LlamaGenGPT, then its final norm and `head` (default: its
