@@ -93,6 +93,8 @@ def cmd_bench(args) -> int:
     doc = run_suite(suite, log=lambda m: print(m, file=sys.stderr))
     out = Path(args.out) if args.out else Path("benchmarks") / f"{args.suite}{'-quick' if args.quick else ''}.json"
     paths = write_results(doc, out, suite.primary_quality)
+    if suite.artifacts is not None:
+        paths += suite.artifacts(out)
     print(markdown_table(doc))
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0

@@ -47,6 +47,7 @@ class Suite:
     verify_identical: bool = True                 # greedy suites: lossless claims are checked token for token
     primary_quality: str = "identical_to_ar"
     warmup: Callable[[MethodSpec], Any] | None = None  # one short untimed call per method
+    artifacts: Callable[[Path], list[Path]] | None = None  # extra outputs written beside the JSON (sample grids)
 
 
 def run_suite(suite: Suite, seed: int = 0, log: Callable[[str], None] = print) -> dict:

@@ -100,14 +100,14 @@ def zipar_decode(model: DecoderModel, inputs: Any, *, grid: int, s: int, jacobi:
             if all(not entries for entries in plan):
                 break
             T = max(len(e) for e in plan)
-            feed = torch.zeros(B, T, dtype=torch.long)
-            slots = torch.full((B, T), scratch, dtype=torch.long)
-            pos = torch.zeros(B, T, dtype=torch.long)
-            stream = torch.full((B, T), -1, dtype=torch.long)     # image row of each entry (-1 = padding)
-            real = torch.zeros(B, T, dtype=torch.bool)           # decoded tokens (not drafts)
-            for b, entries in enumerate(plan):
-                for t, (r, p, tok, is_real) in enumerate(entries):
-                    feed[b, t], pos[b, t], slots[b, t], stream[b, t], real[b, t] = tok, p, p + 1, r, is_real
+            pad = (-1, -2, 0, False)                              # padding: no row, scratch slot, token 0
+            table = [entries + [pad] * (T - len(entries)) for entries in plan]
+            stream = torch.tensor([[e[0] for e in row] for row in table])          # image row (-1 = padding)
+            pos = torch.tensor([[e[1] for e in row] for row in table])
+            feed = torch.tensor([[e[2] for e in row] for row in table])
+            real = torch.tensor([[e[3] for e in row] for row in table])           # decoded tokens, not drafts
+            slots = torch.where(stream >= 0, pos + 1, scratch)
+            pos = pos.clamp_min(0)
             visible = _visibility(filled, slots, pos, stream, real, capacity)
             state.cache.place_next(slots, visible)
             with stats.timed("verify"):
@@ -116,10 +116,7 @@ def zipar_decode(model: DecoderModel, inputs: Any, *, grid: int, s: int, jacobi:
                 probs = sampling.probs(logits)
                 noise = sampler.noise((pos + 1).clamp(max=N - 1))
             new_filled = filled.clone()
-            for b, entries in enumerate(plan):
-                for t, (r, p, tok, is_real) in enumerate(entries):
-                    if is_real:
-                        new_filled[b, p + 1] = True
+            new_filled.scatter_(1, torch.where(real, slots, 0), True)               # slot 0 is always visible
             emitted = _verify_rows(plan, rows, tokens, new_filled, probs, noise, sampler, sampling, rule_name, params,
                                    W, stats)
             filled = new_filled
