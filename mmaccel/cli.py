@@ -175,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true", help="reduced run (same code path, fewer samples)")
     b.add_argument("--out", help="JSON path (Markdown and PNG are written beside it)")
     b.add_argument("--methods", help="comma-separated methods, e.g. 'speculative:k=6,ngram'")
-    b.add_argument("--samples", type=int, default=None, help="image suite: images per method at the large batch")
+    b.add_argument("--samples", type=int, default=None, help="image suite: samples per method for the quality scores (full run: 5008)")
     b.add_argument("--readme", default="README.md")
     b.add_argument("--dir", default="benchmarks")
     b.set_defaults(func=cmd_bench)

@@ -8,7 +8,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from mmaccel.lm.hf import HFCausalLM
 
-torch.set_num_threads(2)
+# One thread for the whole suite: the same float reductions on every machine, and no contention
+# with a benchmark or training job running beside the tests.
+torch.set_num_threads(1)
 
 
 def tiny_llama(seed: int, layers: int = 2, hidden: int = 64, vocab: int = 97) -> LlamaForCausalLM:

@@ -47,7 +47,7 @@ def build_core_suite(quick: bool = False, methods: list[MethodSpec] | None = Non
         out = pipe.generate(inputs, spec.name, max_new_tokens=max_new, seed=seed, **spec.params)
         return out.tokens, out.stats
 
-    def quality(outputs: list, baseline: list) -> dict:
+    def quality(spec: MethodSpec, outputs: list, baseline: list) -> dict:
         same = sum(a == b for a, b in zip(outputs, baseline))
         return {"identical_to_ar": round(same / len(baseline), 4)}
 

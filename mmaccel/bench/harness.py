@@ -35,14 +35,15 @@ class MethodSpec:
 @dataclass
 class Suite:
     """What a benchmark compares. `run_batch(spec, batch_inputs, seed) -> (outputs, DecodeStats)`;
-    `quality(outputs, baseline_outputs) -> dict`; `lossless(spec) -> bool` (the method's claim)."""
+    `quality(spec, outputs, baseline_outputs) -> dict` (a suite may score a method on a larger sample
+    set of its own instead of the timed outputs); `lossless(spec) -> bool` (the method's claim)."""
 
     name: str
     config: dict[str, Any]
     methods: list[MethodSpec]
     batches: dict[int, list[Any]]                 # batch size -> list of batch inputs
     run_batch: Callable[[MethodSpec, Any, int], tuple[list, DecodeStats]]
-    quality: Callable[[list, list], dict]
+    quality: Callable[[MethodSpec, list, list], dict]
     claims_lossless: Callable[[MethodSpec], bool]
     verify_identical: bool = True                 # greedy suites: lossless claims are checked token for token
     primary_quality: str = "identical_to_ar"
@@ -69,7 +70,7 @@ def run_suite(suite: Suite, seed: int = 0, log: Callable[[str], None] = print) -
         base = stats["ar"]
         for spec in suite.methods:
             st = stats[spec.key]
-            quality = suite.quality(outputs[spec.key], outputs["ar"])
+            quality = suite.quality(spec, outputs[spec.key], outputs["ar"])
             lossless = suite.claims_lossless(spec)
             if suite.verify_identical and lossless:
                 lossless = quality.get("identical_to_ar", 0.0) == 1.0

@@ -135,6 +135,28 @@ def accept_pooled(draft_tokens: Tensor, draft_probs: Tensor | None, target_probs
     return Verdict(n, _correction(target_probs, q, n, exponentials), deviation=(moved * kept).sum(-1))
 
 
+def _clusters(p: Tensor, x: Tensor, distances: Tensor, p_threshold: float, d_threshold: float,
+              half_window: int) -> tuple[Tensor, Tensor]:
+    """GSD's dynamic clusters around drafts `x` [B, K, 1] under `p` [B, K, V]: the candidate tokens
+    [B, K, 2w+1] within `half_window` ranks of x, and which of them join x's group (|Δp| and latent
+    distance below the thresholds; x itself excluded). One sort for all positions, no vocabulary loop."""
+    check(0 <= p_threshold <= 1, f"p_threshold must be in [0, 1], got {p_threshold}")
+    check(d_threshold >= 0, f"d_threshold must be >= 0, got {d_threshold}")
+    check(isinstance(half_window, int) and half_window >= 0, f"half_window must be an int >= 0, got {half_window}")
+    V = p.shape[-1]
+    check(distances.shape == (V, V), f"distances must be a [{V}, {V}] matrix, got {tuple(distances.shape)}")
+    order = torch.sort(p, dim=-1, descending=True, stable=True).indices                 # [B, K, V] tokens by rank
+    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(V, device=p.device).expand_as(order))
+    offsets = torch.arange(-half_window, half_window + 1, device=p.device)
+    slots = rank.gather(-1, x) + offsets                                  # [B, K, 2w+1] ranks around x
+    in_range = (slots >= 0) & (slots < V)
+    cand = order.gather(-1, slots.clamp(0, V - 1))                        # candidate tokens
+    p_x = p.gather(-1, x)
+    p_c = p.gather(-1, cand)
+    close = distances.to(p.device)[x.squeeze(-1)].gather(-1, cand) < d_threshold
+    return cand, in_range & close & ((p_c - p_x).abs() < p_threshold) & (cand != x)
+
+
 def accept_grouped(draft_tokens: Tensor, draft_probs: Tensor | None, target_probs: Tensor,
                    uniforms: Tensor, exponentials: Tensor, *, distances: Tensor, p_threshold: float = 0.15,
                    d_threshold: float = 0.5, half_window: int = 7) -> Verdict:
@@ -149,31 +171,39 @@ def accept_grouped(draft_tokens: Tensor, draft_probs: Tensor | None, target_prob
     `d_threshold = 0` leaves G = {x}: exact speculative sampling. `Verdict.deviation` is the mass
     p(G) - p(x) of the kept drafts.
     """
-    check(0 <= p_threshold <= 1, f"p_threshold must be in [0, 1], got {p_threshold}")
-    check(d_threshold >= 0, f"d_threshold must be >= 0, got {d_threshold}")
-    check(isinstance(half_window, int) and half_window >= 0, f"half_window must be an int >= 0, got {half_window}")
-    V = target_probs.shape[-1]
-    check(distances.shape == (V, V), f"distances must be a [{V}, {V}] matrix, got {tuple(distances.shape)}")
     K = draft_tokens.shape[1]
     p = target_probs[:, :K]
     q = _draft_law(draft_tokens, draft_probs, target_probs)
     x = draft_tokens[..., None]                                           # [B, K, 1]
-    order = torch.sort(p, dim=-1, descending=True, stable=True).indices                 # [B, K, V] tokens by rank
-    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(V, device=p.device).expand_as(order))
-    offsets = torch.arange(-half_window, half_window + 1, device=p.device)
-    slots = rank.gather(-1, x) + offsets                                  # [B, K, 2w+1] ranks around x
-    in_range = (slots >= 0) & (slots < V)
-    cand = order.gather(-1, slots.clamp(0, V - 1))                        # candidate tokens
-    p_x = p.gather(-1, x)
-    p_c = p.gather(-1, cand)
-    close = distances.to(p.device)[x.squeeze(-1)].gather(-1, cand) < d_threshold
-    group = in_range & close & ((p_c - p_x).abs() < p_threshold) & (cand != x)
-    moved = (p_c * group).sum(-1)
-    p_g = p_x.squeeze(-1) + moved
+    cand, group = _clusters(p, x, distances, p_threshold, d_threshold, half_window)
+    moved = (p.gather(-1, cand) * group).sum(-1)
+    p_g = p.gather(-1, x).squeeze(-1) + moved
     q_g = q.gather(-1, x).squeeze(-1) + (q.gather(-1, cand) * group).sum(-1)
     n = _first_rejection(uniforms * q_g <= p_g)
     kept = torch.arange(K, device=n.device)[None, :] < n[:, None]
     return Verdict(n, _correction(target_probs, q, n, exponentials), deviation=(moved * kept).sum(-1))
+
+
+def accept_grouped_coupled(draft_tokens: Tensor, draft_probs: Tensor | None, target_probs: Tensor,
+                           uniforms: Tensor | None, exponentials: Tensor, *, distances: Tensor,
+                           p_threshold: float = 0.15, d_threshold: float = 0.5, half_window: int = 7) -> Verdict:
+    """GSD's clusters under coupled noise: keep a draft x while the target's own sample y = argmax(p/E)
+    at that position is x or lies in x's cluster (see `accept_grouped`); emit y at the first miss.
+
+    Every kept token is either the exact sample or stands in for it from the same visual cluster, so
+    the output law differs from the target's at a position by at most the probability of a swap
+    (coupling inequality). `Verdict.deviation` counts the swaps among the kept drafts: an unbiased
+    estimate of that total-variation bound. A zero threshold makes it `accept_coupled` (lossless).
+    """
+    K = draft_tokens.shape[1]
+    exact = (target_probs / exponentials).argmax(-1)                     # [B, K+1] the coupled target samples
+    x = draft_tokens[..., None]
+    cand, group = _clusters(target_probs[:, :K], x, distances, p_threshold, d_threshold, half_window)
+    y = exact[:, :K]
+    swap = ((cand == y[..., None]) & group).any(-1)
+    n = _first_rejection((y == draft_tokens) | swap)
+    kept = torch.arange(K, device=n.device)[None, :] < n[:, None]
+    return Verdict(n, _at(exact, n), deviation=(swap & (y != draft_tokens) & kept).sum(-1).float())
 
 
 def accept_coupled(draft_tokens: Tensor, draft_probs: Tensor | None, target_probs: Tensor,
@@ -194,6 +224,7 @@ RULES = {
     "typical": accept_typical,
     "pooled": accept_pooled,
     "grouped": accept_grouped,
+    "grouped-coupled": accept_grouped_coupled,
     "coupled": accept_coupled,
 }
 LOSSLESS_RULES = {"greedy", "speculative", "coupled"}

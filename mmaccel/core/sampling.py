@@ -81,7 +81,7 @@ class TokenSampler:
         self.seed, self.batch_size, self.vocab_size, self.coupled = seed, batch_size, vocab_size, coupled
         self.device = torch.device(device)
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
-        self._blocks: list[list[Tensor]] = [[] for _ in range(batch_size)]
+        self._tables = [torch.empty(0, vocab_size) for _ in range(batch_size)]  # per row: noise so far
         self._row_gens = [torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + r) for r in range(batch_size)]
 
     def uniform(self, shape: tuple[int, ...]) -> Tensor:
@@ -98,11 +98,12 @@ class TokenSampler:
         index = index.cpu()
         out = torch.empty(B, T, self.vocab_size)
         for r in range(B):
-            need = int(index[r].max()) // self.BLOCK
-            while len(self._blocks[r]) <= need:
-                self._blocks[r].append(torch.empty(self.BLOCK, self.vocab_size).exponential_(generator=self._row_gens[r]))
-            table = torch.cat(self._blocks[r][: need + 1])
-            out[r] = table[index[r]]
+            need = int(index[r].max()) + 1
+            if self._tables[r].shape[0] < need:  # grow block by block: the same noise whatever the order of requests
+                fresh = [torch.empty(self.BLOCK, self.vocab_size).exponential_(generator=self._row_gens[r])
+                         for _ in range(-(-(need - self._tables[r].shape[0]) // self.BLOCK))]
+                self._tables[r] = torch.cat([self._tables[r], *fresh])
+            out[r] = self._tables[r][index[r]]
         return out.to(self.device)
 
     def sample(self, probs: Tensor, index: Tensor) -> Tensor:

@@ -8,6 +8,7 @@
 | sjd-coupled | Jacobi window, fixed noise   | coupled (SCD)                                | yes      |
 | lantern     | trained small GPT drafter    | latent-neighbour pooling within TV budget δ  | no (δ)   |
 | gsd         | Jacobi window (SJD drafts)   | grouped over dynamic clusters                | no       |
+|             | (`coupled=True`: fixed noise)| keep a draft whose exact sample is in its cluster | no   |
 | zipar       | wavefront over image rows    | - (or SJD per row with `window`)             | no       |
 
 Relaxed methods report the mass they moved in `DecodeStats.deviation`; their budget 0 (δ = 0,
@@ -63,14 +64,17 @@ def _gsd(p: dict) -> Method:
     p_threshold = _float(p, "p_threshold", 0.15, 0.0, 1.0)
     d_threshold = _float(p, "d_threshold", 0.5, 0.0, 1e9)
     half_window = _int(p, "half_window", 7, low=0, high=1 << 20)
+    coupled = bool(p.pop("coupled", False))
 
     def rule_params(r: Resources) -> dict[str, Any]:
         return {"distances": latent_sq_distances(_need(r, "latents", "gsd")), "p_threshold": p_threshold,
                 "d_threshold": d_threshold, "half_window": half_window}
 
-    return Method("gsd", f"GSD: SJD window {window}, grouped acceptance (ranks ±{half_window}, |Δp| < {p_threshold}, "
-                  f"d² < {d_threshold})", "", p_threshold == 0 or d_threshold == 0 or half_window == 0,
-                  lambda r: JacobiProposer(window, "sample", "repeat"), "grouped", k=window,
+    return Method("gsd", f"GSD: {'coupled ' if coupled else ''}SJD window {window}, grouped acceptance "
+                  f"(ranks ±{half_window}, |Δp| < {p_threshold}, d² < {d_threshold})", "",
+                  p_threshold == 0 or d_threshold == 0 or half_window == 0,
+                  lambda r: JacobiProposer(window, "coupled" if coupled else "sample", "repeat"),
+                  "grouped-coupled" if coupled else "grouped", k=window, coupled=coupled,
                   make_rule_params=rule_params)
 
 

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import numbers
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,9 +23,10 @@ from mmaccel.errors import InputError, ModelNotFoundError, check
 from mmaccel.image.methods import build_image_method
 from mmaccel.image.models.gpt import LlamaGenGPT, load_gpt
 from mmaccel.image.tokenizers.vq import VQModel, load_vq
+from mmaccel.paths import assets_dir
 
 BUILTIN = "builtin:fashion-mnist"
-ASSETS = Path(__file__).resolve().parents[1] / "assets"
+ASSETS = assets_dir()
 BUILTIN_FILES = {"gpt": ASSETS / "fashion_gpt.safetensors", "vq": ASSETS / "fashion_vq.safetensors",
                  "draft": ASSETS / "fashion_gpt_draft.safetensors"}
 FASHION_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
@@ -103,6 +105,15 @@ class ImagePipeline:
         if draft not in (None, "builtin") and drafter is None:
             raise ModelNotFoundError(f"drafter checkpoint {draft_path} not found")
         return cls(model, tokenizer, drafter, names)
+
+    def fingerprint(self) -> str:
+        """A digest of the target, tokenizer and drafter weights (cache keys of derived results)."""
+        digest = hashlib.sha256()
+        for module in (self.model, self.vq, self.draft):
+            for name, tensor in ({} if module is None else module.state_dict()).items():
+                digest.update(name.encode())
+                digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        return digest.hexdigest()[:16]
 
     # ---- inputs -------------------------------------------------------------------------------
 

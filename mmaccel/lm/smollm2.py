@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import importlib.resources
 import importlib.util
 import json
 import logging
@@ -28,6 +27,7 @@ import torch
 from safetensors.torch import load_file
 
 from mmaccel.errors import InputError, ModelNotFoundError
+from mmaccel.paths import assets_dir, default_cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -46,16 +46,6 @@ DRAFT_SHARED = ("model.embed_tokens.weight", "lm_head.weight")
 
 # ----------------------------------------------------------------------------------------------
 # Locations
-
-
-def default_cache_dir() -> Path:
-    """`$MMACCEL_CACHE`, else `~/.cache/mmaccel`."""
-    return Path(os.environ.get("MMACCEL_CACHE") or Path.home() / ".cache" / "mmaccel").expanduser()
-
-
-def assets_dir() -> Path:
-    """The package's `mmaccel/assets/` folder."""
-    return Path(str(importlib.resources.files("mmaccel") / "assets"))
 
 
 def find_smollm2_gguf() -> Path:

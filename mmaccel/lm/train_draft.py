@@ -37,9 +37,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from mmaccel.paths import assets_dir
 from mmaccel.lm.smollm2 import (
     DRAFT_WEIGHTS,
-    assets_dir,
     draft_state_dict,
     file_sha256,
     load_prompt_set,

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from mmaccel.checkpoints import check_layout, read_checkpoint, unwrap_state_dict
 from mmaccel.errors import InputError, check
-from mmaccel.lm.smollm2 import assets_dir
+from mmaccel.paths import assets_dir
 from mmaccel.metrics.fid import Images, fid, to_uint8_rgb
 
 WEIGHTS_FILE = "fashion_classifier.safetensors"

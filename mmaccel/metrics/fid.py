@@ -40,7 +40,7 @@ from torch import Tensor
 
 from mmaccel.checkpoints import read_checkpoint
 from mmaccel.errors import InputError, ModelNotFoundError, check
-from mmaccel.lm.smollm2 import default_cache_dir
+from mmaccel.paths import default_cache_dir
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ def tiny_suite(pipe, methods, corrupt=None):
         tokens = [t[:-1] + [0] if spec.key == corrupt else t for t in out.tokens]
         return tokens, out.stats
 
-    def quality(outputs, baseline):
+    def quality(spec, outputs, baseline):
         return {"identical_to_ar": sum(a == b for a, b in zip(outputs, baseline)) / len(baseline)}
 
     return Suite("tiny", {"max_new_tokens": 8}, methods, {1: [[p] for p in prompts[:2]], 2: [prompts[:2], prompts[2:]]},

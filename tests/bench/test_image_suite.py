@@ -1,12 +1,18 @@
 """Acceptance: `mmaccel bench image --quick` on the built-in Fashion-MNIST GPT writes the published
-JSON shape with quality numbers for every method."""
+JSON shape with quality numbers for every method; the full run's quality samples are cached and resume."""
 
 import json
 
-from mmaccel.bench.harness import validate_document
-from mmaccel.bench.image_suite import DEFAULT_METHODS
+import pytest
+import torch
+
+from mmaccel.bench.harness import MethodSpec, validate_document
+from mmaccel.bench.image_suite import DEFAULT_METHODS, QUALITY_BATCH, quality_samples
 from mmaccel.cli import main
 from mmaccel.image.methods import build_image_method
+from mmaccel.image.models.gpt import GPTConfig, LlamaGenGPT
+from mmaccel.image.pipeline import ImagePipeline
+from mmaccel.image.tokenizers.vq import VQConfig, VQModel
 
 
 def test_bench_image_quick_writes_valid_json(tmp_path):
@@ -29,7 +35,38 @@ def test_bench_image_quick_writes_valid_json(tmp_path):
             assert r["tv_per_output"] == 0.0 and r["lossless"], r
     rows = {(r["method"], r["batch"]): r for r in doc["results"]}
     assert rows[("zipar-s8", 8)]["nfe_ratio"] > 1.8                      # 256 passes -> 1 + 15 + 15 * 8 = 136
-    relaxed = [r for r in doc["results"] if r["method"] in ("lantern", "gsd")]
+    relaxed = [r for r in doc["results"] if r["method"] in ("lantern", "gsd", "gsd-coupled")]
     assert all(r["tv_per_output"] > 0 for r in relaxed)                # the budget they spent is reported
     assert out.with_suffix(".md").exists() and out.with_suffix(".png").exists()
     assert (tmp_path / "image_samples.png").stat().st_size > 0          # one row of samples per method
+
+
+def _tiny_pipe(seed: int = 0) -> ImagePipeline:
+    torch.manual_seed(seed)
+    vq = VQModel(VQConfig(codebook_size=32, codebook_embed_dim=8, ch=16, ch_mult=(1, 2, 2), num_res_blocks=1,
+                          z_channels=16, norm_groups=8))
+    gpt = LlamaGenGPT(GPTConfig(dim=32, n_layer=1, n_head=2, vocab_size=32, num_classes=10, block_size=16,
+                                multiple_of=32))
+    return ImagePipeline(gpt, vq)
+
+
+def test_quality_samples_are_cached_per_chunk_and_resume(tmp_path, monkeypatch):
+    pipe = _tiny_pipe()
+    spec = MethodSpec("sjd-coupled", {"window": 2})
+    n = QUALITY_BATCH + 6                                                 # two chunks, the second cut
+    first = quality_samples(pipe, spec, n, cache_dir=tmp_path, log=lambda m: None)
+    assert len(first) == n and [label for label, _ in first] == [i % 10 for i in range(n)]
+    folders = list(tmp_path.iterdir())
+    assert len(folders) == 1 and sorted(p.name for p in folders[0].glob("chunk_*.pt")) == ["chunk_00000.pt",
+                                                                                          "chunk_00001.pt"]
+    (folders[0] / "chunk_00001.pt").unlink()                             # an interrupted run: the last chunk is missing
+    made = []
+    again = quality_samples(pipe, spec, n, cache_dir=tmp_path, log=made.append)
+    assert len(made) == 1 and "chunk 2/2" in made[0]                     # only the missing chunk is generated
+    assert all(torch.equal(a[1], b[1]) for a, b in zip(first, again))   # seeded: the same samples
+    monkeypatch.setattr(pipe, "generate", lambda *a, **k: pytest.fail("a cached chunk was generated again"))
+    assert all(torch.equal(a[1], b[1]) for a, b in zip(first, quality_samples(pipe, spec, n, cache_dir=tmp_path)))
+    # other parameters or other weights never reuse these samples
+    quality_samples(_tiny_pipe(), MethodSpec("sjd-coupled", {"window": 3}), 2, cache_dir=tmp_path, log=lambda m: None)
+    quality_samples(_tiny_pipe(seed=1), spec, 2, cache_dir=tmp_path, log=lambda m: None)
+    assert len(list(tmp_path.iterdir())) == 3

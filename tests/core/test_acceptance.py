@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from mmaccel.core.acceptance import (accept_coupled, accept_greedy, accept_grouped, accept_pooled, accept_speculative,
-                                     accept_typical)
+from mmaccel.core.acceptance import (accept_coupled, accept_greedy, accept_grouped, accept_grouped_coupled, accept_pooled,
+                                     accept_speculative, accept_typical)
 from mmaccel.errors import InputError
 
 V = 10
@@ -167,6 +167,40 @@ def test_grouped_pools_the_cluster_around_the_draft():
         accept_grouped(*_random_case(7), distances=dist, p_threshold=2.0)
     with pytest.raises(InputError, match="distances"):
         accept_grouped(*_random_case(7), distances=torch.zeros(3, 3))
+
+
+@pytest.mark.parametrize("budget", [{"p_threshold": 0.0}, {"d_threshold": 0.0}, {"half_window": 0}])
+def test_grouped_coupled_with_zero_budget_is_the_coupled_rule(budget):
+    drafts, _, p, _, e = _random_case(8)
+    exact = (p / e).argmax(-1)
+    drafts = torch.where(torch.rand(drafts.shape, generator=torch.Generator().manual_seed(2)) < 0.5, exact[:, :-1], drafts)
+    dist = torch.rand(V, V, generator=torch.Generator().manual_seed(1))
+    coupled = accept_coupled(drafts, None, p, None, e)
+    grouped = accept_grouped_coupled(drafts, None, p, None, e, distances=dist,
+                                     **{"p_threshold": 0.5, "d_threshold": 2.0, **budget})
+    assert torch.equal(coupled.num_accepted, grouped.num_accepted) and torch.equal(coupled.next_token, grouped.next_token)
+    assert float(grouped.deviation.sum()) == 0.0
+    relaxed = accept_grouped_coupled(drafts, None, p, None, e, distances=dist, p_threshold=0.5, d_threshold=2.0)
+    assert (relaxed.num_accepted >= coupled.num_accepted).all() and relaxed.num_accepted.sum() > coupled.num_accepted.sum()
+    # a swap is counted for every kept draft that differs from the exact sample, and only then
+    kept = torch.arange(drafts.shape[1])[None] < relaxed.num_accepted[:, None]
+    assert torch.equal(relaxed.deviation, ((drafts != exact[:, :-1]) & kept).sum(-1).float())
+
+
+def test_grouped_coupled_keeps_a_draft_whose_exact_sample_is_in_its_cluster():
+    p = torch.tensor([0.02, 0.02, 0.16, 0.14, 0.12, 0.30, 0.05, 0.05, 0.07, 0.07])
+    target = torch.stack([p, p])[None]                                     # [1, 2, V]
+    dist = torch.full((V, V), 9.0)
+    dist[3, [2, 4, 5]] = 0.1
+    drafts = torch.tensor([[3]])
+    for exact, kept in ((2, 1), (4, 1), (3, 1), (5, 0), (8, 0)):          # 5: |Δp| too large; 8: too far in latent space
+        e = torch.ones(1, 2, V)
+        e[0, 0, exact] = 1e-3                                              # the coupled sample at position 0 is `exact`
+        v = accept_grouped_coupled(drafts, None, target, None, e, distances=dist, p_threshold=0.05, d_threshold=0.5)
+        assert int(v.num_accepted) == kept, exact
+        assert float(v.deviation) == float(kept and exact != 3)
+        if not kept:
+            assert int(v.next_token) == exact                              # the miss emits the exact sample
 
 
 def test_typical_acceptance_thresholds():

@@ -14,8 +14,6 @@ from mmaccel.core.speculative import LoopConfig, decode
 from mmaccel.errors import InputError, ModelNotFoundError
 from mmaccel.image.models.gpt import GPTConfig, LlamaGenGPT, gpt_config, load_gpt, rope_2d
 
-torch.set_num_threads(1)
-
 V, C, GRID = 64, 10, 4
 N = GRID * GRID
 

@@ -10,8 +10,6 @@ from mmaccel.image.models.gpt import GPTConfig, LlamaGenGPT, save_gpt
 from mmaccel.image.pipeline import ImagePipeline
 from mmaccel.image.tokenizers.vq import VQConfig, VQModel, save_vq
 
-torch.set_num_threads(1)
-
 V, C, GRID = 64, 10, 4
 PARAMS = {"speculative": {"k": 3}, "tree": {"depth": 2, "width": 2}, "sjd": {"window": 3},
           "sjd-coupled": {"window": 3}, "lantern": {"k": 3, "neighbours": 8, "delta": 0.2},
@@ -70,6 +68,9 @@ def test_budget_zero_reduces_relaxed_methods_to_exact_rules(pipe):
     sjd = pipe.generate([1, 2, 3, 4], "sjd", window=3, **kw)
     gsd0 = pipe.generate([1, 2, 3, 4], "gsd", window=3, p_threshold=0.0, **kw)
     assert torch.equal(gsd0.tokens, sjd.tokens) and gsd0.stats.deviation == 0.0
+    coupled = pipe.generate([1, 2, 3, 4], "sjd-coupled", window=3, **kw)
+    gsd0 = pipe.generate([1, 2, 3, 4], "gsd", window=3, coupled=True, d_threshold=0.0, **kw)
+    assert torch.equal(gsd0.tokens, coupled.tokens) and gsd0.stats.deviation == 0.0
     ar = pipe.generate([1, 2, 3, 4], "ar", temperature=0, cfg_scale=2.0)
     assert torch.equal(pipe.generate([1, 2, 3, 4], "zipar", s=GRID, temperature=0, cfg_scale=2.0).tokens, ar.tokens)
 

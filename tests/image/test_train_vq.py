@@ -32,9 +32,3 @@ def test_train_resume_export(tmp_path):
     result = json.loads((out / "eval.json").read_text())
     assert result["images"] == 6 and result["psnr_db"] > 0 and 0 < result["codebook_usage"] <= 1
     assert (tmp_path / "r.png").stat().st_size > 0
-
-
-def test_batches_depend_only_on_seed_and_step():
-    a = train_vq.batch_indices(100, 8, seed=0, step=7)
-    assert torch.equal(a, train_vq.batch_indices(100, 8, seed=0, step=7))
-    assert not torch.equal(a, train_vq.batch_indices(100, 8, seed=0, step=8))

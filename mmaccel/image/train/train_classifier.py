@@ -20,11 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
-import shlex
 import sys
 import time
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -32,16 +31,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mmaccel.image.data import load_fashion_mnist, to_model_images
+from mmaccel.image.train.common import (batch_indices, cosine_lr, read_checkpoint, restore, save_checkpoint, set_lr,
+                                       start_run)
 from mmaccel.metrics.domain import (ClassifierConfig, FashionClassifier, load_classifier, save_classifier,
                                     to_classifier_input)
 
 logger = logging.getLogger("mmaccel.image.train.train_classifier")
-
-
-def batch_indices(n: int, batch_size: int, seed: int, step: int) -> Tensor:
-    """The training images of `step`: a function of (seed, step) only, so a resumed run sees the same batches."""
-    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    return torch.randint(0, n, (batch_size,), generator=g)
 
 
 def training_batch(images: Tensor, *, roundtrip: float, seed: int, step: int) -> Tensor:
@@ -77,30 +72,16 @@ def train(args) -> FashionClassifier:
     model = FashionClassifier(config)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     step = 0
-    if ckpt_path.exists():
-        ckpt = torch.load(ckpt_path, weights_only=True)
+    ckpt = read_checkpoint(ckpt_path)
+    if ckpt is not None:
         if ckpt["config"] != asdict(config):
             logger.warning("checkpoint config %s differs from the arguments; using the checkpoint's", ckpt["config"])
             stored = ckpt["config"]
             model = FashionClassifier(ClassifierConfig(**{**stored, "channels": tuple(stored["channels"])}))
             opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        step = ckpt["step"]
-        logger.info("resumed from %s at step %d", ckpt_path, step)
+        step = restore(ckpt, model, opt, ckpt_path)
     logger.info("config %s, %.3f M parameters", model.config, sum(p.numel() for p in model.parameters()) / 1e6)
-
-    def save_ckpt() -> None:
-        tmp = ckpt_path.with_suffix(".tmp")
-        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                    "config": asdict(model.config)}, tmp)
-        tmp.replace(ckpt_path)  # atomic: an interrupted write never corrupts the last checkpoint
-
-    def lr_at(s: int) -> float:  # linear warm-up, cosine to 10 %
-        if s < args.warmup:
-            return args.lr * (s + 1) / args.warmup
-        t = (s - args.warmup) / max(1, args.steps - args.warmup)
-        return args.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, t))))
+    lr_at = partial(cosine_lr, lr=args.lr, warmup=args.warmup, steps=args.steps)
 
     if step >= args.steps:
         logger.info("already trained for %d steps (>= --steps %d)", step, args.steps)
@@ -116,8 +97,7 @@ def train(args) -> FashionClassifier:
         idx = batch_indices(len(images), args.batch_size, args.seed, step)
         x = training_batch(images[idx], roundtrip=args.roundtrip, seed=args.seed, step=step)
         y = labels[idx]
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step)
+        set_lr(opt, lr_at(step))
         logits = model(x)
         loss = F.cross_entropy(logits, y, label_smoothing=args.label_smoothing)
         opt.zero_grad(set_to_none=True)
@@ -131,7 +111,7 @@ def train(args) -> FashionClassifier:
                         sum(losses) / len(losses), sum(hits) / len(hits), (time.perf_counter() - t0) / len(losses))
             losses, hits, t0 = [], [], time.perf_counter()
         if step % args.ckpt_every == 0 or step == args.steps:
-            save_ckpt()
+            save_checkpoint(ckpt_path, model, opt, step, asdict(model.config))
     return model.eval()
 
 
@@ -165,13 +145,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    handlers = [logging.FileHandler(args.out / "train.log"), logging.StreamHandler(sys.stderr)]
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", handlers=handlers, force=True)
-    torch.set_num_threads(args.threads)
-    command = shlex.join(["python", "-m", "mmaccel.image.train.train_classifier",
-                          *(sys.argv[1:] if argv is None else argv)])
-    logger.info("command: %s", command)
+    command = start_run(args.out, args.threads, "mmaccel.image.train.train_classifier", argv)
     t_start = time.perf_counter()
     model = train(args)
     train_minutes = (time.perf_counter() - t_start) / 60

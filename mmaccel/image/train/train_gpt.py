@@ -20,11 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
-import shlex
 import sys
 import time
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -34,11 +33,13 @@ from torch import Tensor
 from mmaccel.image.data import load_fashion_mnist, to_model_images
 from mmaccel.image.models.gpt import GPTConfig, LlamaGenGPT, gpt_config, load_gpt, save_gpt
 from mmaccel.image.tokenizers.vq import VQModel, load_vq
-from mmaccel.image.train.train_vq import batch_indices
+from mmaccel.image.train.common import (batch_indices, cosine_lr, read_checkpoint, restore, save_checkpoint, set_lr,
+                                       start_run)
+from mmaccel.paths import assets_dir
 
 logger = logging.getLogger("mmaccel.image.train.train_gpt")
 
-DEFAULT_VQ = Path(__file__).resolve().parents[2] / "assets" / "fashion_vq.safetensors"
+DEFAULT_VQ = assets_dir() / "fashion_vq.safetensors"
 
 
 @torch.no_grad()
@@ -97,35 +98,20 @@ def train(args, tokens: Tensor, labels: Tensor) -> LlamaGenGPT:
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
     step = 0
-    if ckpt_path.exists():
-        ckpt = torch.load(ckpt_path, weights_only=True)
+    ckpt = read_checkpoint(ckpt_path)
+    if ckpt is not None:
         if ckpt["config"] != asdict(config):
             raise SystemExit(f"{ckpt_path} was trained with config {ckpt['config']}, not {asdict(config)}; "
                              "use another --out or the original arguments")
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        step = ckpt["step"]
-        logger.info("resumed from %s at step %d", ckpt_path, step)
+        step = restore(ckpt, model, opt, ckpt_path)
     logger.info("config %s, %.3f M parameters", config, sum(p.numel() for p in model.parameters()) / 1e6)
-
-    def save_ckpt() -> None:
-        tmp = ckpt_path.with_suffix(".tmp")
-        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                    "config": asdict(config)}, tmp)
-        tmp.replace(ckpt_path)
-
-    def lr_at(s: int) -> float:  # linear warm-up, cosine to 10 %
-        if s < args.warmup:
-            return args.lr * (s + 1) / args.warmup
-        t = (s - args.warmup) / max(1, args.steps - args.warmup)
-        return args.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, t))))
+    lr_at = partial(cosine_lr, lr=args.lr, warmup=args.warmup, steps=args.steps)
 
     model.train()
     window, t0 = [], time.perf_counter()
     while step < args.steps:
         idx = batch_indices(len(tokens), args.batch_size, args.seed, step)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step)
+        set_lr(opt, lr_at(step))
         loss = lm_loss(model, labels[idx], tokens[idx].long())
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -139,7 +125,7 @@ def train(args, tokens: Tensor, labels: Tensor) -> LlamaGenGPT:
                         step * args.batch_size / len(tokens))
             window, t0 = [], time.perf_counter()
         if step % args.ckpt_every == 0 or step == args.steps:
-            save_ckpt()
+            save_checkpoint(ckpt_path, model, opt, step, asdict(config))
     return model.eval()
 
 
@@ -168,12 +154,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    handlers = [logging.FileHandler(args.out / "train.log"), logging.StreamHandler(sys.stderr)]
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", handlers=handlers, force=True)
-    torch.set_num_threads(args.threads)
-    command = shlex.join(["python", "-m", "mmaccel.image.train.train_gpt", *(sys.argv[1:] if argv is None else argv)])
-    logger.info("command: %s", command)
+    command = start_run(args.out, args.threads, "mmaccel.image.train.train_gpt", argv)
     cache_dir = args.out.parent
     tokens, labels = load_tokens("train", cache_dir / "tokens_train.pt", args.vq, args.data_root)
     t_start = time.perf_counter()

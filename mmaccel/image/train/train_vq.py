@@ -21,10 +21,10 @@ import argparse
 import json
 import logging
 import math
-import shlex
 import sys
 import time
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -33,6 +33,8 @@ from torch import Tensor
 
 from mmaccel.image.data import load_fashion_mnist, to_model_images
 from mmaccel.image.tokenizers.vq import VQConfig, VQModel, load_vq, save_vq
+from mmaccel.image.train.common import (batch_indices, cosine_lr, read_checkpoint, restore, save_checkpoint, set_lr,
+                                       start_run)
 
 logger = logging.getLogger("mmaccel.image.train.train_vq")
 
@@ -52,12 +54,6 @@ def vq_losses(model: VQModel, x: Tensor, *, beta: float, l1_weight: float) -> tu
     loss = mse + l1_weight * l1 + codebook_loss + beta * commit_loss
     parts = {"mse": mse.item(), "l1": l1.item(), "codebook": codebook_loss.item(), "commit": commit_loss.item()}
     return loss, parts, indices
-
-
-def batch_indices(n: int, batch_size: int, seed: int, step: int) -> Tensor:
-    """The training images of `step`: a function of (seed, step) only, so a resumed run sees the same batches."""
-    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    return torch.randint(0, n, (batch_size,), generator=g)
 
 
 @torch.no_grad()
@@ -118,29 +114,15 @@ def train(args) -> VQModel:
     model = VQModel(config)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     step = 0
-    if ckpt_path.exists():
-        ckpt = torch.load(ckpt_path, weights_only=True)
+    ckpt = read_checkpoint(ckpt_path)
+    if ckpt is not None:
         if ckpt["config"] != asdict(config):
             logger.warning("checkpoint config %s differs from the arguments; using the checkpoint's", ckpt["config"])
             model = VQModel(VQConfig(**ckpt["config"]))
             opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        step = ckpt["step"]
-        logger.info("resumed from %s at step %d", ckpt_path, step)
+        step = restore(ckpt, model, opt, ckpt_path)
     logger.info("config %s, %.3f M parameters", model.config, sum(p.numel() for p in model.parameters()) / 1e6)
-
-    def save_ckpt() -> None:
-        tmp = ckpt_path.with_suffix(".tmp")
-        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                    "config": asdict(model.config)}, tmp)
-        tmp.replace(ckpt_path)  # atomic: an interrupted write never corrupts the last checkpoint
-
-    def lr_at(s: int) -> float:  # linear warm-up, cosine to 10 %
-        if s < args.warmup:
-            return args.lr * (s + 1) / args.warmup
-        t = (s - args.warmup) / max(1, args.steps - args.warmup)
-        return args.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, t))))
+    lr_at = partial(cosine_lr, lr=args.lr, warmup=args.warmup, steps=args.steps)
 
     if step >= args.steps:
         logger.info("already trained for %d steps (>= --steps %d)", step, args.steps)
@@ -154,8 +136,7 @@ def train(args) -> VQModel:
     window, used, t0 = [], torch.zeros(model.codebook_size, dtype=torch.bool), time.perf_counter()
     while step < args.steps:
         x = to_model_images(images[batch_indices(len(images), args.batch_size, args.seed, step)], args.size)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step)
+        set_lr(opt, lr_at(step))
         loss, parts, idx = vq_losses(model, x, beta=args.beta, l1_weight=args.l1_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -171,7 +152,7 @@ def train(args) -> VQModel:
                         int(used.sum()), model.codebook_size, (time.perf_counter() - t0) / len(window))
             window, used, t0 = [], torch.zeros_like(used), time.perf_counter()
         if step % args.ckpt_every == 0 or step == args.steps:
-            save_ckpt()
+            save_checkpoint(ckpt_path, model, opt, step, asdict(model.config))
     return model.eval()
 
 
@@ -209,12 +190,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    handlers = [logging.FileHandler(args.out / "train.log"), logging.StreamHandler(sys.stderr)]
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", handlers=handlers, force=True)
-    torch.set_num_threads(args.threads)
-    command = shlex.join(["python", "-m", "mmaccel.image.train.train_vq", *(sys.argv[1:] if argv is None else argv)])
-    logger.info("command: %s", command)
+    command = start_run(args.out, args.threads, "mmaccel.image.train.train_vq", argv)
     t_start = time.perf_counter()
     model = train(args)
     logger.info("training done in %.1f min this run", (time.perf_counter() - t_start) / 60)

@@ -1,0 +1,66 @@
+"""What the image trainers share: run set-up, seeded batches, the learning-rate schedule and
+resumable checkpoints (`<out>/ckpt.pt`, written atomically)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+logger = logging.getLogger("mmaccel.image.train")
+
+
+def start_run(out: Path, threads: int, module: str, argv: list[str] | None) -> str:
+    """Create `out`, log to `<out>/train.log` and stderr, set the torch threads; returns the command line."""
+    out.mkdir(parents=True, exist_ok=True)
+    handlers = [logging.FileHandler(out / "train.log"), logging.StreamHandler(sys.stderr)]
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", handlers=handlers, force=True)
+    torch.set_num_threads(threads)
+    command = shlex.join(["python", "-m", module, *(sys.argv[1:] if argv is None else argv)])
+    logger.info("command: %s", command)
+    return command
+
+
+def batch_indices(n: int, batch_size: int, seed: int, step: int) -> Tensor:
+    """The training examples of `step`: a function of (seed, step) only, so a resumed run sees the same batches."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    return torch.randint(0, n, (batch_size,), generator=g)
+
+
+def cosine_lr(step: int, *, lr: float, warmup: int, steps: int) -> float:
+    """Linear warm-up over `warmup` steps, then cosine decay to 10 % of `lr` at `steps`."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    t = (step - warmup) / max(1, steps - warmup)
+    return lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, t))))
+
+
+def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+    for group in opt.param_groups:
+        group["lr"] = lr
+
+
+def read_checkpoint(path: Path) -> dict[str, Any] | None:
+    """The checkpoint at `path` ({"model", "optimizer", "step", "config"}), or None if there is none yet."""
+    return torch.load(path, weights_only=True) if path.exists() else None
+
+
+def restore(ckpt: dict[str, Any], model: torch.nn.Module, opt: torch.optim.Optimizer, path: Path) -> int:
+    """Load `ckpt` into `model` and `opt`; returns the step to continue from."""
+    model.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["optimizer"])
+    logger.info("resumed from %s at step %d", path, ckpt["step"])
+    return ckpt["step"]
+
+
+def save_checkpoint(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, step: int,
+                    config: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "config": config}, tmp)
+    tmp.replace(path)  # atomic: an interrupted write never corrupts the last checkpoint
