@@ -8,11 +8,12 @@
 | sjd-coupled | Jacobi window, fixed noise   | coupled (SCD)                                | yes      |
 | lantern     | trained small GPT drafter    | latent-neighbour pooling within TV budget δ  | no (δ)   |
 | gsd         | Jacobi window (SJD drafts)   | grouped over dynamic clusters                | no       |
-|             | (`coupled=True`: fixed noise)| keep a draft whose exact sample is in its cluster | no   |
+| gsd coupled | Jacobi window, fixed noise   | exact sample lies in the draft's cluster     | no       |
 | zipar       | wavefront over image rows    | - (or SJD per row with `window`)             | no       |
 
-Relaxed methods report the mass they moved in `DecodeStats.deviation`; their budget 0 (δ = 0,
-p_threshold = 0) is the exact rule.
+Relaxed methods report what they spent in `DecodeStats.deviation` (the mass moved, or for
+`gsd` with `coupled=True` the tokens swapped); their budget 0 (δ = 0, p_threshold = 0) is the
+exact rule.
 """
 
 from __future__ import annotations
