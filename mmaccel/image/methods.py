@@ -29,7 +29,7 @@ from mmaccel.core.methods import REGISTRY as CORE_REGISTRY
 from mmaccel.core.methods import Method, Resources, _float, _int, _need, build_method
 from mmaccel.core.proposers import DraftModelProposer
 from mmaccel.errors import check
-from mmaccel.image.zipar import zipar_decode
+from mmaccel.image.zipar import STAND_INS, zipar_decode
 
 
 def latent_neighbours(latents: Tensor, k: int) -> Tensor:
@@ -83,14 +83,17 @@ def _zipar(p: dict) -> Method:
     s = _int(p, "s", 4, high=1 << 20)
     window = _int(p, "window", 0, low=0)
     coupled = bool(p.pop("coupled", False))
+    stand_in = p.pop("stand_in", "vertical")
+    check(stand_in in STAND_INS, f"unknown ZipAR stand_in {stand_in!r}; choose from {', '.join(STAND_INS)}")
 
     def run(resources: Resources, inputs: Any, *, max_new_tokens: int, sampling, seed: int):
         grid = math.isqrt(max_new_tokens)
         check(grid * grid == max_new_tokens, f"ZipAR decodes square token grids; {max_new_tokens} tokens is not one")
         return zipar_decode(resources.model, inputs, grid=grid, s=s, jacobi=window,
-                            rule="coupled" if coupled else "speculative", sampling=sampling, seed=seed, coupled=coupled)
+                            rule="coupled" if coupled else "speculative", sampling=sampling, seed=seed, coupled=coupled,
+                            stand_in=stand_in)
 
-    extra = f" x {'coupled ' if coupled else ''}SJD window {window} per row" if window else ""
+    extra = f", {stand_in} stand-in" + (f" x {'coupled ' if coupled else ''}SJD window {window} per row" if window else "")
     return Method("zipar", f"ZipAR next-set decoding, row window s={s}{extra}", "", False, lambda r: None,
                   runner=run)
 

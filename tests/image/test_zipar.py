@@ -50,24 +50,70 @@ def test_full_row_window_with_cfg_is_raster_ar(model):
 @pytest.mark.parametrize("s", [1, 2, 3])
 def test_pass_count_is_the_wavefront(model, s):
     out = zipar_decode(model, LABELS, grid=GRID, s=s, sampling=SAMPLED, seed=1)
-    assert out.stats.nfe == zipar_passes(GRID, s) == GRID + (GRID - 1) * s
+    assert out.stats.nfe == zipar_passes(GRID, s) == 2 * GRID + (GRID - 2) * s
     assert all(len(r) == N and min(r) >= 0 for r in out.tokens)
     assert out.stats.new_tokens == len(LABELS) * N
 
 
-def test_row_start_sees_only_decoded_positions(model):
-    """The first token of row 1 is predicted from the class token, the s decoded tokens of row 0 and the
-    stand-in (row 0's last decoded token at position W-1) — and nothing at the undecoded positions."""
+@pytest.mark.parametrize("stand_in", ["vertical", "copy"])
+def test_row_start_sees_only_decoded_positions(model, stand_in):
+    """Row 2's first token is predicted from the class token, row 0, the s decoded tokens of row 1 and
+    the stand-in at position 2W-1 — and nothing at the undecoded positions."""
     s = 2
-    out = zipar_decode(model, LABELS, grid=GRID, s=s)
+    out = zipar_decode(model, LABELS, grid=GRID, s=s, stand_in=stand_in)
     for b, label in enumerate(LABELS):
-        row0 = out.tokens[b][:s]
-        state = model.prefill([label], 4)
-        ref = model.step(state, torch.tensor([row0 + [row0[-1]]]), torch.tensor([list(range(s)) + [GRID - 1]]))
-        assert int(ref[0, -1].argmax()) == out.tokens[b][GRID]
-    # the first row only ever sees itself: it equals raster AR's first row
+        row0, row1 = out.tokens[b][:GRID], out.tokens[b][GRID : GRID + s]
+        substitute = row0[-1] if stand_in == "vertical" else row1[-1]
+        state = model.prefill([label], 2 * GRID)
+        ref = model.step(state, torch.tensor([row0 + row1 + [substitute]]),
+                         torch.tensor([list(range(GRID + s)) + [2 * GRID - 1]]))
+        assert int(ref[0, -1].argmax()) == out.tokens[b][2 * GRID]
+    # rows 0 and 1 never see a stand-in: they equal raster AR's
     base = decode(model, LABELS, LoopConfig(), max_new_tokens=N)
-    assert [r[:GRID] for r in out.tokens] == [r[:GRID] for r in base.tokens]
+    assert [r[: 2 * GRID] for r in out.tokens] == [r[: 2 * GRID] for r in base.tokens]
+
+
+class Recorder:
+    """A model wrapper that keeps what every pass fed and the logits it returned (batch row 0)."""
+
+    def __init__(self, model):
+        self.model, self.calls = model, []
+
+    def prefill(self, inputs, room):
+        return self.model.prefill(inputs, room)
+
+    def step(self, state, tokens, positions=None, tree_mask=None):
+        logits = self.model.step(state, tokens, positions, tree_mask)
+        self.calls.append((tokens[0].tolist(), positions[0].tolist(), logits[0]))
+        return logits
+
+
+@pytest.mark.parametrize("stand_in", ["vertical", "copy"])
+def test_one_short_window_is_ar_but_for_row_starts(model, stand_in):
+    """With s = W - 1 every fed token's keys are computed over its full true context (the stand-in is
+    overwritten in the pass that first needs the true token). So every logit row of every pass equals
+    a full causal forward over the true tokens, except that a row start sees its stand-in in place of
+    the missing last token of the row above."""
+    for label, seed in zip(LABELS, (3, 4, 5)):
+        recorder = Recorder(model)
+        toks = zipar_decode(recorder, [label], grid=GRID, s=GRID - 1, sampling=SAMPLED, seed=seed, coupled=True,
+                            stand_in=stand_in).tokens[0]
+        full = model.forward([label], torch.tensor([toks[:-1]]))[0]               # row j predicts token j
+        started = set()
+        for fed, positions, logits in recorder.calls:
+            for x, p, got in zip(fed, positions, logits):
+                r = p // GRID + 1                                                  # the row p + 1 lies in
+                if p % GRID == GRID - 1:                                           # the input of row r's start
+                    if r >= 2 and r not in started:
+                        started.add(r)
+                        assert x == (toks[p - GRID] if stand_in == "vertical" else toks[p - 1])
+                    ref = model.step(model.prefill([label], p + 1), torch.tensor([toks[:p] + [x]]),
+                                     torch.tensor([list(range(p + 1))]))[0, -1]
+                else:
+                    assert x == toks[p]
+                    ref = full[p + 1]
+                assert torch.allclose(got, ref, atol=1e-4), (label, p)
+        assert started == set(range(2, GRID)) and len(set(toks)) > GRID // 2                  # not degenerate
 
 
 def test_jacobi_windows_per_row(model):
@@ -92,3 +138,5 @@ def test_bad_parameters(model):
         zipar_decode(model, LABELS, grid=GRID, s=2, jacobi=GRID)
     with pytest.raises(InputError, match="rule"):
         zipar_decode(model, LABELS, grid=GRID, s=2, rule="nope")
+    with pytest.raises(InputError, match="stand-in"):
+        zipar_decode(model, LABELS, grid=GRID, s=2, stand_in="nope")
