@@ -46,10 +46,11 @@ DEFAULT_METHODS = [
     MethodSpec("gsd", {"window": 16}),
     MethodSpec("gsd", {"window": 16, "coupled": True}, label="gsd-coupled"),
     MethodSpec("zipar", {"s": 8}, label="zipar-s8"),
-    MethodSpec("zipar", {"s": 4, "window": 4, "coupled": True}, label="zipar-s4-sjd"),
+    MethodSpec("zipar", {"s": 3, "window": 4, "coupled": True}, label="zipar-s3-sjd"),
+    MethodSpec("zipar", {"s": 2, "window": 4, "coupled": True}, label="zipar-s2-sjd"),
 ]
 DEMO_METHODS = [spec for spec in DEFAULT_METHODS if spec.key in ("ar", "speculative", "sjd-coupled", "lantern",
-                                                                 "gsd-coupled", "zipar-s4-sjd")]
+                                                                 "gsd-coupled", "zipar-s2-sjd")]
 
 
 def build_image_suite(quick: bool = False, methods: list[MethodSpec] | None = None, pipeline=None,

@@ -117,6 +117,7 @@ def test_loading_from_a_directory(pipe, tmp_path):
     ([1], {"method": "gsd", "p_threshold": -0.1}, "p_threshold"),
     ([1], {"method": "zipar", "s": 0}, "s must"),
     ([1], {"method": "zipar", "s": GRID + 1}, "window s"),
+    ([1], {"method": "zipar", "s": 2, "stand_in": "left"}, "stand_in"),
     ([1], {"method": "ar", "k": 3}, "does not take"),
 ])
 def test_bad_input(pipe, labels, kw, match):
