@@ -89,6 +89,12 @@ def cmd_bench(args) -> int:
         if args.samples < 2:
             raise InputError(f"--samples must be >= 2, got {args.samples}")
         extra["samples"] = args.samples
+    if args.inception_samples is not None:
+        if "inception_samples" not in inspect.signature(SUITES[args.suite]).parameters:
+            raise InputError(f"--inception-samples does not apply to the {args.suite!r} suite")
+        if args.inception_samples < 0:
+            raise InputError(f"--inception-samples must be >= 0, got {args.inception_samples}")
+        extra["inception_samples"] = args.inception_samples
     suite = SUITES[args.suite](quick=args.quick, methods=_method_specs(args.methods), **extra)
     doc = run_suite(suite, log=lambda m: print(m, file=sys.stderr))
     out = Path(args.out) if args.out else Path("benchmarks") / f"{args.suite}{'-quick' if args.quick else ''}.json"
@@ -176,6 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", help="JSON path (Markdown and PNG are written beside it)")
     b.add_argument("--methods", help="comma-separated methods, e.g. 'speculative:k=6,ngram'")
     b.add_argument("--samples", type=int, default=None, help="image suite: samples per method for the quality scores (full run: 5008)")
+    b.add_argument("--inception-samples", type=int, default=None,
+                   help="image suite: of those, how many the (slow) Inception FID scores (full run: 300)")
     b.add_argument("--readme", default="README.md")
     b.add_argument("--dir", default="benchmarks")
     b.set_defaults(func=cmd_bench)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mmaccel.bench.harness import MethodSpec, validate_document
-from mmaccel.bench.image_suite import DEFAULT_METHODS, QUALITY_BATCH, quality_samples
+from mmaccel.bench.image_suite import DEFAULT_METHODS, QUALITY_BATCH, quality_inception_features, quality_samples
 from mmaccel.cli import main
 from mmaccel.image.methods import build_image_method
 from mmaccel.image.models.gpt import GPTConfig, LlamaGenGPT
@@ -70,3 +70,23 @@ def test_quality_samples_are_cached_per_chunk_and_resume(tmp_path, monkeypatch):
     quality_samples(_tiny_pipe(), MethodSpec("sjd-coupled", {"window": 3}), 2, cache_dir=tmp_path, log=lambda m: None)
     quality_samples(_tiny_pipe(seed=1), spec, 2, cache_dir=tmp_path, log=lambda m: None)
     assert len(list(tmp_path.iterdir())) == 3
+
+
+def test_inception_features_are_cached_per_chunk(tmp_path, monkeypatch):
+    import mmaccel.metrics.fid as fid
+
+    calls = []
+
+    def fake_features(images, extractor="inception", batch_size=None):   # the real extractor takes minutes
+        calls.append(len(images))
+        return images.float().mean(dim=(1, 2, 3))[:, None].expand(-1, 2048).clone()
+
+    monkeypatch.setattr(fid, "extract_features", fake_features)
+    pipe, spec = _tiny_pipe(), MethodSpec("ar")
+    n = QUALITY_BATCH + 6
+    feats = quality_inception_features(pipe, spec, n, cache_dir=tmp_path, log=lambda m: None)
+    tokens = torch.stack([t for _, t in quality_samples(pipe, spec, n, cache_dir=tmp_path)])
+    assert feats.shape == (n, 2048) and calls == [QUALITY_BATCH, QUALITY_BATCH]
+    assert torch.allclose(feats, fake_features(pipe.decode_pixels(tokens)), rtol=1e-3)   # stored in fp16
+    again = quality_inception_features(pipe, spec, n, cache_dir=tmp_path, log=lambda m: None)
+    assert len(calls) == 3 and torch.equal(feats, again)                 # every chunk came from the cache
