@@ -83,18 +83,15 @@ def cmd_bench(args) -> int:
     if args.suite not in SUITES:
         raise InputError(f"unknown benchmark suite {args.suite!r}; choose from {', '.join(SUITES)} or report")
     extra = {}
-    if args.samples is not None:
-        if "samples" not in inspect.signature(SUITES[args.suite]).parameters:
-            raise InputError(f"--samples does not apply to the {args.suite!r} suite")
-        if args.samples < 2:
-            raise InputError(f"--samples must be >= 2, got {args.samples}")
-        extra["samples"] = args.samples
-    if args.inception_samples is not None:
-        if "inception_samples" not in inspect.signature(SUITES[args.suite]).parameters:
-            raise InputError(f"--inception-samples does not apply to the {args.suite!r} suite")
-        if args.inception_samples < 0:
-            raise InputError(f"--inception-samples must be >= 0, got {args.inception_samples}")
-        extra["inception_samples"] = args.inception_samples
+    for option, minimum in (("samples", 2), ("inception_samples", 0)):   # suite-specific sizes
+        value, flag = getattr(args, option), "--" + option.replace("_", "-")
+        if value is None:
+            continue
+        if option not in inspect.signature(SUITES[args.suite]).parameters:
+            raise InputError(f"{flag} does not apply to the {args.suite!r} suite")
+        if value < minimum:
+            raise InputError(f"{flag} must be >= {minimum}, got {value}")
+        extra[option] = value
     suite = SUITES[args.suite](quick=args.quick, methods=_method_specs(args.methods), **extra)
     doc = run_suite(suite, log=lambda m: print(m, file=sys.stderr))
     out = Path(args.out) if args.out else Path("benchmarks") / f"{args.suite}{'-quick' if args.quick else ''}.json"
