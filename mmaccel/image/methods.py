@@ -9,7 +9,7 @@
 | lantern     | trained small GPT drafter    | latent-neighbour pooling within TV budget δ  | no (δ)   |
 | gsd         | Jacobi window (SJD drafts)   | grouped over dynamic clusters                | no       |
 | gsd coupled | Jacobi window, fixed noise   | exact sample lies in the draft's cluster     | no       |
-| zipar       | wavefront over image rows    | - (or SJD per row with `window`)             | no       |
+| zipar       | wavefront over image rows    | - (SJD per row with `window`; GSD `grouped`) | no       |
 
 Relaxed methods report what they spent in `DecodeStats.deviation` (the mass moved, or for
 `gsd` with `coupled=True` the tokens swapped); their budget 0 (δ = 0, p_threshold = 0) is the
@@ -60,20 +60,23 @@ def _lantern(p: dict) -> Method:
                   make_rule_params=rule_params)
 
 
+def _group_params(p: dict) -> dict[str, Any]:
+    """GSD's cluster thresholds (defaults of the GSD paper's code) from method params."""
+    return {"p_threshold": _float(p, "p_threshold", 0.15, 0.0, 1.0), "d_threshold": _float(p, "d_threshold", 0.5, 0.0, 1e9),
+            "half_window": _int(p, "half_window", 7, low=0, high=1 << 20)}
+
+
 def _gsd(p: dict) -> Method:
     window = _int(p, "window", 8)
-    p_threshold = _float(p, "p_threshold", 0.15, 0.0, 1.0)
-    d_threshold = _float(p, "d_threshold", 0.5, 0.0, 1e9)
-    half_window = _int(p, "half_window", 7, low=0, high=1 << 20)
+    group = _group_params(p)
     coupled = bool(p.pop("coupled", False))
 
     def rule_params(r: Resources) -> dict[str, Any]:
-        return {"distances": latent_sq_distances(_need(r, "latents", "gsd")), "p_threshold": p_threshold,
-                "d_threshold": d_threshold, "half_window": half_window}
+        return {"distances": latent_sq_distances(_need(r, "latents", "gsd")), **group}
 
     return Method("gsd", f"GSD: {'coupled ' if coupled else ''}SJD window {window}, grouped acceptance "
-                  f"(ranks ±{half_window}, |Δp| < {p_threshold}, d² < {d_threshold})", "",
-                  p_threshold == 0 or d_threshold == 0 or half_window == 0,
+                  f"(ranks ±{group['half_window']}, |Δp| < {group['p_threshold']}, d² < {group['d_threshold']})", "",
+                  group["p_threshold"] == 0 or group["d_threshold"] == 0 or group["half_window"] == 0,
                   lambda r: JacobiProposer(window, "coupled" if coupled else "sample", "repeat"),
                   "grouped-coupled" if coupled else "grouped", k=window, coupled=coupled,
                   make_rule_params=rule_params)
@@ -83,17 +86,24 @@ def _zipar(p: dict) -> Method:
     s = _int(p, "s", 4, high=1 << 20)
     window = _int(p, "window", 0, low=0)
     coupled = bool(p.pop("coupled", False))
+    grouped = bool(p.pop("grouped", False))
     stand_in = p.pop("stand_in", "vertical")
     check(stand_in in STAND_INS, f"unknown ZipAR stand_in {stand_in!r}; choose from {', '.join(STAND_INS)}")
+    check(window > 0 or not grouped, "ZipAR grouped acceptance verifies Jacobi drafts: give window >= 1")
+    group = _group_params(p) if grouped else {}
+    rule = {(False, False): "speculative", (False, True): "coupled", (True, False): "grouped",
+            (True, True): "grouped-coupled"}[grouped, coupled]
 
     def run(resources: Resources, inputs: Any, *, max_new_tokens: int, sampling, seed: int):
         grid = math.isqrt(max_new_tokens)
         check(grid * grid == max_new_tokens, f"ZipAR decodes square token grids; {max_new_tokens} tokens is not one")
-        return zipar_decode(resources.model, inputs, grid=grid, s=s, jacobi=window,
-                            rule="coupled" if coupled else "speculative", sampling=sampling, seed=seed, coupled=coupled,
-                            stand_in=stand_in)
+        params = {"distances": latent_sq_distances(_need(resources, "latents", "zipar")), **group} if grouped else None
+        return zipar_decode(resources.model, inputs, grid=grid, s=s, jacobi=window, rule=rule, rule_params=params,
+                            sampling=sampling, seed=seed, coupled=coupled, stand_in=stand_in)
 
     extra = f", {stand_in} stand-in" + (f" x {'coupled ' if coupled else ''}SJD window {window} per row" if window else "")
+    extra += f", GSD grouped acceptance (ranks ±{group['half_window']}, |Δp| < {group['p_threshold']}, " \
+             f"d² < {group['d_threshold']})" if grouped else ""
     return Method("zipar", f"ZipAR next-set decoding, row window s={s}{extra}", "", False, lambda r: None,
                   runner=run)
 

@@ -24,8 +24,10 @@ The stand-in (`stand_in`):
   full-context one (s = 8..15), against 0.04-0.05 with the vertical stand-in.
 
 With `jacobi = L > 0` each active row also carries up to L Jacobi drafts (its own SJD window) that
-one acceptance rule verifies for every row in the same pass; with position-fixed noise and the
-coupled rule the output is token for token that of plain ZipAR with the same `s`.
+one acceptance rule verifies for every row in the same pass (exact, coupled, or a relaxed rule such
+as GSD's groups). A draft's keys are computed when it is fed, one token of the row above earlier than
+plain ZipAR feeds that position, so for s < W the output is close to, not token for token, that of
+plain ZipAR; for s = W it is exactly raster decoding.
 """
 
 from __future__ import annotations

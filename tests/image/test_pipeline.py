@@ -73,6 +73,18 @@ def test_budget_zero_reduces_relaxed_methods_to_exact_rules(pipe):
     assert torch.equal(gsd0.tokens, coupled.tokens) and gsd0.stats.deviation == 0.0
     ar = pipe.generate([1, 2, 3, 4], "ar", temperature=0, cfg_scale=2.0)
     assert torch.equal(pipe.generate([1, 2, 3, 4], "zipar", s=GRID, temperature=0, cfg_scale=2.0).tokens, ar.tokens)
+    for coupled in (False, True):                # ZipAR rows verified with GSD's groups: budget 0 is the exact rule
+        rows = pipe.generate([1, 2, 3, 4], "zipar", s=2, window=3, coupled=coupled, **kw)
+        grouped0 = pipe.generate([1, 2, 3, 4], "zipar", s=2, window=3, coupled=coupled, grouped=True, p_threshold=0.0, **kw)
+        assert torch.equal(grouped0.tokens, rows.tokens) and grouped0.stats.deviation == 0.0
+
+
+def test_zipar_grouped_rows_spend_a_budget(pipe):
+    out = pipe.generate([1, 2, 3, 4], "zipar", s=2, window=3, coupled=True, grouped=True, p_threshold=0.5,
+                        d_threshold=1e6, cfg_scale=2.0, temperature=1.0, seed=3)
+    assert out.stats.deviation > 0 and all(len(set(t.flatten().tolist())) > 1 for t in out.tokens)
+    with pytest.raises(InputError, match="window >= 1"):
+        pipe.generate([1], "zipar", s=2, grouped=True)
 
 
 def test_relaxed_methods_report_the_budget_they_spend(pipe):
