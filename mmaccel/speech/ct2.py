@@ -127,7 +127,7 @@ class _Cursor:
         if end > len(self.view):
             raise InputError(
                 f"{self.what} is truncated: {item} needs bytes {self.pos}..{end}, so the file must be at least "
-                f"{end} bytes, but it has {len(self.view)}; re-download or reinstall it"
+                f"{end} bytes, but it has {len(self.view)}; reinstall it, or pass all of its parts in order"
             )
         chunk = self.view[self.pos : end]
         self.pos = end
