@@ -144,7 +144,8 @@ def quality_samples(pipe, spec: MethodSpec, count: int, cache_dir: str | Path | 
     """`count` samples of `spec` as (label, tokens) pairs: labels i mod classes, generated in chunks of
     `QUALITY_BATCH` with seed `QUALITY_SEED + chunk`. Each chunk is cached under a key of the method,
     its parameters, the sampling recipe and the model weights, so a long run resumes and a longer run
-    reuses the chunks of a shorter one."""
+    reuses the chunks of a shorter one. The key does not cover the code: after changing what a method
+    computes, delete its folders (each folder's key.json names the method and parameters)."""
     folder = _chunk_folder(pipe, spec, cache_dir)
     classes = pipe.model.num_classes
     outputs: list[tuple[int, torch.Tensor]] = []
