@@ -94,6 +94,9 @@ def cmd_bench(args) -> int:
         extra[option] = value
     suite = SUITES[args.suite](quick=args.quick, methods=_method_specs(args.methods), **extra)
     doc = run_suite(suite, log=lambda m: print(m, file=sys.stderr))
+    doc["command"] = " ".join(["mmaccel bench", args.suite] + (["--quick"] if args.quick else [])
+                              + ([f"--methods {args.methods}"] if args.methods else [])
+                              + [f"--{k.replace('_', '-')} {v}" for k, v in extra.items()])
     out = Path(args.out) if args.out else Path("benchmarks") / f"{args.suite}{'-quick' if args.quick else ''}.json"
     paths = write_results(doc, out, suite.primary_quality)
     if suite.artifacts is not None:

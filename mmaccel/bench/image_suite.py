@@ -51,6 +51,7 @@ DEFAULT_METHODS = [
     MethodSpec("zipar", {"s": 8}, label="zipar-s8"),
     MethodSpec("zipar", {"s": 3, "window": 4, "coupled": True}, label="zipar-s3-sjd"),
     MethodSpec("zipar", {"s": 2, "window": 4, "coupled": True}, label="zipar-s2-sjd"),
+    MethodSpec("zipar", {"s": 3, "window": 8, "coupled": True, "grouped": True}, label="zipar-s3-gsd"),
 ]
 DEMO_METHODS = [spec for spec in DEFAULT_METHODS if spec.key in ("ar", "speculative", "sjd-coupled", "lantern",
                                                                  "gsd-coupled", "zipar-s2-sjd")]

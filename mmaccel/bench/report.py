@@ -17,7 +17,7 @@ def render(bench_dir: Path) -> str:
         doc = json.loads(path.read_text())
         validate_document(doc)
         quick = " --quick" if doc["config"].get("quick") else ""
-        command = COMMANDS.get(doc["suite"], f"mmaccel bench {doc['suite']}") + quick
+        command = doc.get("command") or COMMANDS.get(doc["suite"], f"mmaccel bench {doc['suite']}") + quick
         parts.append(f"### `{doc['suite']}` — `{command}`\n\n{doc['device']}, torch {doc['torch']}, {doc['date']}; "
                      f"source `{path.parent.name}/{path.name}`\n\n{markdown_table(doc)}\n")
     return "\n".join(parts) if parts else "No benchmark results committed yet.\n"

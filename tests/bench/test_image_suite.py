@@ -22,6 +22,7 @@ def test_bench_image_quick_writes_valid_json(tmp_path):
     validate_document(doc)
     specs = {spec.key: spec for spec in DEFAULT_METHODS}
     assert doc["suite"] == "image" and doc["config"]["quick"] is True
+    assert doc["command"] == "mmaccel bench image --quick"                  # what the README quotes
     assert {r["method"] for r in doc["results"]} == {spec.key for spec in DEFAULT_METHODS}
     assert {r["batch"] for r in doc["results"]} == {1, 8}
     for r in doc["results"]:
