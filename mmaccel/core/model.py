@@ -133,6 +133,13 @@ class KVCache:
             raise InputError(f"cannot roll back {counts.tolist()} entries from lengths {self.lengths.tolist()}")
         self.lengths = self.lengths - counts
 
+    def select_rows(self, index: Tensor) -> None:
+        """Keep rows `index` [B'] of the batch, in that order (repeats allowed): beam search."""
+        idx = index.to(self.device)
+        self.k = [k.index_select(0, idx) for k in self.k]
+        self.v = [v.index_select(0, idx) for v in self.v]
+        self.lengths = self.lengths.index_select(0, index.cpu())
+
     def keep_appended(self, offsets: Tensor, counts: Tensor, appended: int) -> None:
         """After appending `appended` entries, keep only those at `offsets` [B, L] (relative to the
         append, ascending), the first `counts[b]` of them per row, packed contiguously; drop the rest.

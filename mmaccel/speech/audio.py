@@ -1,0 +1,139 @@
+"""Audio in: read a file or take an array, make it 16 kHz mono float32, cut long audio into
+Whisper-sized chunks at quiet points, and compute log-mel features.
+
+Files are read with soundfile (libsndfile: wav, flac, ogg/vorbis/opus, mp3, aiff, ...) and
+resampled with soxr (the "HQ" preset). Nothing here modifies an array a caller passed in.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Union
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from mmaccel.errors import InputError, check
+
+SAMPLE_RATE = 16_000
+WINDOW_S = 30.0            # Whisper's receptive field
+SILENCE_RMS = 1e-4         # below this root-mean-square level a clip counts as silent
+CUT_SEARCH_S = 5.0         # a long-audio cut is placed at the quietest point of the last 5 s of a window
+CUT_FRAME_S = 0.1          # ... measured over 100 ms frames
+
+AudioLike = Union[str, os.PathLike, np.ndarray, Tensor, tuple]
+
+
+@dataclass
+class Audio:
+    """16 kHz mono float32 samples and where they came from (a path, or "array")."""
+
+    samples: np.ndarray
+    source: str = "array"
+
+    @property
+    def duration(self) -> float:
+        return len(self.samples) / SAMPLE_RATE
+
+
+def load_audio(path: str | os.PathLike) -> Audio:
+    """Read an audio file and return it as 16 kHz mono float32.
+
+    Raises InputError for a missing, unreadable, empty or non-audio file, naming the file.
+    """
+    import soundfile as sf
+
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise InputError(f"audio file not found: {p}")
+    if p.stat().st_size == 0:
+        raise InputError(f"audio file is empty (0 bytes): {p}")
+    try:
+        samples, rate = sf.read(str(p), dtype="float32", always_2d=True)
+    except (sf.LibsndfileError, RuntimeError, TypeError) as err:
+        raise InputError(f"cannot read {p} as audio ({err}); supported: wav, flac, ogg, mp3 and other "
+                         "libsndfile formats") from None
+    return Audio(_to_mono_16k(samples, rate, str(p)), str(p))
+
+
+def as_audio(audio: AudioLike, sample_rate: int | None = None) -> Audio:
+    """Accept a path, an `Audio`, a 1-D/2-D array or tensor (with `sample_rate`), or an
+    `(array, sample_rate)` pair; return 16 kHz mono float32 (a new array)."""
+    if isinstance(audio, Audio):
+        return audio
+    if isinstance(audio, (str, os.PathLike)):
+        check(sample_rate is None, "sample_rate is read from the file; pass it only with an array")
+        return load_audio(audio)
+    if isinstance(audio, tuple):
+        check(len(audio) == 2 and sample_rate is None, "pass audio as (samples, sample_rate)")
+        audio, sample_rate = audio
+    if isinstance(audio, Tensor):
+        audio = audio.detach().cpu().numpy()
+    check(isinstance(audio, np.ndarray), f"audio must be a path, an array or a tensor, got {type(audio).__name__}")
+    check(sample_rate is not None, "an audio array needs its sample_rate (e.g. sample_rate=16000)")
+    check(audio.ndim in (1, 2), f"audio array must be [samples] or [samples, channels], got shape {audio.shape}")
+    check(np.issubdtype(audio.dtype, np.number) and not np.issubdtype(audio.dtype, np.complexfloating),
+          f"audio samples must be real numbers, got dtype {audio.dtype}")
+    samples = audio if audio.ndim == 2 else audio[:, None]
+    if samples.shape[1] > samples.shape[0] and samples.shape[1] > 16:
+        raise InputError(f"audio array of shape {audio.shape} looks like [channels, samples]; pass [samples, channels]")
+    if np.issubdtype(samples.dtype, np.integer):   # PCM integers -> [-1, 1)
+        samples = samples / float(np.iinfo(samples.dtype).max + 1)
+    return Audio(_to_mono_16k(np.asarray(samples, dtype=np.float32), sample_rate, "array"))
+
+
+def _to_mono_16k(samples: np.ndarray, rate: int, name: str) -> np.ndarray:
+    check(isinstance(rate, (int, np.integer)) and 1000 <= rate <= 384_000,
+          f"{name}: sample rate must be an integer in [1000, 384000] Hz, got {rate!r}")
+    check(samples.shape[0] > 0, f"{name}: audio has no samples")
+    check(bool(np.isfinite(samples).all()), f"{name}: audio contains NaN or inf samples")
+    mono = samples.mean(axis=1) if samples.shape[1] > 1 else samples[:, 0].copy()
+    if rate != SAMPLE_RATE:
+        import soxr
+
+        mono = soxr.resample(mono, int(rate), SAMPLE_RATE, quality="HQ")
+    return np.ascontiguousarray(mono, dtype=np.float32)
+
+
+def is_silent(audio: Audio) -> bool:
+    return float(np.sqrt(np.mean(np.square(audio.samples, dtype=np.float64)))) < SILENCE_RMS
+
+
+def split_long(audio: Audio, window_s: float = WINDOW_S) -> list[Audio]:
+    """`audio` as consecutive chunks of at most `window_s` seconds.
+
+    Each chunk but the last ends at the centre of the quietest 100 ms frame of its last
+    `CUT_SEARCH_S` seconds, so cuts fall between words wherever the speech pauses; chunks do not
+    overlap, so their transcripts are joined without de-duplication.
+    """
+    window = int(window_s * SAMPLE_RATE)
+    check(window > int(CUT_SEARCH_S * SAMPLE_RATE), f"window_s must exceed {CUT_SEARCH_S} s, got {window_s}")
+    return [Audio(audio.samples[a:b], audio.source) for a, b in _cuts(len(audio.samples), window, audio.samples)]
+
+
+def _cuts(n: int, window: int, samples: np.ndarray):
+    frame, search = int(CUT_FRAME_S * SAMPLE_RATE), int(CUT_SEARCH_S * SAMPLE_RATE)
+    start = 0
+    while n - start > window:
+        end = start + window
+        region = samples[end - search : end]
+        energy = np.square(region[: len(region) // frame * frame].reshape(-1, frame), dtype=np.float64).mean(1)
+        best = len(energy) - 1 - int(np.argmin(energy[::-1]))     # the quietest frame; ties go to the latest
+        end = end - search + best * frame + frame // 2
+        yield start, end
+        start = end
+    yield start, n
+
+
+def log_mel(feature_extractor, audios: list[Audio]) -> Tensor:
+    """Whisper log-mel features [B, mels, 3000] of clips of at most 30 s (zero-padded), as
+    transformers' `WhisperFeatureExtractor` computes them (the reference front end)."""
+    check(len(audios) > 0, "no audio to featurise")
+    for a in audios:
+        check(a.duration <= WINDOW_S + 1e-6, f"{a.source}: {a.duration:.1f} s is longer than one "
+              f"{WINDOW_S:.0f} s window; split it with split_long first")
+    out = feature_extractor([a.samples for a in audios], sampling_rate=SAMPLE_RATE, return_tensors="pt")
+    return out["input_features"]

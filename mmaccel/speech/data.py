@@ -1,0 +1,219 @@
+"""Speech evaluation and training data: JSONL manifests, the real clips Debian ships, and a
+synthetic corpus spoken by Debian's TTS voices.
+
+A manifest is JSON lines with `audio_filepath`, `text`, `duration` (seconds) and an `id` (the
+NeMo / Open ASR Leaderboard convention). Real speech: the 5 LibriVox utterances and 5 "cards" clips
+of `pocketsphinx-testdata` (with their transcripts) and the 8 ALSA channel clips of `alsa-utils`
+(transcript = file name). Synthetic speech: sentences from the `fortunes` package (real English
+quotations, filtered to plain 6–24-word sentences) spoken by flite, festival and espeak-ng voices;
+a stable hash of each sentence puts one in ten into the evaluation split, and the evaluation voices
+are never used for training.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from mmaccel.errors import InputError, ModelNotFoundError, check
+
+SPHINX_DATA = Path("/usr/share/pocketsphinx/test/data")
+ALSA_SOUNDS = Path("/usr/share/sounds/alsa")
+FORTUNES = Path("/usr/share/games/fortunes")
+# fortune files with plain prose; the rest hold code, verse layouts, or material unfit for a corpus
+FORTUNE_FILES = ("education", "food", "fortunes", "humorists", "kids", "law", "literature", "love", "medicine",
+                 "miscellaneous", "people", "pets", "platitudes", "science", "sports", "wisdom", "work")
+APT_PACKAGES = "pocketsphinx-testdata alsa-utils fortunes flite festival festvox-kallpc16k festvox-kdlpc16k " \
+               "festvox-us-slt-hts espeak-ng"
+
+
+@dataclass
+class Utterance:
+    audio_filepath: str
+    text: str
+    duration: float
+    id: str = ""
+    voice: str = ""     # "human" for real speech, else the TTS voice
+
+
+def write_manifest(path: str | os.PathLike, utterances: list[Utterance]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text("".join(json.dumps(asdict(u)) + "\n" for u in utterances), encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def read_manifest(path: str | os.PathLike) -> list[Utterance]:
+    """Utterances of a JSONL manifest; relative audio paths are taken relative to the manifest."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"manifest not found: {path}")
+    out = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise InputError(f"{path}:{n}: not valid JSON ({err})") from None
+        missing = [k for k in ("audio_filepath", "text", "duration") if k not in row]
+        check(not missing, f"{path}:{n}: missing field(s) {', '.join(missing)}")
+        audio = Path(row["audio_filepath"])
+        row["audio_filepath"] = str(audio if audio.is_absolute() else path.parent / audio)
+        row.setdefault("id", Path(row["audio_filepath"]).stem)
+        known = {k: row[k] for k in ("audio_filepath", "text", "duration", "id", "voice") if k in row}
+        out.append(Utterance(**known))
+    check(len(out) > 0, f"manifest {path} has no utterances")
+    return out
+
+
+def _duration(path: Path) -> float:
+    import soundfile as sf
+
+    info = sf.info(str(path))
+    return round(info.frames / info.samplerate, 3)
+
+
+def _sphinx_transcripts(file: Path) -> dict[str, str]:
+    """`<s> text </s> (id)` lines -> {id: text}."""
+    out = {}
+    for line in file.read_text(encoding="utf-8").splitlines():
+        m = re.match(r"\s*(?:<s>)?\s*(.*?)\s*(?:</s>)?\s*\(([^)]+)\)\s*$", line)
+        if m:
+            out[m.group(2)] = m.group(1)
+    return out
+
+
+def real_utterances(sphinx: Path = SPHINX_DATA, alsa: Path = ALSA_SOUNDS) -> list[Utterance]:
+    """The 18 real human clips with transcripts (LibriVox read speech, cards, ALSA channel names)."""
+    if not (sphinx / "librivox").is_dir():
+        raise ModelNotFoundError(f"real speech clips not found in {sphinx}; install them with "
+                                 "`apt-get install pocketsphinx-testdata` (or `make`)")
+    out = []
+    for folder, transcript in (("librivox", "transcription"), ("cards", "cards.transcription")):
+        texts = _sphinx_transcripts(sphinx / folder / transcript)
+        for wav in sorted((sphinx / folder).glob("*.wav")):
+            if wav.stem in texts:
+                out.append(Utterance(str(wav), texts[wav.stem], _duration(wav), f"{folder}_{wav.stem}", "human"))
+    if alsa.is_dir():
+        for wav in sorted(alsa.glob("*_*.wav")):
+            out.append(Utterance(str(wav), wav.stem.replace("_", " ").lower(), _duration(wav), f"alsa_{wav.stem}", "human"))
+    return out
+
+
+# ---- sentences ------------------------------------------------------------------------------------
+
+_PLAIN = re.compile(r"^[A-Z][A-Za-z ,;'\-]+[.!?]$")
+
+
+def sentences(split: str = "train", fortunes: Path = FORTUNES) -> list[str]:
+    """Plain English sentences from the `fortunes` package, in a stable order.
+
+    `split="eval"` is the tenth of sentences whose SHA-1 ends in a multiple of ten; "train" the rest.
+    """
+    check(split in ("train", "eval"), f"split must be 'train' or 'eval', got {split!r}")
+    if not fortunes.is_dir():
+        raise ModelNotFoundError(f"sentence source {fortunes} not found; install it with `apt-get install fortunes`")
+    seen, out = set(), []
+    for name in FORTUNE_FILES:
+        file = fortunes / name
+        if not file.is_file():
+            continue
+        for entry in file.read_text(encoding="utf-8", errors="ignore").split("\n%\n"):
+            text = " ".join(entry.split())
+            text = re.sub(r"\s+--\s.*$", "", text).strip('"')            # drop attributions and quotes
+            words = len(text.split())
+            if not (_PLAIN.match(text) and 6 <= words <= 24) or re.search(r"[A-Z]{2,}", text) or text in seen:
+                continue
+            seen.add(text)
+            is_eval = int(hashlib.sha1(text.encode()).hexdigest(), 16) % 10 == 0
+            if is_eval == (split == "eval"):
+                out.append(text)
+    return out
+
+
+# ---- voices -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Voice:
+    name: str
+    engine: str     # flite | festival | espeak-ng
+    id: str         # the engine's own voice name
+
+    def command(self, text_file: Path, wav: Path) -> list[str]:
+        if self.engine == "flite":
+            return ["flite", "-voice", self.id, "-f", str(text_file), "-o", str(wav)]
+        if self.engine == "festival":
+            return ["text2wave", "-eval", f"(voice_{self.id})", "-o", str(wav), str(text_file)]
+        return ["espeak-ng", "-v", self.id, "-f", str(text_file), "-w", str(wav)]
+
+    @property
+    def program(self) -> str:
+        return {"flite": "flite", "festival": "text2wave"}.get(self.engine, "espeak-ng")
+
+
+VOICES = {v.name: v for v in [
+    Voice("flite-kal16", "flite", "kal16"), Voice("flite-awb", "flite", "awb"),
+    Voice("flite-rms", "flite", "rms"), Voice("flite-slt", "flite", "slt"),
+    Voice("festival-kal", "festival", "kal_diphone"), Voice("festival-ked", "festival", "ked_diphone"),
+    Voice("festival-slt-hts", "festival", "cmu_us_slt_arctic_hts"),
+    Voice("espeak-en-us", "espeak-ng", "en-us"), Voice("espeak-en-us-m3", "espeak-ng", "en-us+m3"),
+    Voice("espeak-en-us-f2", "espeak-ng", "en-us+f2"), Voice("espeak-en-gb", "espeak-ng", "en-gb"),
+    Voice("espeak-en-gb-m5", "espeak-ng", "en-gb+m5"), Voice("espeak-en-gb-scotland", "espeak-ng", "en-gb-scotland"),
+]}
+TRAIN_VOICES = ("flite-kal16", "flite-awb", "festival-kal", "espeak-en-us", "espeak-en-us-m3", "espeak-en-us-f2",
+                "espeak-en-gb", "espeak-en-gb-m5", "espeak-en-gb-scotland")
+EVAL_VOICES = ("flite-rms", "flite-slt", "festival-ked", "festival-slt-hts")
+
+
+def synthesize(text: str, voice: Voice, wav: Path) -> Path:
+    """Speak `text` with `voice` into `wav` (the engine's native rate; loading resamples)."""
+    if shutil.which(voice.program) is None:
+        raise ModelNotFoundError(f"TTS program {voice.program!r} for voice {voice.name} not found; "
+                                 f"install it with `apt-get install {APT_PACKAGES}`")
+    wav.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        text_file, out = Path(tmp) / "text.txt", Path(tmp) / "out.wav"
+        text_file.write_text(text + "\n", encoding="utf-8")
+        run = subprocess.run(voice.command(text_file, out), capture_output=True, text=True, timeout=120)
+        if run.returncode != 0 or not out.is_file() or out.stat().st_size <= 44:
+            raise InputError(f"{voice.name} failed to speak {text[:40]!r}: {run.stderr.strip()[-300:]}")
+        shutil.move(str(out), wav)
+    return wav
+
+
+def build_tts_corpus(out_dir: str | os.PathLike, split: str = "train", voices: tuple[str, ...] | None = None,
+                     max_sentences: int | None = None, voices_per_sentence: int = 2) -> Path:
+    """Speak the `split` sentences into `<out_dir>/<split>/` and write `<out_dir>/<split>.jsonl`.
+
+    Sentence i is spoken by `voices_per_sentence` voices in rotation over `voices` (default: the
+    split's voice set). Existing wav files are kept, so an interrupted build resumes.
+    """
+    voices = voices or (TRAIN_VOICES if split == "train" else EVAL_VOICES)
+    unknown = [v for v in voices if v not in VOICES]
+    check(not unknown, f"unknown voice(s) {', '.join(unknown)}; choose from {', '.join(VOICES)}")
+    check(1 <= voices_per_sentence <= len(voices), f"voices_per_sentence must be in [1, {len(voices)}]")
+    texts = sentences(split)
+    if max_sentences is not None:
+        check(max_sentences >= 1, f"max_sentences must be >= 1, got {max_sentences}")
+        texts = texts[:max_sentences]
+    root = Path(out_dir)
+    utterances = []
+    for i, text in enumerate(texts):
+        for j in range(voices_per_sentence):
+            voice = VOICES[voices[(i * voices_per_sentence + j) % len(voices)]]
+            uid = f"{split}_{i:05d}_{voice.name}"
+            wav = root / split / f"{uid}.wav"
+            if not wav.is_file():
+                synthesize(text, voice, wav)
+            utterances.append(Utterance(str(wav.relative_to(root)), text, _duration(wav), uid, voice.name))
+    return write_manifest(root / f"{split}.jsonl", utterances)

@@ -1,0 +1,211 @@
+"""The Whisper decoder as an mmaccel `DecoderModel`, so every core method decodes speech.
+
+The forward pass is written out here over the weights of a Hugging Face
+`WhisperForConditionalGeneration` (pre-LN self-attention, cross-attention to the encoder, GELU MLP,
+final LayerNorm, vocabulary projection tied to the token embedding). Owning those few lines rather
+than calling HF's layers gives our preallocated per-row KV cache (O(1) rollback, ragged rows), tree
+masks, early-exit views and the hidden states Medusa heads read, and keeps us clear of HF's
+changing cache internals. Cross-attention keys/values are computed once per utterance.
+
+Whisper's decoding rules are part of the model here: `suppress_tokens` are masked at every step and
+`begin_suppress_tokens` at the first generated position, exactly as `generate()` applies them, so
+every method decodes under the same rules and greedy equals HF greedy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mmaccel.core.model import DecodeState, KVCache, check_step_args, default_positions
+from mmaccel.errors import check
+
+
+@dataclass
+class EncodedAudio:
+    """What `prefill` takes: encoder states [B, S, d] and the decoder prompt [B, P] (same P per row).
+
+    Cross-attention keys/values are cached here per layer, so a draft that shares the encoder (an
+    early-exit view) does not recompute them.
+    """
+
+    encoder_states: Tensor
+    prompt: Tensor
+    cross_kv: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict, repr=False)
+
+    @property
+    def batch_size(self) -> int:
+        return self.encoder_states.shape[0]
+
+
+class ExitHead(nn.Module):
+    """An early-exit head: a zero-initialised residual SiLU block and a LayerNorm (initialised from
+    the decoder's final norm), read out through the model's tied vocabulary projection."""
+
+    def __init__(self, final_norm: nn.LayerNorm):
+        super().__init__()
+        d = final_norm.normalized_shape[0]
+        self.block = nn.Linear(d, d)
+        nn.init.zeros_(self.block.weight)
+        nn.init.zeros_(self.block.bias)
+        self.norm = nn.LayerNorm(d, eps=final_norm.eps)
+        self.norm.load_state_dict(final_norm.state_dict())
+
+    def forward(self, hidden: Tensor) -> Tensor:   # un-normalised layer output -> normalised hidden
+        return self.norm(hidden + F.silu(self.block(hidden)))
+
+
+class WhisperDecoderModel:
+    """DecoderModel over the decoder of `hf` (a `WhisperForConditionalGeneration`).
+
+    `suppress_tokens` / `begin_suppress_tokens` are token ids (the model's generation config by
+    default). A view with `num_layers` < all layers and an `exit_head` is an early-exit draft.
+    """
+
+    def __init__(self, hf, suppress_tokens: list[int] | None = None, begin_suppress_tokens: list[int] | None = None,
+                 num_layers: int | None = None, exit_head: nn.Module | None = None):
+        decoder = getattr(getattr(hf, "model", None), "decoder", None)
+        check(decoder is not None and hasattr(decoder, "layers") and hasattr(decoder, "embed_positions"),
+              f"{type(hf).__name__} is not a Whisper encoder-decoder (expected .model.decoder with layers)")
+        self.hf, self.decoder = hf.eval(), decoder
+        cfg = hf.config
+        gen = getattr(hf, "generation_config", None)
+        total = len(decoder.layers)
+        self.num_layers = total if num_layers is None else num_layers
+        check(isinstance(self.num_layers, int) and 1 <= self.num_layers <= total,
+              f"exit layer must be an integer in [1, {total}], got {num_layers!r}")
+        self.exit_head = exit_head
+        self.vocab_size = cfg.vocab_size
+        self.num_heads = cfg.decoder_attention_heads
+        self.head_dim = cfg.d_model // self.num_heads
+        self.max_positions = cfg.max_target_positions
+        self.embed_scale = cfg.d_model ** 0.5 if getattr(cfg, "scale_embedding", False) else 1.0
+        if suppress_tokens is None:
+            suppress_tokens = list(getattr(gen, "suppress_tokens", None) or [])
+        if begin_suppress_tokens is None:
+            begin_suppress_tokens = list(getattr(gen, "begin_suppress_tokens", None) or [])
+        self.suppress_tokens, self.begin_suppress_tokens = list(suppress_tokens), list(begin_suppress_tokens)
+        self._bias = self._suppression(self.suppress_tokens)
+        self._begin_bias = self._bias + self._suppression(self.begin_suppress_tokens)
+
+    def _suppression(self, ids: list[int]) -> Tensor:
+        bias = torch.zeros(self.vocab_size, device=self.device)
+        ids = [i for i in ids if 0 <= i < self.vocab_size]
+        bias[ids] = float("-inf")
+        return bias
+
+    @property
+    def device(self) -> torch.device:
+        return self.decoder.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.decoder.embed_tokens.weight.dtype
+
+    @property
+    def hidden_size(self) -> int:
+        return self.decoder.embed_tokens.weight.shape[1]
+
+    def early_exit(self, exit_layer: int, head: nn.Module | None = None) -> "WhisperDecoderModel":
+        """A draft view: the first `exit_layer` decoder layers (weights shared), then `head` (an
+        `ExitHead`; default: the final LayerNorm) and the tied projection."""
+        return WhisperDecoderModel(self.hf, self.suppress_tokens, self.begin_suppress_tokens, exit_layer, head)
+
+    # ---- audio --------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def encode(self, features: Tensor, prompt: list[int]) -> EncodedAudio:
+        """Run the encoder on log-mel `features` [B, mels, 3000]; every row gets `prompt`."""
+        cfg = self.hf.config
+        check(isinstance(features, Tensor) and features.dim() == 3 and features.shape[1] == cfg.num_mel_bins,
+              f"features must be log-mel [batch, {cfg.num_mel_bins}, frames], got "
+              f"{tuple(features.shape) if isinstance(features, Tensor) else type(features).__name__}")
+        check(len(prompt) > 0, "the decoder prompt needs at least <|startoftranscript|>")
+        states = self.hf.model.encoder(features.to(self.device, self.dtype)).last_hidden_state
+        prompt_t = torch.tensor(prompt, dtype=torch.long).expand(features.shape[0], -1).contiguous()
+        return EncodedAudio(states, prompt_t)
+
+    def _cross(self, inputs: EncodedAudio, i: int) -> tuple[Tensor, Tensor]:
+        if i not in inputs.cross_kv:
+            attn = self.decoder.layers[i].encoder_attn
+            x = inputs.encoder_states
+            B, S, _ = x.shape
+            k = attn.k_proj(x).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
+            v = attn.v_proj(x).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
+            inputs.cross_kv[i] = (k, v)
+        return inputs.cross_kv[i]
+
+    # ---- decoding -----------------------------------------------------------------------------
+
+    def new_state(self, batch_size: int, capacity: int) -> DecodeState:
+        return DecodeState(KVCache(self.num_layers, batch_size, self.num_heads, self.head_dim, capacity,
+                                   dtype=self.dtype, device=self.device))
+
+    @torch.inference_mode()
+    def prefill(self, inputs: EncodedAudio, room: int) -> DecodeState:
+        """Run the prompt; `state.logits` [B, V] give the first transcript token (begin-suppressed)."""
+        check(isinstance(inputs, EncodedAudio), f"prefill takes EncodedAudio (from .encode), got {type(inputs).__name__}")
+        check(isinstance(room, int) and room >= 0, f"room must be an int >= 0, got {room!r}")
+        P = inputs.prompt.shape[1]
+        capacity = min(P + room, self.max_positions)
+        state = self.new_state(inputs.batch_size, capacity)
+        state.extras["inputs"] = inputs
+        logits = self._forward(state, inputs.prompt.to(self.device), None, None, last_only=True)
+        state.logits = logits[:, -1] + self._begin_bias
+        return state
+
+    @torch.inference_mode()
+    def step(self, state: DecodeState, tokens: Tensor, positions: Tensor | None = None,
+             tree_mask: Tensor | None = None) -> Tensor:
+        """Append tokens [B, T]; returns suppressed logits [B, T, V] (row t predicts the token after t)."""
+        check_step_args(state, tokens, tree_mask, self.vocab_size)
+        return self._forward(state, tokens.to(self.device), positions, tree_mask) + self._bias
+
+    def _forward(self, state: DecodeState, tokens: Tensor, positions: Tensor | None, tree_mask: Tensor | None,
+                 last_only: bool = False) -> Tensor:
+        inputs: EncodedAudio = state.extras["inputs"]
+        B, T = tokens.shape
+        write, start = state.cache.reserve(T)
+        mask = state.cache.attention_mask(start, T, tree_mask)
+        if positions is None:
+            positions = default_positions(start, T, tree_mask)
+        positions = positions.to(self.device)
+        check(int(positions.max()) < self.max_positions,
+              f"Whisper's decoder has {self.max_positions} positions; this transcript would exceed them")
+        dec = self.decoder
+        h = dec.embed_tokens(tokens) * self.embed_scale + dec.embed_positions.weight[positions]
+        H, Dh = self.num_heads, self.head_dim
+        for i, layer in enumerate(dec.layers[: self.num_layers]):
+            a = layer.self_attn
+            x = layer.self_attn_layer_norm(h)
+            q = a.q_proj(x).view(B, T, H, Dh).transpose(1, 2)
+            k = a.k_proj(x).view(B, T, H, Dh).transpose(1, 2)
+            v = a.v_proj(x).view(B, T, H, Dh).transpose(1, 2)
+            k, v = write.update(k, v, i)
+            x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            h = h + a.out_proj(x.transpose(1, 2).reshape(B, T, H * Dh))
+            c = layer.encoder_attn
+            x = layer.encoder_attn_layer_norm(h)
+            q = c.q_proj(x).view(B, T, H, Dh).transpose(1, 2)
+            ck, cv = self._cross(inputs, i)
+            x = F.scaled_dot_product_attention(q, ck, cv)
+            h = h + c.out_proj(x.transpose(1, 2).reshape(B, T, H * Dh))
+            x = layer.final_layer_norm(h)
+            h = h + layer.fc2(layer.activation_fn(layer.fc1(x)))
+        h = self.exit_head(h) if self.exit_head is not None else dec.layer_norm(h)
+        state.hidden = h
+        if last_only:
+            h = h[:, -1:]
+        return F.linear(h, dec.embed_tokens.weight).float()
+
+    def select_rows(self, state: DecodeState, index: Tensor) -> None:
+        """Keep rows `index` [B'] of `state` (cache and audio), in that order: beam search."""
+        state.cache.select_rows(index)
+        inputs: EncodedAudio = state.extras["inputs"]
+        idx = index.to(self.device)
+        state.extras["inputs"] = EncodedAudio(
+            inputs.encoder_states.index_select(0, idx), inputs.prompt.index_select(0, index.cpu()),
+            {i: (k.index_select(0, idx), v.index_select(0, idx)) for i, (k, v) in inputs.cross_kv.items()})
