@@ -1,4 +1,4 @@
-"""`mmaccel` command line: generate, bench, demo, methods."""
+"""`mmaccel` command line: generate, image, asr, bench, demo, methods."""
 
 from __future__ import annotations
 
@@ -71,6 +71,25 @@ def cmd_image_generate(args) -> int:
     return 0
 
 
+def cmd_asr_transcribe(args) -> int:
+    from mmaccel.speech.pipeline import ASRPipeline
+
+    heads = None if args.heads == "none" else args.heads
+    asr = ASRPipeline.from_pretrained(args.model, heads=heads)
+    out = asr.transcribe(list(args.files), args.method, batch_size=args.batch_size, language=args.language,
+                         **dict(args.param))
+    failed = 0
+    for t in out.transcripts:
+        if t.error is not None:
+            failed += 1
+            print(f"{t.source}\tERROR: {t.error}")
+        else:
+            print(f"{t.source}\t{t.text}")
+    summary = {"method": out.method, "audio_s": round(out.audio_s, 3), "rtfx": round(out.rtfx, 3), **out.stats.to_dict()}
+    print(json.dumps(summary), file=sys.stderr)
+    return 1 if failed else 0
+
+
 def cmd_bench(args) -> int:
     from mmaccel.bench import SUITES
     from mmaccel.bench.harness import markdown_table, run_suite, write_results
@@ -130,8 +149,10 @@ def cmd_demo(args) -> int:
 def cmd_methods(args) -> int:
     from mmaccel.core.methods import REGISTRY, build_method
     from mmaccel.image.methods import IMAGE_REGISTRY
+    from mmaccel.speech.methods import ASR_REGISTRY
 
-    for title, registry in (("text (mmaccel generate)", REGISTRY), ("image (mmaccel image generate)", IMAGE_REGISTRY)):
+    for title, registry in (("text (mmaccel generate)", REGISTRY), ("image (mmaccel image generate)", IMAGE_REGISTRY),
+                            ("speech (mmaccel asr transcribe)", ASR_REGISTRY)):
         print(f"\n{title}\n\n| method | lossless | needs | what |\n|---|---|---|---|")
         for name in registry:
             m = build_method(name, registry)
@@ -175,6 +196,19 @@ def build_parser() -> argparse.ArgumentParser:
     ig.add_argument("--seed", type=int, default=0)
     ig.add_argument("--out", required=True, help="directory for the PNGs")
     ig.set_defaults(func=cmd_image_generate)
+
+    asr = sub.add_parser("asr", help="speech recognition with Whisper")
+    asr_sub = asr.add_subparsers(dest="asr_command", required=True)
+    at = asr_sub.add_parser("transcribe", help="print one transcript per audio file (tab-separated after the path)")
+    at.add_argument("files", nargs="+", help="audio files (wav, flac, ogg, mp3, ...); > 30 s is chunked")
+    at.add_argument("--model", default="builtin:base", help="builtin:base, builtin:tiny.en or a local HF Whisper directory")
+    at.add_argument("--heads", default="auto", help="Medusa/exit heads file, 'auto' (shipped heads) or 'none'")
+    at.add_argument("--method", default="greedy")
+    at.add_argument("--param", type=_param, action="append", default=[], metavar="KEY=VALUE",
+                    help="method parameter, e.g. --param depth=4 (repeatable)")
+    at.add_argument("--batch-size", type=int, default=8)
+    at.add_argument("--language", default="en", help="language code for multilingual models")
+    at.set_defaults(func=cmd_asr_transcribe)
 
     b = sub.add_parser("bench", help="run a benchmark suite (or `report` to refresh the README tables)")
     b.add_argument("suite", help="core | image | report")

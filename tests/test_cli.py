@@ -66,3 +66,24 @@ def test_image_generate_errors_are_one_line(tmp_path, capsys, argv, match):
     assert main(["image", "generate", "--out", str(tmp_path), *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("mmaccel: error:") and match in err and "\n" not in err
+
+
+def test_asr_transcribe_prints_transcripts_and_reports_bad_files(capsys, tmp_path):
+    from tests.speech.test_pipeline import FILES, LIBRIVOX
+
+    if not LIBRIVOX.is_dir():
+        pytest.skip("apt-get install pocketsphinx-testdata")
+    from mmaccel.speech.whisper import BUILTIN, package_file
+    from mmaccel.errors import ModelNotFoundError
+
+    try:
+        package_file(BUILTIN["tiny.en"], BUILTIN["tiny.en"].model_parts[0])
+    except ModelNotFoundError:
+        pytest.skip("Whisper tiny.en not installed")
+    rc = main(["asr", "transcribe", FILES[1], str(tmp_path / "missing.wav"), "--model", "builtin:tiny.en"])
+    out, err = capsys.readouterr()
+    assert rc == 1
+    assert f"{FILES[1]}\tHe was not an old-sposed young man." in out and "missing.wav\tERROR: audio file not found" in out
+    assert '"method": "greedy"' in err and '"rtfx"' in err
+    assert main(["asr", "transcribe", FILES[1], "--model", "builtin:tiny.en", "--method", "nope"]) == 2
+    assert "unknown method 'nope'" in capsys.readouterr().err

@@ -25,13 +25,15 @@ from mmaccel.errors import InputError, check
 
 @dataclass
 class Resources:
-    """What a pipeline can offer methods: the target, and optionally a draft model, Medusa heads and
-    the latent vector of every token (an image tokenizer's codebook, [V, D]) for latent neighbourhoods."""
+    """What a pipeline can offer methods: the target, and optionally a draft model, Medusa heads,
+    trained early-exit heads (by exit layer) and the latent vector of every token (an image
+    tokenizer's codebook, [V, D]) for latent neighbourhoods."""
 
     model: DecoderModel
     draft: DecoderModel | None = None
     heads: nn.ModuleList | None = None
     latents: Tensor | None = None
+    exit_heads: dict[int, nn.Module] | None = None
 
 
 @dataclass
@@ -48,7 +50,7 @@ class Method:
     rule_params: dict[str, Any] = field(default_factory=dict)
     # rule parameters computed from the resources (e.g. LANTERN's neighbour table from the latents)
     make_rule_params: Callable[[Resources], dict[str, Any]] | None = field(default=None, repr=False)
-    # a decoder with its own schedule: runner(resources, inputs, max_new_tokens=, sampling=, seed=)
+    # a decoder with its own schedule: runner(resources, inputs, max_new_tokens=, sampling=, seed=, eos_token_id=)
     runner: Callable[..., Generation] | None = field(default=None, repr=False)
 
     def loop_config(self, resources: Resources) -> LoopConfig:
@@ -62,15 +64,19 @@ class Method:
             seed: int = 0, eos_token_id: int | None = None, prompt_tokens: list[list[int]] | None = None) -> Generation:
         """Decode `inputs` (whatever the target's `prefill` takes) with this method."""
         if self.runner is not None:
-            return self.runner(resources, inputs, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed)
+            return self.runner(resources, inputs, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
+                               eos_token_id=eos_token_id)
         return decode(resources.model, inputs, self.loop_config(resources), max_new_tokens=max_new_tokens,
                       sampling=sampling, seed=seed, eos_token_id=eos_token_id, prompt_tokens=prompt_tokens)
+
+
+_NEEDS = {"draft": "a draft model", "heads": "trained Medusa heads", "latents": "token latents (a codebook)"}
 
 
 def _need(resources: Resources, attr: str, method: str):
     value = getattr(resources, attr)
     if value is None:
-        raise InputError(f"method {method!r} needs a {attr} model/heads, and this pipeline has none loaded")
+        raise InputError(f"method {method!r} needs {_NEEDS.get(attr, attr)}, and this pipeline has none loaded")
     return value
 
 
@@ -124,7 +130,7 @@ def _sjd(p, coupled=False):
 def _early_exit(p):
     k, layer = _int(p, "k", 4), _int(p, "exit_layer", 2, high=1024)
     return Method("early-exit", f"self-speculative: first {layer} layers draft, k={k}", "", True,
-                  lambda r: EarlyExitProposer(r.model, layer), k=k)
+                  lambda r: EarlyExitProposer(r.model, layer, (r.exit_heads or {}).get(layer)), k=k)
 
 
 def _medusa(p, typical=False):

@@ -9,7 +9,7 @@ roll its own state back. Proposers never decide acceptance: that is the rule's j
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
@@ -176,17 +176,33 @@ class EarlyExitProposer(DraftModelProposer):
 
 
 class MedusaHead(nn.Module):
-    """One Medusa head: `num_layers` residual SiLU blocks then a projection to the vocabulary."""
+    """One Medusa head: `num_layers` residual SiLU blocks (zero-initialised, so a new head starts as
+    the identity), then a projection to the vocabulary.
 
-    def __init__(self, hidden_size: int, vocab_size: int, num_layers: int = 1):
+    `project` replaces the head's own projection with a frozen shared one (Whisper-Medusa reads every
+    head out through the model's tied embedding); it is kept out of the head's parameters and
+    state dict, so saving heads does not save the vocabulary matrix.
+    """
+
+    def __init__(self, hidden_size: int, vocab_size: int, num_layers: int = 1,
+                 project: Callable[[Tensor], Tensor] | None = None):
         super().__init__()
         self.blocks = nn.ModuleList(nn.Linear(hidden_size, hidden_size) for _ in range(num_layers))
-        self.proj = nn.Linear(hidden_size, vocab_size, bias=False)
+        for block in self.blocks:
+            nn.init.zeros_(block.weight)
+            nn.init.zeros_(block.bias)
+        self.proj = nn.Linear(hidden_size, vocab_size, bias=False) if project is None else None
+        self._project = project
 
-    def forward(self, hidden: Tensor) -> Tensor:
+    def transform(self, hidden: Tensor) -> Tensor:
+        """The head's hidden state before the vocabulary projection."""
         for block in self.blocks:
             hidden = hidden + nn.functional.silu(block(hidden))
-        return self.proj(hidden)
+        return hidden
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        hidden = self.transform(hidden)
+        return self.proj(hidden) if self.proj is not None else self._project(hidden)
 
 
 class HeadsProposer(Proposer):
@@ -203,7 +219,8 @@ class HeadsProposer(Proposer):
         check(ctx.target_hidden is not None, "Medusa heads need the target's hidden state; the model did not return one")
         check(n <= len(self.heads), f"asked for {n} drafts but only {len(self.heads)} Medusa heads are loaded")
         h = ctx.target_hidden
-        return torch.stack([self.heads[i](h.to(self.heads[i].proj.weight.dtype)) for i in range(n)], 1).float()
+        dtype = next(self.heads.parameters()).dtype
+        return torch.stack([self.heads[i](h.to(dtype)) for i in range(n)], 1).float()
 
     def propose(self, ctx, k):
         return Draft(self._logits(ctx, k).argmax(-1))

@@ -94,7 +94,7 @@ def _zipar(p: dict) -> Method:
     rule = {(False, False): "speculative", (False, True): "coupled", (True, False): "grouped",
             (True, True): "grouped-coupled"}[grouped, coupled]
 
-    def run(resources: Resources, inputs: Any, *, max_new_tokens: int, sampling, seed: int):
+    def run(resources: Resources, inputs: Any, *, max_new_tokens: int, sampling, seed: int, eos_token_id=None):
         grid = math.isqrt(max_new_tokens)
         check(grid * grid == max_new_tokens, f"ZipAR decodes square token grids; {max_new_tokens} tokens is not one")
         params = {"distances": latent_sq_distances(_need(resources, "latents", "zipar")), **group} if grouped else None

@@ -164,8 +164,20 @@ class WhisperDecoderModel:
         check_step_args(state, tokens, tree_mask, self.vocab_size)
         return self._forward(state, tokens.to(self.device), positions, tree_mask) + self._bias
 
+    @torch.inference_mode()
+    def teacher_forced(self, inputs: EncodedAudio, tokens: Tensor) -> tuple[Tensor, list[Tensor]]:
+        """One causal pass over prompt + `tokens` [B, T] (right-padded rows are fine: padding comes
+        last). Returns the final hidden states [B, P + T, d] and each layer's output [B, P + T, d]
+        (before any norm): the training inputs of Medusa and exit heads."""
+        state = self.new_state(inputs.batch_size, inputs.prompt.shape[1] + tokens.shape[1])
+        state.extras["inputs"] = inputs
+        layers: list[Tensor] = []
+        seq = torch.cat([inputs.prompt, tokens.cpu()], 1).to(self.device)
+        self._forward(state, seq, None, None, last_only=True, layer_outputs=layers)
+        return state.hidden, layers
+
     def _forward(self, state: DecodeState, tokens: Tensor, positions: Tensor | None, tree_mask: Tensor | None,
-                 last_only: bool = False) -> Tensor:
+                 last_only: bool = False, layer_outputs: list | None = None) -> Tensor:
         inputs: EncodedAudio = state.extras["inputs"]
         B, T = tokens.shape
         write, start = state.cache.reserve(T)
@@ -195,6 +207,8 @@ class WhisperDecoderModel:
             h = h + c.out_proj(x.transpose(1, 2).reshape(B, T, H * Dh))
             x = layer.final_layer_norm(h)
             h = h + layer.fc2(layer.activation_fn(layer.fc1(x)))
+            if layer_outputs is not None:
+                layer_outputs.append(h)
         h = self.exit_head(h) if self.exit_head is not None else dec.layer_norm(h)
         state.hidden = h
         if last_only:

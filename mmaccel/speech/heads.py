@@ -1,0 +1,118 @@
+"""Trained draft heads for a Whisper decoder: Medusa heads and early-exit heads, and their files.
+
+Medusa heads (the Medusa-Linear design of Whisper-Medusa, without its lossy base-head block):
+head i is a residual SiLU block on the decoder's final hidden state, read out through the model's
+tied vocabulary projection, and guesses the token i + 2 places after that state's position. Exit
+heads (`ExitHead`) turn the output of decoder layer k into next-token logits through the same
+projection. Both leave the model untouched, so verification against the full model is exact.
+
+One safetensors file holds both kinds; its metadata names the model they were trained for (hidden
+size, vocabulary, decoder layers), and loading checks that they fit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mmaccel.core.proposers import MedusaHead
+from mmaccel.errors import InputError, ModelNotFoundError, check
+from mmaccel.speech.decoder import ExitHead, WhisperDecoderModel
+
+
+@dataclass
+class WhisperHeads:
+    medusa: nn.ModuleList | None = None          # heads[i] guesses the token i + 2 ahead of the hidden state
+    exits: dict[int, ExitHead] | None = None     # exit layer -> head
+
+
+def tied_projection(model: WhisperDecoderModel):
+    weight = model.decoder.embed_tokens.weight
+    return lambda hidden: F.linear(hidden, weight)
+
+
+def new_medusa_heads(model: WhisperDecoderModel, num_heads: int, num_layers: int = 1) -> nn.ModuleList:
+    check(isinstance(num_heads, int) and 1 <= num_heads <= 16, f"num_heads must be in [1, 16], got {num_heads!r}")
+    project = tied_projection(model)
+    return nn.ModuleList(MedusaHead(model.hidden_size, model.vocab_size, num_layers, project) for _ in range(num_heads))
+
+
+def new_exit_heads(model: WhisperDecoderModel, layers: list[int]) -> dict[int, ExitHead]:
+    total = len(model.decoder.layers)
+    for k in layers:
+        check(isinstance(k, int) and 1 <= k < total, f"exit layers must lie in [1, {total - 1}], got {k!r}")
+    return {k: ExitHead(model.decoder.layer_norm) for k in layers}
+
+
+def _signature(model: WhisperDecoderModel) -> dict:
+    return {"hidden_size": model.hidden_size, "vocab_size": model.vocab_size, "decoder_layers": len(model.decoder.layers)}
+
+
+def save_heads(path: str | os.PathLike, model: WhisperDecoderModel, heads: WhisperHeads, info: dict | None = None) -> Path:
+    from safetensors.torch import save_file
+
+    tensors, meta = {}, {"model": _signature(model), "info": info or {}}
+    if heads.medusa is not None:
+        meta["medusa"] = {"num_heads": len(heads.medusa), "num_layers": len(heads.medusa[0].blocks)}
+        for name, t in heads.medusa.state_dict().items():
+            tensors[f"medusa.{name}"] = t.detach().contiguous()
+    if heads.exits:
+        meta["exit_layers"] = sorted(heads.exits)
+        for k, head in heads.exits.items():
+            for name, t in head.state_dict().items():
+                tensors[f"exit.{k}.{name}"] = t.detach().contiguous()
+    check(tensors, "no heads to save")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path), metadata={"mmaccel_whisper_heads": json.dumps(meta)})
+    return path
+
+
+def load_heads(path: str | os.PathLike, model: WhisperDecoderModel) -> WhisperHeads:
+    """Heads from `path` for `model`; a clear error if the file is missing, corrupt or for another model."""
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise ModelNotFoundError(f"heads file not found: {path}")
+    try:
+        with safe_open(str(path), "pt") as f:
+            raw = (f.metadata() or {}).get("mmaccel_whisper_heads")
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except (SafetensorError, OSError, ValueError) as err:
+        raise ModelNotFoundError(f"{path} is not a readable safetensors file ({err})") from None
+    if raw is None:
+        raise InputError(f"{path} has no mmaccel_whisper_heads metadata; it is not a Whisper heads file")
+    meta = json.loads(raw)
+    want = _signature(model)
+    if meta["model"] != want:
+        raise InputError(f"{path} holds heads for a Whisper decoder with {meta['model']}, but this model has {want}")
+    heads = WhisperHeads()
+    if "medusa" in meta:
+        m = meta["medusa"]
+        heads.medusa = new_medusa_heads(model, m["num_heads"], m["num_layers"])
+        _load_part(heads.medusa, tensors, "medusa.", path)
+    if "exit_layers" in meta:
+        heads.exits = new_exit_heads(model, meta["exit_layers"])
+        for k, head in heads.exits.items():
+            _load_part(head, tensors, f"exit.{k}.", path)
+    for module in [*(heads.medusa or []), *(heads.exits or {}).values()]:
+        module.to(model.device, model.dtype).eval().requires_grad_(False)
+    return heads
+
+
+def _load_part(module: nn.Module, tensors: dict, prefix: str, path: Path) -> None:
+    part = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+    own = module.state_dict()
+    missing, unexpected = sorted(set(own) - set(part)), sorted(set(part) - set(own))
+    if missing or unexpected:
+        raise InputError(f"{path}: heads do not match their metadata; missing {missing[:5]}, unexpected {unexpected[:5]}")
+    bad = [k for k in own if own[k].shape != part[k].shape]
+    check(not bad, f"{path}: wrong shapes for {bad[:5]}")
+    module.load_state_dict(part)

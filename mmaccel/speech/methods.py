@@ -1,0 +1,48 @@
+"""The speech decoding methods, by name, over the shared core.
+
+`greedy` is the baseline (core AR decoding); `beam` is length-normalised beam search on the same
+decoder and cache. The multi-token methods verify drafts against the full model greedily, so their
+transcripts are bit-identical to `greedy`; `medusa-typical` is the explicit lossy option.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from mmaccel.core import methods as core
+from mmaccel.core.beam import beam_search
+from mmaccel.core.methods import Method, Resources, _float, _int
+from mmaccel.errors import check
+
+
+def _greedy(p: dict) -> Method:
+    return Method("greedy", "greedy decoding (the baseline)", "", True, lambda r: None)
+
+
+def _beam(p: dict) -> Method:
+    beams = _int(p, "num_beams", 5, high=32)
+    penalty = _float(p, "length_penalty", 1.0, 0.0, 10.0)
+
+    def run(resources: Resources, inputs: Any, *, max_new_tokens: int, sampling, seed: int, eos_token_id=None):
+        check(sampling.greedy, "beam search is deterministic; it takes no temperature")
+        return beam_search(resources.model, inputs, num_beams=beams, max_new_tokens=max_new_tokens,
+                           eos_token_id=eos_token_id, length_penalty=penalty)
+
+    return Method("beam", f"beam search, {beams} beams, length penalty {penalty}", "", False, lambda r: None, runner=run)
+
+
+ASR_REGISTRY: dict[str, Callable[[dict], Method]] = {
+    "greedy": _greedy,
+    "beam": _beam,
+    "speculative": core.REGISTRY["speculative"],
+    "tree": core.REGISTRY["tree"],
+    "medusa": core.REGISTRY["medusa"],
+    "medusa-typical": core.REGISTRY["medusa-typical"],
+    "early-exit": core.REGISTRY["early-exit"],
+    "ngram": core.REGISTRY["ngram"],
+}
+
+
+def build_asr_method(name: str | Method, **params: Any) -> Method:
+    """An ASR method by name (see ASR_REGISTRY) configured by `params`, or a Method as it is."""
+    return core.build_method(name, ASR_REGISTRY, **params)

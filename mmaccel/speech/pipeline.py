@@ -1,0 +1,159 @@
+"""ASRPipeline: a Whisper model (+ trained draft heads) and any speech decoding method.
+
+>>> asr = ASRPipeline.from_pretrained("builtin:base")
+>>> out = asr.transcribe(["a.wav", "b.flac"], method="medusa")
+>>> out.texts, out.stats.nfe, out.rtfx
+
+Audio longer than 30 s is cut at quiet points into windows that are transcribed in the same
+batches as everything else and joined. A list input reports a bad file in its transcript's
+`error` and still transcribes the rest; a single bad input raises.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mmaccel.core.methods import Method, Resources
+from mmaccel.core.sampling import Sampling
+from mmaccel.core.stats import DecodeStats
+from mmaccel.errors import InputError, check
+from mmaccel.paths import assets_dir
+from mmaccel.speech.audio import Audio, AudioLike, as_audio, is_silent, log_mel, split_long
+from mmaccel.speech.decoder import WhisperDecoderModel
+from mmaccel.speech.heads import WhisperHeads, load_heads
+from mmaccel.speech.methods import build_asr_method
+from mmaccel.speech.whisper import WhisperBundle, load_whisper
+
+MAX_NEW_TOKENS = 224   # per 30-s window, as openai-whisper (half the decoder's 448 positions)
+
+
+def builtin_heads_path(name: str) -> Path:
+    return assets_dir() / f"whisper_{name}_heads.safetensors"
+
+
+@dataclass
+class Transcript:
+    text: str
+    source: str
+    duration: float                 # seconds of audio
+    tokens: list[int] = field(default_factory=list)   # generated ids of all windows (specials included)
+    error: str | None = None        # why this input could not be transcribed (list inputs only)
+
+
+@dataclass
+class ASROutput:
+    transcripts: list[Transcript]
+    stats: DecodeStats              # decoder counters; time_s also holds "features" and "encoder"
+    method: str
+
+    @property
+    def texts(self) -> list[str]:
+        return [t.text for t in self.transcripts]
+
+    @property
+    def audio_s(self) -> float:
+        return sum(t.duration for t in self.transcripts if t.error is None)
+
+    @property
+    def wall_s(self) -> float:
+        """Features + encoder + decoding: the Open ASR Leaderboard's transcription time."""
+        return sum(self.stats.time_s.get(k, 0.0) for k in ("features", "encoder", "decode"))
+
+    @property
+    def rtfx(self) -> float:
+        return self.audio_s / self.wall_s if self.wall_s > 0 else 0.0
+
+
+class ASRPipeline:
+    def __init__(self, bundle: WhisperBundle, heads: WhisperHeads | None = None):
+        check(isinstance(bundle, WhisperBundle), f"bundle must be a WhisperBundle, got {type(bundle).__name__}")
+        self.bundle = bundle
+        self.model = WhisperDecoderModel(bundle.model)
+        self.heads = heads or WhisperHeads()
+
+    @classmethod
+    def from_pretrained(cls, source: str = "builtin:base", *, heads: str | os.PathLike | None = "auto",
+                        cache_dir: str | os.PathLike | None = None) -> "ASRPipeline":
+        """`source`: "builtin:base", "builtin:tiny.en" or a local Hugging Face Whisper directory.
+
+        `heads`: a heads file (Medusa and/or exit heads); "auto" loads the shipped heads of a
+        builtin model (or `heads.safetensors` inside a local directory) when present; None loads none.
+        """
+        bundle = load_whisper(source, cache_dir)
+        pipe = cls(bundle)
+        if heads == "auto":
+            path = builtin_heads_path(bundle.name) if source.startswith("builtin:") else bundle.path / "heads.safetensors"
+            heads = path if path.is_file() else None
+        if heads is not None:
+            pipe.heads = load_heads(heads, pipe.model)
+        return pipe
+
+    def resources(self) -> Resources:
+        return Resources(self.model, heads=self.heads.medusa, exit_heads=self.heads.exits)
+
+    # ---- transcription ------------------------------------------------------------------------
+
+    def transcribe(self, audio: AudioLike | list, method: str | Method = "greedy", *, batch_size: int = 8,
+                   language: str | None = "en", sample_rate: int | None = None, max_new_tokens: int = MAX_NEW_TOKENS,
+                   **method_params: Any) -> ASROutput:
+        """Transcribe one input or a list (paths, arrays with `sample_rate`, `Audio`s).
+
+        `method`: a name from `mmaccel.speech.methods.ASR_REGISTRY` or a Method; `method_params`
+        configure it (k, depth, width, exit_layer, num_beams, ...).
+        """
+        check(isinstance(batch_size, int) and batch_size >= 1, f"batch_size must be an int >= 1, got {batch_size!r}")
+        check(isinstance(max_new_tokens, int) and 1 <= max_new_tokens <= MAX_NEW_TOKENS,
+              f"max_new_tokens must be in [1, {MAX_NEW_TOKENS}], got {max_new_tokens!r}")
+        spec = build_asr_method(method, **method_params)
+        prompt = self.bundle.prompt(language)
+        many = isinstance(audio, list)
+        items = audio if many else [audio]
+        check(len(items) > 0, "no audio given: pass a file path, an array, or a non-empty list of them")
+        stats = DecodeStats()
+        transcripts, windows = [], []       # windows: (transcript index, Audio chunk)
+        for i, item in enumerate(items):
+            try:
+                clip = as_audio(item, sample_rate)
+                if is_silent(clip):
+                    raise InputError(f"{clip.source}: the audio is silent (RMS below 1e-4); nothing to transcribe")
+            except InputError as err:
+                if not many:
+                    raise
+                transcripts.append(Transcript("", _name(item), 0.0, error=str(err)))
+                continue
+            transcripts.append(Transcript("", clip.source, clip.duration))
+            windows += [(i, chunk) for chunk in split_long(clip)]
+        texts: dict[int, list[str]] = {}
+        resources = self.resources()
+        for start in range(0, len(windows), batch_size):
+            batch = windows[start : start + batch_size]
+            with stats.timed("features"):
+                features = log_mel(self.bundle.feature_extractor, [w for _, w in batch])
+            with stats.timed("encoder"):
+                inputs = self.model.encode(features, prompt)
+            t0 = time.perf_counter()
+            gen = spec.run(resources, inputs, max_new_tokens=max_new_tokens, sampling=Sampling(),
+                           eos_token_id=self.bundle.tokens.end_of_text, prompt_tokens=[prompt] * len(batch))
+            decode_s = time.perf_counter() - t0
+            stats = stats + gen.stats
+            stats.time_s["decode"] = stats.time_s.get("decode", 0.0) + decode_s
+            for (i, _), tokens in zip(batch, gen.tokens):
+                transcripts[i].tokens += tokens
+                texts.setdefault(i, []).append(self.bundle.tokenizer.decode(tokens, skip_special_tokens=True).strip())
+        for i, parts in texts.items():
+            transcripts[i].text = " ".join(p for p in parts if p)
+        return ASROutput(transcripts, stats, spec.name)
+
+
+def _name(item: Any) -> str:
+    if isinstance(item, (str, os.PathLike)):
+        return str(item)
+    if isinstance(item, Audio):
+        return item.source
+    return "array"

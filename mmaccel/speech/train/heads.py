@@ -1,0 +1,221 @@
+"""Train Medusa heads and early-exit heads for a Whisper decoder by self-distillation.
+
+    python -m mmaccel.speech.train.heads --model builtin:base --out runs/whisper_base_heads
+
+Stages (each resumable; `--stages` picks some):
+1. `data`: transcribe the training manifest (the synthetic TTS corpus by default; built first if
+   missing) with the model's own greedy decoder, then run one teacher-forced pass over prompt +
+   transcript and keep, per position, the final hidden state, every layer's output and the tokens.
+   Chunks of `--batch-size` utterances are written atomically under `<out>/data/`.
+2. `train`: the model stays frozen. Medusa head i learns to predict the token i + 2 places after
+   each final hidden state; exit head k learns the model's own next token from layer k's output.
+   Cross-entropy on the greedy transcript (hard self-distillation: greedy verification only needs
+   the arg-max to agree), uniform over heads as in Whisper-Medusa, AdamW, cosine schedule. The
+   softmax runs over the tokens that occur in the training transcripts (a shortlist, ~10x cheaper
+   than the full vocabulary); `eval` scores the arg-max over the full vocabulary.
+3. `export`: `<out>/heads.safetensors` (fp32; the file `ASRPipeline.from_pretrained(heads=...)` loads).
+4. `eval`: teacher-forced top-1 agreement of every head on the held-out evaluation manifest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from mmaccel.paths import default_cache_dir
+from mmaccel.speech.audio import load_audio, log_mel
+from mmaccel.speech.data import build_tts_corpus, read_manifest
+from mmaccel.speech.heads import WhisperHeads, new_exit_heads, new_medusa_heads, save_heads
+from mmaccel.speech.pipeline import MAX_NEW_TOKENS, ASRPipeline
+
+STAGES = ("data", "train", "export", "eval")
+
+
+def log(out: Path, message: str) -> None:
+    line = f"{time.strftime('%H:%M:%S')} {message}"
+    print(line, flush=True)
+    with open(out / "train.log", "a") as f:
+        f.write(line + "\n")
+
+
+def collect(asr: ASRPipeline, manifest: Path, folder: Path, batch_size: int, limit: int | None, out: Path) -> None:
+    """Stage 1: self-labelled hidden states, one chunk file per batch of utterances."""
+    from mmaccel.core.methods import Resources
+    from mmaccel.core.speculative import LoopConfig, decode
+
+    utterances = read_manifest(manifest)[:limit]
+    folder.mkdir(parents=True, exist_ok=True)
+    model, prompt = asr.model, asr.bundle.prompt("en")
+    eot = asr.bundle.tokens.end_of_text
+    t0 = time.time()
+    for c, start in enumerate(range(0, len(utterances), batch_size)):
+        path = folder / f"chunk_{c:05d}.pt"
+        if path.is_file():
+            continue
+        batch = utterances[start : start + batch_size]
+        features = log_mel(asr.bundle.feature_extractor, [load_audio(u.audio_filepath) for u in batch])
+        inputs = model.encode(features, prompt)
+        gen = decode(model, inputs, LoopConfig(), max_new_tokens=MAX_NEW_TOKENS, eos_token_id=eot)
+        T = max(len(g) for g in gen.tokens)
+        tokens = torch.full((len(batch), T), eot, dtype=torch.long)
+        for b, g in enumerate(gen.tokens):
+            tokens[b, : len(g)] = torch.tensor(g)
+        final, layers = model.teacher_forced(inputs, tokens)
+        P = len(prompt)
+        rows = []
+        for b, g in enumerate(gen.tokens):
+            n = len(g)                                      # positions P-1 .. P+n-2 predict the n tokens
+            seq = torch.tensor(prompt + g)
+            rows.append({"id": batch[b].id, "tokens": seq, "prompt_len": P,
+                         "final": final[b, P - 1 : P + n - 1].half().clone(),
+                         "layers": torch.stack([h[b, P - 1 : P + n - 1] for h in layers]).half().clone()})
+        tmp = path.with_suffix(".tmp")
+        torch.save(rows, tmp)
+        tmp.replace(path)
+        done = start + len(batch)
+        log(out, f"data {done}/{len(utterances)} utterances, {time.time() - t0:.0f} s")
+
+
+def load_rows(folder: Path) -> list[dict]:
+    rows = []
+    for path in sorted(folder.glob("chunk_*.pt")):
+        rows += torch.load(path)
+    return rows
+
+
+def targets(rows: list[dict], num_heads: int, exit_layers: list[int]):
+    """Flatten rows into position tensors: final hidden [N, d], layer outputs {k: [N, d]},
+    next tokens [N] and Medusa targets [N, K] (-100 past the end)."""
+    finals, layer_h, nexts, ahead = [], {k: [] for k in exit_layers}, [], []
+    for r in rows:
+        seq, P = r["tokens"], r["prompt_len"]
+        n = r["final"].shape[0]
+        pos = torch.arange(P - 1, P - 1 + n)
+        nexts.append(seq[pos + 1])
+        idx = pos[:, None] + 2 + torch.arange(num_heads)[None, :]
+        ahead.append(torch.where(idx < len(seq), seq[idx.clamp(max=len(seq) - 1)], torch.full_like(idx, -100)))
+        finals.append(r["final"])
+        for k in exit_layers:
+            layer_h[k].append(r["layers"][k - 1])
+    return (torch.cat(finals).float(), {k: torch.cat(v).float() for k, v in layer_h.items()},
+            torch.cat(nexts), torch.cat(ahead))
+
+
+def train(asr: ASRPipeline, rows: list[dict], args, out: Path) -> WhisperHeads:
+    torch.manual_seed(args.seed)
+    model = asr.model
+    layers = list(range(1, len(model.decoder.layers)))
+    heads = WhisperHeads(new_medusa_heads(model, args.num_heads, args.head_layers), new_exit_heads(model, layers))
+    final, layer_h, nxt, ahead = targets(rows, args.num_heads, layers)
+    N = final.shape[0]
+    vocab = torch.unique(torch.cat([nxt, ahead[ahead >= 0]]))                  # the shortlist
+    weight = model.decoder.embed_tokens.weight[vocab].detach()
+    lookup = torch.full((model.vocab_size,), -100, dtype=torch.long)
+    lookup[vocab] = torch.arange(len(vocab))
+    nxt, ahead = lookup[nxt], torch.where(ahead >= 0, lookup[ahead.clamp(min=0)], ahead)
+    params = [*heads.medusa.parameters(), *(p for h in heads.exits.values() for p in h.parameters())]
+    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.98), weight_decay=0.0)
+    steps = math.ceil(N / args.batch_positions) * args.epochs
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / steps))))
+    log(out, f"train on {N} positions from {len(rows)} utterances ({len(vocab)} distinct tokens): "
+             f"{args.num_heads} Medusa heads, exit layers {layers}, {steps} steps")
+    step = 0
+    for epoch in range(args.epochs):
+        order = torch.randperm(N)
+        for start in range(0, N, args.batch_positions):
+            idx = order[start : start + args.batch_positions]
+            h = final[idx]
+            medusa = torch.stack([F.cross_entropy(F.linear(head.transform(h), weight), ahead[idx, i], ignore_index=-100)
+                                  for i, head in enumerate(heads.medusa)]).mean()
+            exits = torch.stack([F.cross_entropy(F.linear(heads.exits[k](layer_h[k][idx]), weight), nxt[idx])
+                                 for k in layers]).mean()
+            loss = medusa + exits
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            sched.step()
+            step += 1
+            if step % 50 == 0 or step == steps:
+                log(out, f"step {step}/{steps} epoch {epoch} medusa CE {medusa.item():.3f} exit CE {exits.item():.3f}")
+    return heads
+
+
+@torch.no_grad()
+def evaluate(asr: ASRPipeline, heads: WhisperHeads, rows: list[dict]) -> dict:
+    model = asr.model
+    layers = sorted(heads.exits)
+    final, layer_h, nxt, ahead = targets(rows, len(heads.medusa), layers)
+    result = {"positions": int(final.shape[0]), "medusa_top1": [], "exit_top1": {}}
+    for i, head in enumerate(heads.medusa):
+        valid = ahead[:, i] != -100
+        hit = head(final[valid]).argmax(-1) == ahead[valid, i]
+        result["medusa_top1"].append(round(hit.float().mean().item(), 4))
+    for k in layers:
+        logits = F.linear(heads.exits[k](layer_h[k]), model.decoder.embed_tokens.weight)
+        result["exit_top1"][k] = round((logits.argmax(-1) == nxt).float().mean().item(), 4)
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="builtin:base")
+    p.add_argument("--out", required=True)
+    p.add_argument("--corpus", default=str(default_cache_dir() / "speech" / "tts"),
+                   help="TTS corpus folder (train.jsonl / eval.jsonl; built if missing)")
+    p.add_argument("--train-sentences", type=int, default=1500, help="sentences of the train split to speak (x2 voices)")
+    p.add_argument("--limit", type=int, default=None, help="use only the first N training utterances")
+    p.add_argument("--stages", default=",".join(STAGES))
+    p.add_argument("--num-heads", type=int, default=5)
+    p.add_argument("--head-layers", type=int, default=1)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-positions", type=int, default=256)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave the default)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stages = args.stages.split(",")
+    asr = ASRPipeline.from_pretrained(args.model, heads=None)
+    corpus = Path(args.corpus)
+    if "data" in stages:
+        for split, n in (("train", args.train_sentences), ("eval", None)):
+            if not (corpus / f"{split}.jsonl").is_file():
+                log(out, f"building the {split} TTS corpus in {corpus}")
+                build_tts_corpus(corpus, split, max_sentences=n)
+        collect(asr, corpus / "train.jsonl", out / "data", args.batch_size, args.limit, out)
+        collect(asr, corpus / "eval.jsonl", out / "eval_data", args.batch_size, None, out)
+    if "train" in stages:
+        heads = train(asr, load_rows(out / "data"), args, out)
+        torch.save({"medusa": heads.medusa.state_dict(), "exits": {k: h.state_dict() for k, h in heads.exits.items()}},
+                   out / "heads.pt")
+    if "export" in stages or "eval" in stages:
+        state = torch.load(out / "heads.pt")
+        heads = WhisperHeads(new_medusa_heads(asr.model, args.num_heads, args.head_layers),
+                             new_exit_heads(asr.model, sorted(state["exits"])))
+        heads.medusa.load_state_dict(state["medusa"])
+        for k, h in heads.exits.items():
+            h.load_state_dict(state["exits"][k])
+    if "export" in stages:
+        info = {"command": "python -m mmaccel.speech.train.heads " + " ".join(argv or []), "model": args.model}
+        log(out, f"wrote {save_heads(out / 'heads.safetensors', asr.model, heads, info)}")
+    if "eval" in stages:
+        result = evaluate(asr, heads, load_rows(out / "eval_data"))
+        (out / "eval.json").write_text(json.dumps(result, indent=1))
+        log(out, f"eval {json.dumps(result)}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])

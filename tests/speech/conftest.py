@@ -1,0 +1,55 @@
+"""Speech fixtures: a tiny random Hugging Face Whisper (built offline, seeded) and the builtin
+tiny.en behind an ASRPipeline (skipped when its weight package is not installed)."""
+
+import pytest
+import torch
+from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalGeneration
+
+from mmaccel.errors import ModelNotFoundError
+from mmaccel.speech.decoder import WhisperDecoderModel
+
+VOCAB, EOT, SOT, NO_TS = 64, 60, 61, 62
+PROMPT = [SOT, NO_TS]
+SUPPRESS = [3, 7]
+
+
+def tiny_whisper(seed: int = 0) -> WhisperForConditionalGeneration:
+    torch.manual_seed(seed)
+    cfg = WhisperConfig(vocab_size=VOCAB, num_mel_bins=8, d_model=32, encoder_layers=2, decoder_layers=4,
+                        encoder_attention_heads=2, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                        max_source_positions=20, max_target_positions=48, pad_token_id=EOT, bos_token_id=EOT,
+                        eos_token_id=EOT, decoder_start_token_id=SOT)
+    model = WhisperForConditionalGeneration(cfg).eval()
+    with torch.no_grad():   # varied, audio-dependent greedy transcripts instead of one repeated token
+        model.model.decoder.layer_norm.weight.copy_(torch.randn(32) * 3)
+        model.model.encoder.embed_positions.weight.mul_(0.05)
+        for layer in model.model.decoder.layers:
+            layer.encoder_attn.out_proj.weight.mul_(4)
+    model.generation_config = GenerationConfig(decoder_start_token_id=SOT, eos_token_id=EOT, pad_token_id=EOT,
+                                               suppress_tokens=SUPPRESS, begin_suppress_tokens=[EOT])
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_hf():
+    return tiny_whisper()
+
+
+@pytest.fixture(scope="session")
+def tiny_decoder(tiny_hf):
+    return WhisperDecoderModel(tiny_hf)
+
+
+def features(batch: int, seed: int = 1) -> torch.Tensor:
+    """Random log-mel-like features [batch, 8 mels, 40 frames] for the tiny model (20 encoder positions)."""
+    return torch.randn(batch, 8, 40, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="session")
+def tiny_en_asr():
+    from mmaccel.speech.pipeline import ASRPipeline
+
+    try:
+        return ASRPipeline.from_pretrained("builtin:tiny.en")
+    except ModelNotFoundError as err:
+        pytest.skip(f"Whisper tiny.en not installed: {err}")

@@ -1,0 +1,79 @@
+"""Audio input: formats, resampling, mono, chunking at pauses, and clear errors."""
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from mmaccel.errors import InputError
+from mmaccel.speech.audio import SAMPLE_RATE, Audio, as_audio, is_silent, load_audio, log_mel, split_long
+
+
+def tone(seconds: float, rate: int, freq: float = 440.0) -> np.ndarray:
+    t = np.arange(int(seconds * rate)) / rate
+    return (0.3 * np.sin(2 * np.pi * freq * t)).astype(np.float32)
+
+
+@pytest.mark.parametrize("suffix,subtype", [(".wav", "PCM_16"), (".flac", "PCM_16"), (".ogg", "VORBIS")])
+def test_files_are_read_resampled_and_made_mono(tmp_path, suffix, subtype):
+    stereo = np.stack([tone(1.5, 44100), tone(1.5, 44100, 220)], 1)
+    path = tmp_path / f"clip{suffix}"
+    sf.write(path, stereo, 44100, subtype=subtype)
+    audio = load_audio(path)
+    assert audio.samples.dtype == np.float32 and audio.samples.ndim == 1
+    assert abs(audio.duration - 1.5) < 0.01 and audio.source == str(path)
+
+
+def test_arrays_and_tensors_are_accepted_without_being_modified():
+    x = tone(1.0, 8000)
+    keep = x.copy()
+    a = as_audio(x, 8000)
+    assert len(a.samples) == SAMPLE_RATE and np.array_equal(x, keep)
+    pcm = (x * 32767).astype(np.int16)
+    b = as_audio((pcm, 8000))
+    assert np.abs(b.samples - a.samples).max() < 1e-3
+    c = as_audio(torch.from_numpy(x), sample_rate=8000)
+    assert np.allclose(c.samples, a.samples)
+
+
+def test_bad_audio_gets_a_clear_error(tmp_path):
+    with pytest.raises(InputError, match="audio file not found"):
+        load_audio(tmp_path / "missing.wav")
+    empty = tmp_path / "empty.wav"
+    empty.write_bytes(b"")
+    with pytest.raises(InputError, match="audio file is empty"):
+        load_audio(empty)
+    text = tmp_path / "notes.wav"
+    text.write_text("not audio at all")
+    with pytest.raises(InputError, match="cannot read .*notes.wav as audio"):
+        load_audio(text)
+    with pytest.raises(InputError, match="needs its sample_rate"):
+        as_audio(tone(1, 16000))
+    with pytest.raises(InputError, match="sample rate must be an integer"):
+        as_audio(tone(1, 16000), 12.5)
+    with pytest.raises(InputError, match="looks like \\[channels, samples\\]"):
+        as_audio(np.zeros((2, 16000), np.float32), 16000)
+    with pytest.raises(InputError, match="NaN or inf"):
+        as_audio(np.full(100, np.nan, np.float32), 16000)
+    with pytest.raises(InputError, match="has no samples"):
+        as_audio(np.zeros(0, np.float32), 16000)
+    assert is_silent(as_audio(np.zeros(16000, np.float32), 16000))
+    assert not is_silent(as_audio(tone(1, 16000), 16000))
+
+
+def test_long_audio_is_cut_at_the_pause():
+    speech, pause = tone(27.0, SAMPLE_RATE), np.zeros(SAMPLE_RATE, np.float32)
+    audio = Audio(np.concatenate([speech, pause, tone(20.0, SAMPLE_RATE)]))
+    chunks = split_long(audio)
+    assert len(chunks) == 2 and 27.0 < chunks[0].duration < 28.0        # inside the pause
+    assert np.array_equal(np.concatenate([c.samples for c in chunks]), audio.samples)
+    assert all(c.duration <= 30 for c in split_long(Audio(tone(95.0, SAMPLE_RATE))))
+
+
+def test_log_mel_refuses_a_window_longer_than_30_s():
+    from transformers import WhisperFeatureExtractor
+
+    fe = WhisperFeatureExtractor(feature_size=80)
+    assert tuple(log_mel(fe, [Audio(tone(2.0, SAMPLE_RATE))]).shape) == (1, 80, 3000)
+    with pytest.raises(InputError, match="longer than one 30 s window"):
+        log_mel(fe, [Audio(tone(31.0, SAMPLE_RATE))])

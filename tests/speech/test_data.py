@@ -1,0 +1,63 @@
+"""Manifests, the real clips, the sentence source and the TTS corpus builder."""
+
+import json
+import shutil
+
+import pytest
+
+from mmaccel.errors import InputError
+from mmaccel.speech.data import (EVAL_VOICES, TRAIN_VOICES, VOICES, Utterance, build_tts_corpus, read_manifest,
+                                 real_utterances, sentences, write_manifest)
+from mmaccel.speech.data import FORTUNES, SPHINX_DATA
+
+
+def test_manifest_round_trip_and_relative_paths(tmp_path):
+    utts = [Utterance("a/x.wav", "hello there", 1.25, "x", "human")]
+    path = write_manifest(tmp_path / "m.jsonl", utts)
+    back = read_manifest(path)
+    assert back[0].audio_filepath == str(tmp_path / "a/x.wav") and back[0].text == "hello there"
+    assert json.loads(path.read_text())["duration"] == 1.25
+
+
+def test_bad_manifests_are_named(tmp_path):
+    with pytest.raises(InputError, match="manifest not found"):
+        read_manifest(tmp_path / "nope.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"audio_filepath": "x.wav", "text": "hi", "duration": 1}\n{not json}\n')
+    with pytest.raises(InputError, match="bad.jsonl:2: not valid JSON"):
+        read_manifest(bad)
+    bad.write_text('{"audio_filepath": "x.wav"}\n')
+    with pytest.raises(InputError, match="missing field\\(s\\) text, duration"):
+        read_manifest(bad)
+
+
+def test_train_and_eval_voices_and_sentences_are_disjoint():
+    assert not set(TRAIN_VOICES) & set(EVAL_VOICES) and set(TRAIN_VOICES) | set(EVAL_VOICES) <= set(VOICES)
+    if not FORTUNES.is_dir():
+        pytest.skip("apt-get install fortunes")
+    train, held_out = sentences("train"), sentences("eval")
+    assert len(train) > 2000 and len(held_out) > 250 and not set(train) & set(held_out)
+    assert sentences("eval") == held_out                                    # stable order
+    assert all(6 <= len(s.split()) <= 24 for s in held_out)
+
+
+def test_real_utterances_have_transcripts():
+    if not (SPHINX_DATA / "librivox").is_dir():
+        pytest.skip("apt-get install pocketsphinx-testdata")
+    utts = real_utterances()
+    assert len(utts) >= 10 and all(u.text and u.duration > 0.5 and u.voice == "human" for u in utts)
+    assert utts[1].text == "he was not an ill disposed young man"
+
+
+def test_tts_corpus_is_built_and_resumed(tmp_path):
+    if shutil.which("flite") is None or not FORTUNES.is_dir():
+        pytest.skip("apt-get install flite fortunes")
+    path = build_tts_corpus(tmp_path, "eval", voices=("flite-slt", "flite-rms"), max_sentences=2)
+    utts = read_manifest(path)
+    assert [u.voice for u in utts] == ["flite-slt", "flite-rms", "flite-slt", "flite-rms"]
+    assert all(u.duration > 1.0 for u in utts)
+    stamp = (tmp_path / "eval" / f"{utts[0].id}.wav").stat().st_mtime_ns
+    build_tts_corpus(tmp_path, "eval", voices=("flite-slt", "flite-rms"), max_sentences=2)
+    assert (tmp_path / "eval" / f"{utts[0].id}.wav").stat().st_mtime_ns == stamp      # not re-spoken
+    with pytest.raises(InputError, match="unknown voice"):
+        build_tts_corpus(tmp_path, "eval", voices=("robot",))

@@ -1,0 +1,130 @@
+"""The Whisper decoder adapter: exact against Hugging Face, tree masks, row selection, early exit,
+beam search, and every lossless method bit-identical to greedy."""
+
+import pytest
+import torch
+from torch import nn
+
+from mmaccel.core.beam import beam_search
+from mmaccel.core.methods import Resources
+from mmaccel.errors import InputError
+from mmaccel.speech.decoder import EncodedAudio, ExitHead, WhisperDecoderModel
+from mmaccel.speech.heads import new_exit_heads, new_medusa_heads
+from mmaccel.speech.methods import build_asr_method
+from tests.speech.conftest import EOT, PROMPT, SUPPRESS, features
+
+MASKED = SUPPRESS + [EOT]
+
+
+def test_logits_equal_hugging_face_and_suppress_whispers_tokens(tiny_hf, tiny_decoder):
+    x = features(2)
+    ids = torch.tensor([PROMPT + [5, 9, 11], PROMPT + [4, 4, 20]])
+    with torch.no_grad():
+        ref = tiny_hf(input_features=x, decoder_input_ids=ids).logits
+    state = tiny_decoder.prefill(tiny_decoder.encode(x, PROMPT), 8)
+    first = ref[:, len(PROMPT) - 1].clone()
+    first[:, MASKED] = float("-inf")
+    torch.testing.assert_close(state.logits, first, atol=2e-5, rtol=0)
+    out = tiny_decoder.step(state, ids[:, len(PROMPT):])
+    want = ref[:, len(PROMPT):].clone()
+    want[..., SUPPRESS] = float("-inf")
+    torch.testing.assert_close(out, want, atol=2e-5, rtol=0)
+
+
+def test_greedy_equals_hugging_face_generate(tiny_hf, tiny_decoder):
+    x = features(3, seed=4)
+    ours = build_asr_method("greedy").run(Resources(tiny_decoder), tiny_decoder.encode(x, PROMPT), max_new_tokens=20,
+                                          eos_token_id=EOT)
+    with torch.no_grad():
+        hf = tiny_hf.generate(input_features=x, decoder_input_ids=torch.tensor([PROMPT] * 3), max_new_tokens=20,
+                              do_sample=False, num_beams=1)
+    assert ours.tokens == [[t for t in row if t not in PROMPT] for row in hf.tolist()]
+    assert len({tuple(r) for r in ours.tokens}) > 1, "rows should differ (audio-dependent transcripts)"
+
+
+def test_tree_mask_sees_only_ancestors(tiny_decoder):
+    inputs = tiny_decoder.encode(features(1), PROMPT)
+    # tokens a, b, c where c hangs off a (a sibling of b): c must score as the chain a -> c
+    tree = torch.tensor([[[1, 0, 0], [1, 1, 0], [1, 0, 1]]], dtype=torch.bool)
+    state = tiny_decoder.prefill(inputs, 8)
+    out = tiny_decoder.step(state, torch.tensor([[5, 9, 11]]), tree_mask=tree)
+    chain = tiny_decoder.prefill(inputs, 8)
+    ref = tiny_decoder.step(chain, torch.tensor([[5, 11]]))
+    torch.testing.assert_close(out[:, [0, 2]], ref, atol=1e-5, rtol=0)
+
+
+def test_select_rows_reorders_cache_and_audio(tiny_decoder):
+    x = features(2, seed=7)
+    state = tiny_decoder.prefill(tiny_decoder.encode(x, PROMPT), 8)
+    a = tiny_decoder.step(state, torch.tensor([[5], [6]]))
+    tiny_decoder.select_rows(state, torch.tensor([1, 1, 0]))
+    b = tiny_decoder.step(state, torch.tensor([[9], [9], [9]]))
+    ref_state = tiny_decoder.prefill(tiny_decoder.encode(x[[1]], PROMPT), 8)
+    tiny_decoder.step(ref_state, torch.tensor([[6]]))
+    ref = tiny_decoder.step(ref_state, torch.tensor([[9]]))
+    torch.testing.assert_close(b[0], ref[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(b[1], ref[0], atol=1e-5, rtol=0)
+    assert a.shape[0] == 2
+
+
+def test_early_exit_view_shares_weights(tiny_hf, tiny_decoder):
+    full = tiny_decoder.early_exit(4)
+    inputs = tiny_decoder.encode(features(1), PROMPT)
+    torch.testing.assert_close(full.prefill(inputs, 4).logits, tiny_decoder.prefill(inputs, 4).logits, atol=0, rtol=0)
+    head = ExitHead(tiny_hf.model.decoder.layer_norm)           # zero block + copied norm = the final norm
+    two = tiny_decoder.early_exit(2, head)
+    plain = tiny_decoder.early_exit(2)
+    torch.testing.assert_close(two.prefill(inputs, 4).logits, plain.prefill(inputs, 4).logits, atol=1e-6, rtol=0)
+    with pytest.raises(InputError, match=r"exit layer must be an integer in \[1, 4\]"):
+        tiny_decoder.early_exit(5)
+
+
+def test_beam_search_one_beam_is_greedy_and_matches_hugging_face(tiny_hf, tiny_decoder):
+    x = features(2, seed=3)
+    inputs = lambda: tiny_decoder.encode(x, PROMPT)  # noqa: E731
+    greedy = build_asr_method("greedy").run(Resources(tiny_decoder), inputs(), max_new_tokens=16, eos_token_id=EOT)
+    assert beam_search(tiny_decoder, inputs(), num_beams=1, max_new_tokens=16, eos_token_id=EOT).tokens == greedy.tokens
+    ours = beam_search(tiny_decoder, inputs(), num_beams=3, max_new_tokens=16, eos_token_id=EOT)
+    with torch.no_grad():
+        hf = tiny_hf.generate(input_features=x, decoder_input_ids=torch.tensor([PROMPT] * 2), max_new_tokens=16,
+                              do_sample=False, num_beams=3)
+    assert ours.tokens == [[t for t in row if t not in PROMPT] for row in hf.tolist()]
+
+
+def _random_heads(model: WhisperDecoderModel, seed: int):
+    torch.manual_seed(seed)
+    medusa = new_medusa_heads(model, 4)
+    exits = new_exit_heads(model, [1, 2])
+    for module in [*medusa, *exits.values()]:
+        for p in module.parameters():
+            nn.init.normal_(p, std=0.3)
+    return medusa, exits
+
+
+@pytest.mark.parametrize("method,params", [
+    ("medusa", {"depth": 3, "width": 2}), ("medusa", {"depth": 4, "width": 1}), ("early-exit", {"k": 3, "exit_layer": 2}),
+    ("early-exit", {"k": 2, "exit_layer": 1}), ("ngram", {"k": 3}),
+])
+def test_lossless_methods_equal_greedy(tiny_decoder, method, params):
+    medusa, exits = _random_heads(tiny_decoder, 5)
+    resources = Resources(tiny_decoder, heads=medusa, exit_heads=exits)
+    x = features(3, seed=11)
+    greedy = build_asr_method("greedy").run(resources, tiny_decoder.encode(x, PROMPT), max_new_tokens=24, eos_token_id=EOT)
+    fast = build_asr_method(method, **params).run(resources, tiny_decoder.encode(x, PROMPT), max_new_tokens=24,
+                                                  eos_token_id=EOT)
+    assert fast.tokens == greedy.tokens
+    assert fast.stats.nfe <= greedy.stats.nfe
+
+
+def test_bad_inputs_are_named(tiny_decoder):
+    with pytest.raises(InputError, match=r"features must be log-mel \[batch, 8, frames\]"):
+        tiny_decoder.encode(torch.zeros(1, 80, 40), PROMPT)
+    with pytest.raises(InputError, match="prefill takes EncodedAudio"):
+        tiny_decoder.prefill(torch.zeros(1, 20, 32), 4)
+    with pytest.raises(InputError, match="not a Whisper encoder-decoder"):
+        WhisperDecoderModel(nn.Linear(2, 2))
+    inputs = tiny_decoder.encode(features(1), PROMPT)
+    assert isinstance(inputs, EncodedAudio)
+    state = tiny_decoder.prefill(inputs, 4)
+    with pytest.raises(InputError, match="token ids must lie in"):
+        tiny_decoder.step(state, torch.tensor([[999]]))

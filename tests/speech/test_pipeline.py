@@ -1,0 +1,94 @@
+"""ASRPipeline on the real builtin tiny.en: transcripts, long audio, bad input, heads files."""
+
+import numpy as np
+import pytest
+import torch
+
+from mmaccel.errors import InputError, ModelNotFoundError
+from mmaccel.speech.audio import load_audio
+from mmaccel.speech.heads import WhisperHeads, load_heads, new_exit_heads, new_medusa_heads, save_heads
+from mmaccel.speech.pipeline import ASRPipeline
+from tests.speech.conftest import tiny_whisper
+from tests.speech.test_whisper import CLIPS, LIBRIVOX, TINY_EN
+from mmaccel.speech.decoder import WhisperDecoderModel
+
+FILES = [str(LIBRIVOX / f"sense_and_sensibility_01_austen_64kb-{c}.wav") for c in CLIPS]
+
+
+@pytest.fixture(scope="module")
+def files():
+    if not LIBRIVOX.is_dir():
+        pytest.skip("apt-get install pocketsphinx-testdata")
+    return FILES
+
+
+def test_transcribes_librivox_like_hugging_face(tiny_en_asr, files):
+    out = tiny_en_asr.transcribe(files, "greedy", batch_size=3)
+    assert out.texts == [t.strip() for t in TINY_EN]
+    assert out.stats.new_tokens == sum(len(t.tokens) for t in out.transcripts)
+    assert out.audio_s == pytest.approx(sum(load_audio(f).duration for f in files)) and out.rtfx > 0
+    assert {"features", "encoder", "decode"} <= set(out.stats.time_s)
+
+
+def test_beam_and_ngram(tiny_en_asr, files):
+    greedy = tiny_en_asr.transcribe(files[:2], "greedy")
+    assert tiny_en_asr.transcribe(files[:2], "ngram", k=3).texts == greedy.texts
+    beam = tiny_en_asr.transcribe(files[:2], "beam", num_beams=3)
+    assert beam.texts[0] == greedy.texts[0] and beam.stats.nfe >= greedy.stats.nfe
+
+
+def test_long_audio_is_chunked_and_joined(tiny_en_asr, files):
+    clips = [load_audio(f).samples for f in files]
+    pause = np.zeros(16000, np.float32)
+    long = np.concatenate([x for c in clips + clips for x in (c, pause)])        # 59 s
+    text = tiny_en_asr.transcribe((long, 16000)).texts[0]
+    assert text.startswith("And Mr. John Dashwood") and text.count("John Dashwood") == 2
+    assert text.endswith("He might even have been made amiable himself.")
+
+
+def test_a_bad_file_in_a_batch_is_reported_and_the_rest_transcribed(tiny_en_asr, files, tmp_path):
+    notes = tmp_path / "notes.wav"
+    notes.write_text("hello")
+    out = tiny_en_asr.transcribe([files[1], str(tmp_path / "missing.wav"), str(notes), (np.zeros(8000), 16000)])
+    assert out.texts[0] == TINY_EN[1].strip()
+    assert "audio file not found" in out.transcripts[1].error and "cannot read" in out.transcripts[2].error
+    assert "silent" in out.transcripts[3].error and out.transcripts[0].error is None
+    with pytest.raises(InputError, match="audio file not found"):
+        tiny_en_asr.transcribe(str(tmp_path / "missing.wav"))
+
+
+def test_bad_arguments_are_refused(tiny_en_asr, files):
+    with pytest.raises(InputError, match="unknown method 'fast'"):
+        tiny_en_asr.transcribe(files[0], "fast")
+    with pytest.raises(InputError, match="needs trained Medusa heads"):
+        ASRPipeline(tiny_en_asr.bundle).transcribe(files[0], "medusa")
+    with pytest.raises(InputError, match="no audio given"):
+        tiny_en_asr.transcribe([])
+    with pytest.raises(InputError, match="max_new_tokens must be in"):
+        tiny_en_asr.transcribe(files[0], max_new_tokens=1000)
+    with pytest.raises(InputError, match="English-only Whisper"):
+        tiny_en_asr.transcribe(files[0], language="de")
+    with pytest.raises(InputError, match="does not take parameter"):
+        tiny_en_asr.transcribe(files[0], "greedy", k=3)
+
+
+def test_heads_file_round_trip_and_errors(tmp_path):
+    model = WhisperDecoderModel(tiny_whisper())
+    heads = WhisperHeads(new_medusa_heads(model, 3), new_exit_heads(model, [1, 3]))
+    for p in heads.medusa.parameters():
+        torch.nn.init.normal_(p)
+    path = save_heads(tmp_path / "h.safetensors", model, heads, {"note": "test"})
+    back = load_heads(path, model)
+    h = torch.randn(2, 32)
+    torch.testing.assert_close(back.medusa[2](h), heads.medusa[2](h))
+    assert sorted(back.exits) == [1, 3]
+    other = WhisperDecoderModel(tiny_whisper(1))
+    other.decoder.layers = other.decoder.layers[:3]
+    with pytest.raises(InputError, match="holds heads for a Whisper decoder with"):
+        load_heads(path, other)
+    with pytest.raises(ModelNotFoundError, match="heads file not found"):
+        load_heads(tmp_path / "none.safetensors", model)
+    corrupt = tmp_path / "corrupt.safetensors"
+    corrupt.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(ModelNotFoundError, match="not a readable safetensors file"):
+        load_heads(corrupt, model)
