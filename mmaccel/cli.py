@@ -99,16 +99,18 @@ def cmd_bench(args) -> int:
         changed = update_readme(Path(args.readme), Path(args.dir))
         print(f"{args.readme}: {'updated' if changed else 'already up to date'}")
         return 0
+    if args.suite == "image-fid":
+        return _bench_image_fid(args)
     if args.suite not in SUITES:
-        raise InputError(f"unknown benchmark suite {args.suite!r}; choose from {', '.join(SUITES)} or report")
+        raise InputError(f"unknown benchmark suite {args.suite!r}; choose from {', '.join(SUITES)}, image-fid or report")
     extra = {}
-    for option, minimum in (("samples", 2), ("inception_samples", 0)):   # suite-specific sizes
+    for option, minimum in (("samples", 2), ("inception_samples", 0), ("model", None)):   # suite-specific options
         value, flag = getattr(args, option), "--" + option.replace("_", "-")
         if value is None:
             continue
         if option not in inspect.signature(SUITES[args.suite]).parameters:
             raise InputError(f"{flag} does not apply to the {args.suite!r} suite")
-        if value < minimum:
+        if minimum is not None and value < minimum:
             raise InputError(f"{flag} must be >= {minimum}, got {value}")
         extra[option] = value
     suite = SUITES[args.suite](quick=args.quick, methods=_method_specs(args.methods), **extra)
@@ -122,6 +124,29 @@ def cmd_bench(args) -> int:
         paths += suite.artifacts(out)
     print(markdown_table(doc))
     print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def _bench_image_fid(args) -> int:
+    from mmaccel.bench.image_fid import markdown, run_image_fid
+    from mmaccel.bench.image_suite import DEFAULT_METHODS, FULL_SAMPLES
+
+    if args.inception_samples is not None or args.quick:
+        raise InputError("image-fid takes --samples (and --methods), not --inception-samples or --quick")
+    samples = FULL_SAMPLES if args.samples is None else args.samples
+    if samples < 2:
+        raise InputError(f"--samples must be >= 2, got {samples}")
+    methods = _method_specs(args.methods) or DEFAULT_METHODS
+    doc = run_image_fid(methods, samples, log=lambda m: print(m, file=sys.stderr))
+    doc["command"] = " ".join(["mmaccel bench image-fid"] + ([f"--methods {args.methods}"] if args.methods else [])
+                              + ([f"--samples {args.samples}"] if args.samples is not None else []))
+    out = Path(args.out) if args.out else Path("benchmarks") / "image_fid.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    out.with_suffix(".md").write_text(f"# Benchmark `image-fid`\n\n`{doc['command']}`\n\n"
+                                      f"Config: `{json.dumps(doc['config'])}`\n\n{markdown(doc)}")
+    print(markdown(doc))
+    print(f"wrote {out}, {out.with_suffix('.md')}")
     return 0
 
 
@@ -211,13 +236,14 @@ def build_parser() -> argparse.ArgumentParser:
     at.set_defaults(func=cmd_asr_transcribe)
 
     b = sub.add_parser("bench", help="run a benchmark suite (or `report` to refresh the README tables)")
-    b.add_argument("suite", help="core | image | report")
+    b.add_argument("suite", help="core | image | image-fid | asr | report")
     b.add_argument("--quick", action="store_true", help="reduced run (same code path, fewer samples)")
     b.add_argument("--out", help="JSON path (Markdown and PNG are written beside it)")
     b.add_argument("--methods", help="comma-separated methods, e.g. 'speculative:k=6,ngram'")
     b.add_argument("--samples", type=int, default=None, help="image suite: samples per method for the quality scores (full run: 5008)")
     b.add_argument("--inception-samples", type=int, default=None,
                    help="image suite: of those, how many the (slow) Inception FID scores (full run: 300)")
+    b.add_argument("--model", default=None, help="asr suite: builtin:base (default), builtin:tiny.en or a Whisper directory")
     b.add_argument("--readme", default="README.md")
     b.add_argument("--dir", default="benchmarks")
     b.set_defaults(func=cmd_bench)

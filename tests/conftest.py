@@ -55,3 +55,15 @@ def tiny_lm_dir(tmp_path_factory):
     model.config.eos_token_id = 1
     model.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_en_asr():
+    """The builtin Whisper tiny.en in an ASRPipeline (skipped when its weight package is missing)."""
+    from mmaccel.errors import ModelNotFoundError
+    from mmaccel.speech.pipeline import ASRPipeline
+
+    try:
+        return ASRPipeline.from_pretrained("builtin:tiny.en")
+    except ModelNotFoundError as err:
+        pytest.skip(f"Whisper tiny.en not installed: {err}")

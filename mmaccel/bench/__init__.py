@@ -1,7 +1,8 @@
 """Benchmarks: `mmaccel bench <suite>` compares every method with the AR baseline in one process."""
 
+from mmaccel.bench.asr_suite import build_asr_suite
 from mmaccel.bench.core_suite import build_core_suite
 from mmaccel.bench.image_suite import build_image_suite
 
-SUITES = {"core": build_core_suite, "image": build_image_suite}
+SUITES = {"core": build_core_suite, "image": build_image_suite, "asr": build_asr_suite}
 __all__ = ["SUITES"]

@@ -49,11 +49,13 @@ class Suite:
     primary_quality: str = "identical_to_ar"
     warmup: Callable[[MethodSpec], Any] | None = None  # one short untimed call per method
     artifacts: Callable[[Path], list[Path]] | None = None  # extra outputs written beside the JSON (sample grids)
+    finish: Callable[[dict], None] | None = None  # adds suite-specific derived numbers to the result document
 
 
 def run_suite(suite: Suite, seed: int = 0, log: Callable[[str], None] = print) -> dict:
     """Run every method on every batch; returns the result document (see `write_results`)."""
-    check(suite.methods and suite.methods[0].name == "ar", "the first method of a suite must be the AR baseline")
+    check(bool(suite.methods), "a suite needs at least its baseline method")
+    baseline = suite.methods[0].key          # the plain AR decoder ("ar"; "greedy" for speech)
     results = []
     for batch_size, batches in suite.batches.items():
         if suite.warmup is not None:
@@ -67,10 +69,10 @@ def run_suite(suite: Suite, seed: int = 0, log: Callable[[str], None] = print) -
                 outputs[spec.key].extend(out)
                 stats[spec.key] = stats[spec.key] + st
             log(f"[{suite.name}] batch size {batch_size}: {i + 1}/{len(batches)} batches done")
-        base = stats["ar"]
+        base = stats[baseline]
         for spec in suite.methods:
             st = stats[spec.key]
-            quality = suite.quality(spec, outputs[spec.key], outputs["ar"])
+            quality = suite.quality(spec, outputs[spec.key], outputs[baseline])
             lossless = suite.claims_lossless(spec)
             if suite.verify_identical and lossless:
                 lossless = quality.get("identical_to_ar", 0.0) == 1.0
@@ -86,11 +88,14 @@ def run_suite(suite: Suite, seed: int = 0, log: Callable[[str], None] = print) -
                 "tv_per_output": round(st.deviation / max(1, len(outputs[spec.key])), 6),
                 "time_s": {k: round(v, 4) for k, v in st.time_s.items()},
             })
-    return {
+    doc = {
         "suite": suite.name, "device": _device_name(), "torch": torch.__version__,
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "config": suite.config, "baseline": "ar", "results": results,
+        "config": suite.config, "baseline": baseline, "results": results,
     }
+    if suite.finish is not None:
+        suite.finish(doc)
+    return doc
 
 
 def _device_name() -> str:
@@ -112,7 +117,8 @@ def markdown_table(doc: dict) -> str:
         params = ", ".join(f"{k}={v}" for k, v in r["params"].items()) or "–"
         quality = ", ".join(f"{k}={v}" for k, v in r["quality"].items())
         tv = f" {r.get('tv_per_output', 0):.3g} |" if relaxed else ""
-        lines.append(f"| {r['method']} | {params} | {r['batch']} | {r['nfe']} | {r['nfe_ratio']:.2f} | "
+        nfe_ratio = "–" if r["nfe_ratio"] is None else f"{r['nfe_ratio']:.2f}"
+        lines.append(f"| {r['method']} | {params} | {r['batch']} | {r['nfe'] or '–'} | {nfe_ratio} | "
                      f"{r['mean_accepted']:.2f} | {r['latency_s']:.2f} | {r['speedup']:.2f} | {r['peak_mem_mb']:.0f} | "
                      f"{quality} |{tv} {'yes' if r['lossless'] else 'no'} |")
     return "\n".join(lines)

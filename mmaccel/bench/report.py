@@ -15,6 +15,12 @@ def render(bench_dir: Path) -> str:
     parts = []
     for path in sorted(Path(bench_dir).glob("*.json")):
         doc = json.loads(path.read_text())
+        if doc["suite"] == "image-fid":
+            from mmaccel.bench.image_fid import markdown
+
+            parts.append(f"### `image-fid` — `{doc['command']}`\n\n{doc['device']}, torch {doc['torch']}, {doc['date']}; "
+                         f"source `{path.parent.name}/{path.name}`\n\n{markdown(doc)}\n")
+            continue
         validate_document(doc)
         quick = " --quick" if doc["config"].get("quick") else ""
         command = doc.get("command") or COMMANDS.get(doc["suite"], f"mmaccel bench {doc['suite']}") + quick

@@ -22,11 +22,13 @@ embedding. Special-token ids are looked up by string in the shipped tokenizer.js
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import logging
 import os
 import re
+import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -560,3 +562,45 @@ def _load_tokenizer(path: Path, config):
 
         return WhisperTokenizerFast.from_pretrained(path, local_files_only=True)
     raise ModelNotFoundError(f"{path} has no tokenizer (tokenizer.json, or vocab.json + merges.txt)")
+
+
+def ct2_model_dir(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
+    """The original CTranslate2 directory of builtin `name` (model.bin, config.json, tokenizer.json,
+    vocabulary.txt), as faster-whisper loads it: the package directory itself when the model is one
+    file, else `<cache>/whisper/<name>-ct2/` with the parts joined (sha256-checked) on first use."""
+    check(name in BUILTIN, f"unknown builtin Whisper {name!r}; choose from {', '.join(BUILTIN)}")
+    spec = BUILTIN[name]
+    parts = [package_file(spec, item) for item in spec.model_parts]
+    tokenizer, config = package_file(spec, spec.tokenizer), package_file(spec, spec.ct2_config)
+    if len(parts) == 1:
+        return parts[0].parent
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    dest = root / "whisper" / f"{name}-ct2"
+    marker = {"format": "ct2-joined-1", "model_sha256": spec.model_sha256}
+
+    def complete(path: Path) -> bool:
+        try:
+            return json.loads((path / CACHE_MARKER).read_text()) == marker
+        except (OSError, ValueError):
+            return False
+
+    if complete(dest):
+        return dest
+
+    def write(tmp: Path) -> None:
+        digest = hashlib.sha256()
+        with open(tmp / "model.bin", "wb") as out:
+            for part in parts:
+                with open(part, "rb") as f:
+                    while block := f.read(1 << 24):
+                        digest.update(block)
+                        out.write(block)
+        if digest.hexdigest() != spec.model_sha256:
+            raise InputError(f"{describe(parts)} is tampered or corrupt (sha256 mismatch); reinstall with "
+                             f"`{spec.pip_command} --force-reinstall`")
+        for src in (tokenizer, config, tokenizer.parent / "vocabulary.txt"):
+            if src.is_file():
+                shutil.copyfile(src, tmp / src.name)
+
+    write_cache_dir(dest, write, marker, complete)
+    return dest

@@ -1,11 +1,10 @@
-"""Speech fixtures: a tiny random Hugging Face Whisper (built offline, seeded) and the builtin
-tiny.en behind an ASRPipeline (skipped when its weight package is not installed)."""
+"""Speech fixtures: a tiny random Hugging Face Whisper (built offline, seeded). The builtin tiny.en
+behind an ASRPipeline (`tiny_en_asr`) is in tests/conftest.py: the benchmark tests use it too."""
 
 import pytest
 import torch
 from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalGeneration
 
-from mmaccel.errors import ModelNotFoundError
 from mmaccel.speech.decoder import WhisperDecoderModel
 
 VOCAB, EOT, SOT, NO_TS = 64, 60, 61, 62
@@ -43,13 +42,3 @@ def tiny_decoder(tiny_hf):
 def features(batch: int, seed: int = 1) -> torch.Tensor:
     """Random log-mel-like features [batch, 8 mels, 40 frames] for the tiny model (20 encoder positions)."""
     return torch.randn(batch, 8, 40, generator=torch.Generator().manual_seed(seed))
-
-
-@pytest.fixture(scope="session")
-def tiny_en_asr():
-    from mmaccel.speech.pipeline import ASRPipeline
-
-    try:
-        return ASRPipeline.from_pretrained("builtin:tiny.en")
-    except ModelNotFoundError as err:
-        pytest.skip(f"Whisper tiny.en not installed: {err}")

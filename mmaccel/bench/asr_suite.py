@@ -1,0 +1,193 @@
+"""`mmaccel bench asr`: speech decoding methods against greedy on a real Whisper, plus peers.
+
+Audio: the 18 real clips (LibriVox, cards, ALSA) and the first `tts_utterances` of the held-out
+TTS evaluation split (held-out sentences and voices; built on first use). Every method transcribes
+the same utterances in the same batches (1 and 8), interleaved in one process; audio is decoded to
+memory before timing. Per method:
+
+- decoder passes per generated token (nfe / new tokens; greedy = 1.0 at batch 1) and mean accepted length;
+- RTFx (Σ audio s / Σ transcription s; feature extraction + encoder + decoding, warm-up excluded) and
+  the end-to-end speed-up over greedy (`speedup`), and the decoder-only speed-up (`decoder_speedup`:
+  the encoder costs the same for every method);
+- corpus WER after the Whisper English normaliser, and the share of transcripts identical to greedy.
+
+Peers on the same weights and audio: Hugging Face `generate` (greedy, the model's own suppression
+rules, encoder timed separately) and faster-whisper / CTranslate2 on the original `model.bin`
+(int8 and float32, greedy, no VAD, no timestamps; batch 8 through its BatchedInferencePipeline).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from mmaccel.bench.harness import MethodSpec, Suite
+from mmaccel.core.stats import DecodeStats, track_peak_memory
+from mmaccel.metrics.wer import corpus_wer, normalizer_version
+from mmaccel.paths import default_cache_dir
+from mmaccel.speech.audio import Audio, load_audio, log_mel
+from mmaccel.speech.methods import build_asr_method
+from mmaccel.speech.pipeline import MAX_NEW_TOKENS
+
+PEERS = ("hf-generate", "faster-whisper")
+DEFAULT_METHODS = [
+    MethodSpec("greedy"),
+    MethodSpec("medusa", {"depth": 4, "width": 2}),
+    MethodSpec("medusa", {"depth": 5, "width": 1}, label="medusa-chain"),
+    MethodSpec("early-exit", {"k": 3, "exit_layer": 3}),
+    MethodSpec("ngram", {"k": 3}),
+    MethodSpec("beam", {"num_beams": 5}),
+    MethodSpec("hf-generate"),
+    MethodSpec("faster-whisper", {"compute_type": "int8"}, label="faster-whisper-int8"),
+    MethodSpec("faster-whisper", {"compute_type": "float32"}, label="faster-whisper-fp32"),
+]
+FULL_TTS, QUICK_TTS = 60, 6
+
+
+def load_corpus(tts_utterances: int) -> list[tuple[str, Audio, str]]:
+    """(id, audio, reference) for the real clips and the first `tts_utterances` TTS eval utterances."""
+    from mmaccel.speech.data import build_tts_corpus, read_manifest, real_utterances
+
+    utts = real_utterances()
+    if tts_utterances:
+        root = default_cache_dir() / "speech" / "tts"
+        manifest = root / "eval.jsonl"
+        if not manifest.is_file():
+            build_tts_corpus(root, "eval")
+        utts += read_manifest(manifest)[:tts_utterances]
+    return [(u.id, load_audio(u.audio_filepath), u.text) for u in utts]
+
+
+def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None, model: str = "builtin:base",
+                    tts_utterances: int | None = None, pipeline=None) -> Suite:
+    from mmaccel.speech.pipeline import ASRPipeline
+
+    asr = pipeline or ASRPipeline.from_pretrained(model)
+    methods = methods or DEFAULT_METHODS
+    if methods[0].name != "greedy":
+        methods = [MethodSpec("greedy")] + [m for m in methods if m.name not in ("greedy", "ar")]
+    tts = tts_utterances if tts_utterances is not None else (QUICK_TTS if quick else FULL_TTS)
+    corpus = load_corpus(tts)
+    refs = [text for _, _, text in corpus]
+    audio_s = sum(a.duration for _, a, _ in corpus)
+    sizes = (1, 8)
+    batches = {b: [corpus[i : i + b] for i in range(0, len(corpus), b)] for b in sizes}
+    peers = {}
+
+    def run_batch(spec: MethodSpec, items: list, seed: int) -> tuple[list, DecodeStats]:
+        audios = [a for _, a, _ in items]
+        if spec.name == "hf-generate":
+            return _hf_generate(asr, audios)
+        if spec.name == "faster-whisper":
+            key = spec.params.get("compute_type", "int8")
+            if key not in peers:
+                peers[key] = _faster_whisper(asr.bundle.name, key)
+            return _run_faster_whisper(peers[key], audios)
+        out = asr.transcribe(audios, spec.name, batch_size=len(audios), **spec.params)
+        stats = out.stats
+        stats.time_s["total"] = out.wall_s
+        return out.texts, stats
+
+    def quality(spec: MethodSpec, outputs: list, baseline: list) -> dict:
+        n = len(outputs)
+        wer = corpus_wer(refs[:n], outputs)
+        return {"wer": round(100 * wer.wer, 2), "identical_to_ar": round(sum(a == b for a, b in zip(outputs, baseline)) / n, 4)}
+
+    def claims_lossless(spec: MethodSpec) -> bool:
+        if spec.name in PEERS:
+            return spec.name == "hf-generate"
+        return build_asr_method(spec.name, **spec.params).lossless
+
+    def warmup(spec: MethodSpec) -> None:
+        run_batch(spec, corpus[:1], 0)
+
+    def finish(doc: dict) -> None:
+        by_batch = {r["batch"]: r for r in doc["results"] if r["method"] == "greedy"}
+        for r in doc["results"]:
+            base = by_batch[r["batch"]]
+            r["quality"]["rtfx"] = round(audio_s / r["latency_s"], 2) if r["latency_s"] else None
+            if r["mean_accepted"]:        # per sequence: each pass emits mean_accepted tokens per active row
+                r["quality"]["passes_per_token"] = round(1 / r["mean_accepted"], 3)
+            elif r["batch"] == 1 and r["nfe"] and r["new_tokens"]:
+                r["quality"]["passes_per_token"] = round(r["nfe"] / r["new_tokens"], 3)
+            dec, base_dec = r["time_s"].get("decode"), base["time_s"].get("decode")
+            if dec and base_dec:
+                r["quality"]["decoder_speedup"] = round(base_dec / dec, 3)
+
+    config = {"model": asr.bundle.name, "audio": f"{len(corpus) - tts} real clips + {tts} held-out TTS utterances",
+              "audio_s": round(audio_s, 1), "utterances": len(corpus), "batch_sizes": list(sizes),
+              "wer": f"corpus WER, {normalizer_version()}", "heads": bool(asr.heads.medusa),
+              "threads": torch.get_num_threads(), "quick": quick}
+    return Suite("asr", config, methods, batches, run_batch, quality, claims_lossless, verify_identical=True,
+                 primary_quality="wer", warmup=warmup, finish=finish)
+
+
+# ---- peers ------------------------------------------------------------------------------------------
+
+def _hf_generate(asr, audios: list[Audio]) -> tuple[list[str], DecodeStats]:
+    """Transformers' own greedy `generate` on the same weights (suppression from the model's config)."""
+    bundle = asr.bundle
+    model = bundle.model
+    prompt = bundle.prompt("en")
+    calls = [0]
+    hook = model.model.decoder.register_forward_pre_hook(lambda *a: calls.__setitem__(0, calls[0] + 1))
+    stats = DecodeStats()
+    try:
+        with torch.inference_mode(), track_peak_memory(stats):
+            t0 = time.perf_counter()
+            features = log_mel(bundle.feature_extractor, audios)
+            t1 = time.perf_counter()
+            encoded = model.model.encoder(features)
+            t2 = time.perf_counter()
+            config = copy.deepcopy(model.generation_config)
+            config.max_length, config.max_new_tokens, config.do_sample, config.num_beams = None, MAX_NEW_TOKENS, False, 1
+            out = model.generate(encoder_outputs=encoded, decoder_input_ids=torch.tensor([prompt] * len(audios)),
+                                 attention_mask=None, generation_config=config)
+            t3 = time.perf_counter()
+    finally:
+        hook.remove()
+    rows = out.tolist()
+    eot = bundle.tokens.end_of_text
+    new = [[t for t in r if t not in prompt] for r in rows]
+    new = [r[: r.index(eot) + 1] if eot in r else r for r in new]
+    stats.nfe, stats.new_tokens = calls[0], sum(len(r) for r in new)
+    stats.time_s = {"features": t1 - t0, "encoder": t2 - t1, "decode": t3 - t2, "total": t3 - t0}
+    texts = [bundle.tokenizer.decode(r, skip_special_tokens=True).strip() for r in new]
+    return texts, stats
+
+
+def _faster_whisper(name: str, compute_type: str) -> Any:
+    from faster_whisper import BatchedInferencePipeline, WhisperModel
+
+    from mmaccel.speech.whisper import ct2_model_dir
+
+    model = WhisperModel(str(ct2_model_dir(name)), device="cpu", compute_type=compute_type,
+                         cpu_threads=torch.get_num_threads(), num_workers=1)
+    return model, BatchedInferencePipeline(model)
+
+
+FW_OPTIONS = dict(language="en", task="transcribe", beam_size=1, temperature=0.0, without_timestamps=True,
+                  vad_filter=False, condition_on_previous_text=False)
+
+
+def _run_faster_whisper(peer: Any, audios: list[Audio]) -> tuple[list[str], DecodeStats]:
+    model, batched = peer
+    stats = DecodeStats()
+    t0 = time.perf_counter()
+    if len(audios) == 1:
+        segments, _ = model.transcribe(audios[0].samples, no_speech_threshold=None, **FW_OPTIONS)
+        texts = [" ".join(s.text.strip() for s in segments).strip()]
+    else:
+        joined = np.concatenate([a.samples for a in audios])
+        bounds = np.cumsum([0] + [len(a.samples) for a in audios]) / 16000
+        clips = [{"start": float(a), "end": float(b)} for a, b in zip(bounds[:-1], bounds[1:])]
+        segments, _ = batched.transcribe(joined, clip_timestamps=clips, batch_size=len(audios), **FW_OPTIONS)
+        segments = list(segments)
+        texts = [" ".join(s.text.strip() for s in segments if lo - 1e-3 <= s.start < hi).strip()
+                 for lo, hi in zip(bounds[:-1], bounds[1:])]
+    stats.time_s = {"total": time.perf_counter() - t0}
+    return texts, stats

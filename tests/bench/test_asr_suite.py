@@ -1,0 +1,26 @@
+"""`bench asr` plumbing on the builtin tiny.en: methods and peers on the same audio, derived numbers."""
+
+import pytest
+
+from mmaccel.bench.asr_suite import build_asr_suite
+from mmaccel.bench.harness import MethodSpec, markdown_table, run_suite, validate_document
+from mmaccel.speech.data import SPHINX_DATA
+
+
+def test_quick_asr_suite_compares_methods_and_peers(tiny_en_asr):
+    if not (SPHINX_DATA / "librivox").is_dir():
+        pytest.skip("apt-get install pocketsphinx-testdata")
+    pytest.importorskip("faster_whisper")
+    methods = [MethodSpec("greedy"), MethodSpec("ngram", {"k": 3}), MethodSpec("hf-generate"),
+               MethodSpec("faster-whisper", {"compute_type": "int8"}, label="fw-int8")]
+    suite = build_asr_suite(methods=methods, tts_utterances=0, pipeline=tiny_en_asr)
+    suite.batches = {1: suite.batches[1][:2], 8: suite.batches[8][:1]}
+    doc = run_suite(suite, log=lambda m: None)
+    validate_document(doc)
+    rows = {(r["method"], r["batch"]): r for r in doc["results"]}
+    greedy, ngram, hf = rows["greedy", 1], rows["ngram", 1], rows["hf-generate", 1]
+    assert doc["baseline"] == "greedy" and greedy["quality"]["passes_per_token"] == 1.0
+    assert ngram["lossless"] and ngram["quality"]["identical_to_ar"] == 1.0
+    assert hf["quality"]["identical_to_ar"] == 1.0 and hf["nfe"] == greedy["nfe"]    # same decoder, same rules
+    assert rows["fw-int8", 8]["quality"]["rtfx"] > 0 and "decoder_speedup" in ngram["quality"]
+    assert "| fw-int8 |" in markdown_table(doc)

@@ -1,0 +1,46 @@
+"""`bench image-fid`: Inception FID of cached quality samples, its table and its README section."""
+
+import json
+
+import pytest
+import torch
+
+from mmaccel.bench import image_fid
+from mmaccel.bench.harness import MethodSpec
+from mmaccel.bench.report import render
+from mmaccel.cli import main
+from mmaccel.metrics import fid
+
+
+def test_scores_each_method_against_one_reference(monkeypatch, tmp_path):
+    calls = []
+
+    def fake_features(pipe, spec, count, log=print):
+        calls.append((spec.key, count))
+        g = torch.Generator().manual_seed(len(calls))
+        return torch.randn(count, 8, generator=g) + (0.5 if spec.key != "ar" else 0.0)
+
+    def fake_reference(split, limit, extractor):
+        assert (split, limit, extractor) == ("test", None, "inception")     # the whole split from 5000 samples on
+        x = torch.randn(4000, 8, generator=torch.Generator().manual_seed(0))
+        return x.mean(0).double(), torch.cov(x.T).double()
+
+    monkeypatch.setattr(image_fid, "quality_inception_features", fake_features)
+    monkeypatch.setattr(fid, "reference_stats", fake_reference)
+    doc = image_fid.run_image_fid([MethodSpec("ar"), MethodSpec("sjd-coupled", {"window": 16})], samples=5008,
+                                  log=lambda m: None)
+    assert calls == [("ar", 5008), ("sjd-coupled", 5008)]
+    ar, sjd = doc["results"]
+    assert ar["fid_ratio"] == 1.0 and sjd["fid"] > ar["fid"] and sjd["lossless"] and sjd["samples"] == 5008
+    doc["command"] = "mmaccel bench image-fid --samples 5008"
+    (tmp_path / "image_fid.json").write_text(json.dumps(doc))
+    text = render(tmp_path)
+    assert "### `image-fid` — `mmaccel bench image-fid --samples 5008`" in text and "| sjd-coupled | window=16 |" in text
+
+
+def test_bad_options_are_refused(capsys):
+    assert main(["bench", "image-fid", "--inception-samples", "10"]) == 2
+    assert "image-fid takes --samples" in capsys.readouterr().err
+    assert main(["bench", "image-fid", "--samples", "1"]) == 2
+    with pytest.raises(Exception):
+        image_fid.run_image_fid([MethodSpec("sjd")], samples=10)
