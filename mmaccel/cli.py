@@ -152,7 +152,8 @@ def _bench_image_fid(args) -> int:
 
 def cmd_demo(args) -> int:
     """The main job on the embedded defaults: image methods next to AR on the Fashion-MNIST GPT (a
-    sample grid and the table), then the core methods on the real small LM."""
+    sample grid and the table), the core methods on the real small LM, then Whisper base on the
+    real LibriVox clips (greedy vs the best lossless method)."""
     from mmaccel.bench import SUITES
     from mmaccel.bench.harness import markdown_table, run_suite
     from mmaccel.bench.image_suite import DEMO_METHODS, sample_grid
@@ -168,7 +169,36 @@ def cmd_demo(args) -> int:
     print(markdown_table(run_suite(SUITES["image"](quick=True, methods=DEMO_METHODS, pipeline=pipe), log=log)))
     print("\n## Core methods (SmolLM2-135M, greedy, quick run)\n")
     print(markdown_table(run_suite(SUITES["core"](quick=True), log=log)))
+    _demo_speech()
     return 0
+
+
+def _demo_speech() -> None:
+    """Greedy vs the best lossless method on the real LibriVox clips with the built-in Whisper base."""
+    from mmaccel.metrics.wer import corpus_wer
+    from mmaccel.speech.data import real_utterances
+    from mmaccel.speech.pipeline import ASRPipeline
+
+    asr = ASRPipeline.from_pretrained("builtin:base")
+    utts = [u for u in real_utterances() if u.id.startswith("librivox")]
+    method, params = ("medusa", {"depth": 4, "width": 2}) if asr.heads.medusa is not None else ("ngram", {"k": 3})
+    runs = {}
+    for name, kw in (("greedy", {}), (method, params)):
+        asr.transcribe([utts[0].audio_filepath], name, **kw)                      # warm-up
+        runs[name] = asr.transcribe([u.audio_filepath for u in utts], name, batch_size=1, **kw)
+    base, fast = runs["greedy"], runs[method]
+    print(f"\n## Speech: Whisper base on {len(utts)} LibriVox clips, batch 1 (greedy vs {method})\n")
+    print(f"| clip | greedy | {method} |\n|---|---|---|")
+    for u, a, b in zip(utts, base.texts, fast.texts):
+        print(f"| {u.id.split('-')[-1]} | {a} | {b}{'' if a == b else ' (differs)'} |")
+    refs = [u.text for u in utts]
+    print(f"\n| method | WER % | decoder passes / token | decoder time (s) | RTFx | identical to greedy |\n|---|---|---|---|---|---|")
+    for name, out in runs.items():
+        print(f"| {name} | {100 * corpus_wer(refs, out.texts).wer:.2f} | {1 / out.stats.mean_accepted:.3f} | "
+              f"{out.stats.time_s['decode']:.2f} | {out.rtfx:.2f} | "
+              f"{sum(a == b for a, b in zip(out.texts, base.texts))}/{len(utts)} |")
+    print(f"\ndecoder speed-up of {method}: {base.stats.time_s['decode'] / fast.stats.time_s['decode']:.2f}x; "
+          f"end to end: {base.wall_s / fast.wall_s:.2f}x")
 
 
 def cmd_methods(args) -> int:

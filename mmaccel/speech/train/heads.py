@@ -171,6 +171,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="TTS corpus folder (train.jsonl / eval.jsonl; built if missing)")
     p.add_argument("--train-sentences", type=int, default=1500, help="sentences of the train split to speak (x2 voices)")
     p.add_argument("--limit", type=int, default=None, help="use only the first N training utterances")
+    p.add_argument("--eval-limit", type=int, default=160, help="evaluate on the first N held-out utterances")
     p.add_argument("--stages", default=",".join(STAGES))
     p.add_argument("--num-heads", type=int, default=5)
     p.add_argument("--head-layers", type=int, default=1)
@@ -194,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
                 log(out, f"building the {split} TTS corpus in {corpus}")
                 build_tts_corpus(corpus, split, max_sentences=n)
         collect(asr, corpus / "train.jsonl", out / "data", args.batch_size, args.limit, out)
-        collect(asr, corpus / "eval.jsonl", out / "eval_data", args.batch_size, None, out)
+        collect(asr, corpus / "eval.jsonl", out / "eval_data", args.batch_size, args.eval_limit, out)
     if "train" in stages:
         heads = train(asr, load_rows(out / "data"), args, out)
         torch.save({"medusa": heads.medusa.state_dict(), "exits": {k: h.state_dict() for k, h in heads.exits.items()}},
