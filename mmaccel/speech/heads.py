@@ -6,6 +6,10 @@ tied vocabulary projection, and guesses the token i + 2 places after that state'
 heads (`ExitHead`) turn the output of decoder layer k into next-token logits through the same
 projection. Both leave the model untouched, so verification against the full model is exact.
 
+Drafting reads out through a shortlist of the vocabulary (the tokens of the training transcripts,
+stored with the heads as `vocab`): the full 51 865-row projection per head would cost more than
+the passes Medusa saves on a CPU.
+
 One safetensors file holds both kinds; its metadata names the model they were trained for (hidden
 size, vocabulary, decoder layers), and loading checks that they fit.
 """
@@ -19,35 +23,47 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
 from mmaccel.core.proposers import MedusaHead
 from mmaccel.errors import InputError, ModelNotFoundError, check
-from mmaccel.speech.decoder import ExitHead, WhisperDecoderModel
+from mmaccel.speech.decoder import ExitHead, ShortlistProjection, WhisperDecoderModel
 
 
 @dataclass
 class WhisperHeads:
     medusa: nn.ModuleList | None = None          # heads[i] guesses the token i + 2 ahead of the hidden state
     exits: dict[int, ExitHead] | None = None     # exit layer -> head
+    vocab: Tensor | None = None                  # the draft shortlist (token ids) the heads project onto
 
 
-def tied_projection(model: WhisperDecoderModel):
+def head_projection(model: WhisperDecoderModel, vocab: Tensor | None = None):
+    """The tied vocabulary projection, over the shortlist `vocab` when given."""
     weight = model.decoder.embed_tokens.weight
+    if vocab is not None:
+        check(vocab.dim() == 1 and len(vocab) > 0 and int(vocab.min()) >= 0 and int(vocab.max()) < model.vocab_size,
+              f"the head shortlist must be token ids in [0, {model.vocab_size})")
+        return ShortlistProjection(weight, vocab)
     return lambda hidden: F.linear(hidden, weight)
 
 
-def new_medusa_heads(model: WhisperDecoderModel, num_heads: int, num_layers: int = 1) -> nn.ModuleList:
+def new_medusa_heads(model: WhisperDecoderModel, num_heads: int, num_layers: int = 1,
+                     vocab: Tensor | None = None) -> nn.ModuleList:
     check(isinstance(num_heads, int) and 1 <= num_heads <= 16, f"num_heads must be in [1, 16], got {num_heads!r}")
-    project = tied_projection(model)
+    project = head_projection(model, vocab)
     return nn.ModuleList(MedusaHead(model.hidden_size, model.vocab_size, num_layers, project) for _ in range(num_heads))
 
 
-def new_exit_heads(model: WhisperDecoderModel, layers: list[int]) -> dict[int, ExitHead]:
+def new_exit_heads(model: WhisperDecoderModel, layers: list[int], vocab: Tensor | None = None) -> dict[int, ExitHead]:
     total = len(model.decoder.layers)
     for k in layers:
         check(isinstance(k, int) and 1 <= k < total, f"exit layers must lie in [1, {total - 1}], got {k!r}")
-    return {k: ExitHead(model.decoder.layer_norm) for k in layers}
+    heads = {k: ExitHead(model.decoder.layer_norm) for k in layers}
+    if vocab is not None:
+        projection = head_projection(model, vocab)
+        for head in heads.values():
+            head.projection = projection
+    return heads
 
 
 def _signature(model: WhisperDecoderModel) -> dict:
@@ -68,6 +84,8 @@ def save_heads(path: str | os.PathLike, model: WhisperDecoderModel, heads: Whisp
             for name, t in head.state_dict().items():
                 tensors[f"exit.{k}.{name}"] = t.detach().contiguous()
     check(tensors, "no heads to save")
+    if heads.vocab is not None:
+        tensors["vocab"] = heads.vocab.to(torch.int64).contiguous()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path), metadata={"mmaccel_whisper_heads": json.dumps(meta)})
@@ -93,13 +111,13 @@ def load_heads(path: str | os.PathLike, model: WhisperDecoderModel) -> WhisperHe
     want = _signature(model)
     if meta["model"] != want:
         raise InputError(f"{path} holds heads for a Whisper decoder with {meta['model']}, but this model has {want}")
-    heads = WhisperHeads()
+    heads = WhisperHeads(vocab=tensors.pop("vocab", None))
     if "medusa" in meta:
         m = meta["medusa"]
-        heads.medusa = new_medusa_heads(model, m["num_heads"], m["num_layers"])
+        heads.medusa = new_medusa_heads(model, m["num_heads"], m["num_layers"], heads.vocab)
         _load_part(heads.medusa, tensors, "medusa.", path)
     if "exit_layers" in meta:
-        heads.exits = new_exit_heads(model, meta["exit_layers"])
+        heads.exits = new_exit_heads(model, meta["exit_layers"], heads.vocab)
         for k, head in heads.exits.items():
             _load_part(head, tensors, f"exit.{k}.", path)
     for module in [*(heads.medusa or []), *(heads.exits or {}).values()]:

@@ -91,22 +91,26 @@ def test_beam_search_one_beam_is_greedy_and_matches_hugging_face(tiny_hf, tiny_d
     assert ours.tokens == [[t for t in row if t not in PROMPT] for row in hf.tolist()]
 
 
-def _random_heads(model: WhisperDecoderModel, seed: int):
+def _random_heads(model: WhisperDecoderModel, seed: int, vocab=None):
     torch.manual_seed(seed)
-    medusa = new_medusa_heads(model, 4)
-    exits = new_exit_heads(model, [1, 2])
+    medusa = new_medusa_heads(model, 4, vocab=vocab)
+    exits = new_exit_heads(model, [1, 2], vocab)
     for module in [*medusa, *exits.values()]:
         for p in module.parameters():
             nn.init.normal_(p, std=0.3)
     return medusa, exits
 
 
-@pytest.mark.parametrize("method,params", [
-    ("medusa", {"depth": 3, "width": 2}), ("medusa", {"depth": 4, "width": 1}), ("early-exit", {"k": 3, "exit_layer": 2}),
-    ("early-exit", {"k": 2, "exit_layer": 1}), ("ngram", {"k": 3}),
+SHORTLIST = torch.tensor([0, 5, 12, 17, 23, 33, 40, 41, 50])
+
+
+@pytest.mark.parametrize("method,params,vocab", [
+    ("medusa", {"depth": 3, "width": 2}, None), ("medusa", {"depth": 4, "width": 1}, None),
+    ("medusa", {"depth": 3, "width": 2}, SHORTLIST), ("early-exit", {"k": 3, "exit_layer": 2}, None),
+    ("early-exit", {"k": 2, "exit_layer": 1}, SHORTLIST), ("ngram", {"k": 3}, None),
 ])
-def test_lossless_methods_equal_greedy(tiny_decoder, method, params):
-    medusa, exits = _random_heads(tiny_decoder, 5)
+def test_lossless_methods_equal_greedy(tiny_decoder, method, params, vocab):
+    medusa, exits = _random_heads(tiny_decoder, 5, vocab)
     resources = Resources(tiny_decoder, heads=medusa, exit_heads=exits)
     x = features(3, seed=11)
     greedy = build_asr_method("greedy").run(resources, tiny_decoder.encode(x, PROMPT), max_new_tokens=24, eos_token_id=EOT)
@@ -128,3 +132,13 @@ def test_bad_inputs_are_named(tiny_decoder):
     state = tiny_decoder.prefill(inputs, 4)
     with pytest.raises(InputError, match="token ids must lie in"):
         tiny_decoder.step(state, torch.tensor([[999]]))
+
+
+def test_shortlisted_heads_draft_only_shortlist_tokens(tiny_decoder):
+    medusa, exits = _random_heads(tiny_decoder, 5, SHORTLIST)
+    logits = medusa[0](torch.randn(3, 32))
+    assert set(logits.argmax(-1).tolist()) <= set(SHORTLIST.tolist())
+    assert torch.isinf(logits[:, 1]).all() and torch.isfinite(logits[:, SHORTLIST]).all()
+    view = tiny_decoder.early_exit(2, exits[2])
+    state = view.prefill(tiny_decoder.encode(features(1), PROMPT), 4)
+    assert int(state.logits.argmax()) in SHORTLIST.tolist()

@@ -74,14 +74,16 @@ def test_bad_arguments_are_refused(tiny_en_asr, files):
 
 def test_heads_file_round_trip_and_errors(tmp_path):
     model = WhisperDecoderModel(tiny_whisper())
-    heads = WhisperHeads(new_medusa_heads(model, 3), new_exit_heads(model, [1, 3]))
+    vocab = torch.tensor([1, 4, 9, 30])
+    heads = WhisperHeads(new_medusa_heads(model, 3, vocab=vocab), new_exit_heads(model, [1, 3], vocab), vocab)
     for p in heads.medusa.parameters():
         torch.nn.init.normal_(p)
     path = save_heads(tmp_path / "h.safetensors", model, heads, {"note": "test"})
     back = load_heads(path, model)
     h = torch.randn(2, 32)
     torch.testing.assert_close(back.medusa[2](h), heads.medusa[2](h))
-    assert sorted(back.exits) == [1, 3]
+    assert sorted(back.exits) == [1, 3] and back.vocab.tolist() == [1, 4, 9, 30]
+    assert back.exits[1].projection is not None and set(back.medusa[0](h).argmax(-1).tolist()) <= {1, 4, 9, 30}
     other = WhisperDecoderModel(tiny_whisper(1))
     other.decoder.layers = other.decoder.layers[:3]
     with pytest.raises(InputError, match="holds heads for a Whisper decoder with"):

@@ -11,10 +11,11 @@ Stages (each resumable; `--stages` picks some):
    each final hidden state; exit head k learns the model's own next token from layer k's output.
    Cross-entropy on the greedy transcript (hard self-distillation: greedy verification only needs
    the arg-max to agree), uniform over heads as in Whisper-Medusa, AdamW, cosine schedule. The
-   softmax runs over the tokens that occur in the training transcripts (a shortlist, ~10x cheaper
-   than the full vocabulary); `eval` scores the arg-max over the full vocabulary.
+   softmax runs over the tokens that occur in the training transcripts: the shortlist the heads
+   also draft from (`mmaccel.speech.heads`), ~10x cheaper than the full vocabulary.
 3. `export`: `<out>/heads.safetensors` (fp32; the file `ASRPipeline.from_pretrained(heads=...)` loads).
-4. `eval`: teacher-forced top-1 agreement of every head on the held-out evaluation manifest.
+4. `eval`: teacher-forced top-1 agreement of every head (through its shortlist, as it drafts) on
+   the held-out evaluation manifest.
 """
 
 from __future__ import annotations
@@ -111,10 +112,11 @@ def train(asr: ASRPipeline, rows: list[dict], args, out: Path) -> WhisperHeads:
     torch.manual_seed(args.seed)
     model = asr.model
     layers = list(range(1, len(model.decoder.layers)))
-    heads = WhisperHeads(new_medusa_heads(model, args.num_heads, args.head_layers), new_exit_heads(model, layers))
     final, layer_h, nxt, ahead = targets(rows, args.num_heads, layers)
     N = final.shape[0]
     vocab = torch.unique(torch.cat([nxt, ahead[ahead >= 0]]))                  # the shortlist
+    heads = WhisperHeads(new_medusa_heads(model, args.num_heads, args.head_layers, vocab),
+                         new_exit_heads(model, layers, vocab), vocab)
     weight = model.decoder.embed_tokens.weight[vocab].detach()
     lookup = torch.full((model.vocab_size,), -100, dtype=torch.long)
     lookup[vocab] = torch.arange(len(vocab))
@@ -158,7 +160,9 @@ def evaluate(asr: ASRPipeline, heads: WhisperHeads, rows: list[dict]) -> dict:
         hit = head(final[valid]).argmax(-1) == ahead[valid, i]
         result["medusa_top1"].append(round(hit.float().mean().item(), 4))
     for k in layers:
-        logits = F.linear(heads.exits[k](layer_h[k]), model.decoder.embed_tokens.weight)
+        head = heads.exits[k]
+        hidden = head(layer_h[k])
+        logits = head.projection(hidden) if head.projection is not None else F.linear(hidden, model.decoder.embed_tokens.weight)
         result["exit_top1"][k] = round((logits.argmax(-1) == nxt).float().mean().item(), 4)
     return result
 
@@ -198,12 +202,13 @@ def main(argv: list[str] | None = None) -> None:
         collect(asr, corpus / "eval.jsonl", out / "eval_data", args.batch_size, args.eval_limit, out)
     if "train" in stages:
         heads = train(asr, load_rows(out / "data"), args, out)
-        torch.save({"medusa": heads.medusa.state_dict(), "exits": {k: h.state_dict() for k, h in heads.exits.items()}},
-                   out / "heads.pt")
+        torch.save({"medusa": heads.medusa.state_dict(), "exits": {k: h.state_dict() for k, h in heads.exits.items()},
+                    "vocab": heads.vocab}, out / "heads.pt")
     if "export" in stages or "eval" in stages:
         state = torch.load(out / "heads.pt")
-        heads = WhisperHeads(new_medusa_heads(asr.model, args.num_heads, args.head_layers),
-                             new_exit_heads(asr.model, sorted(state["exits"])))
+        vocab = state["vocab"]
+        heads = WhisperHeads(new_medusa_heads(asr.model, args.num_heads, args.head_layers, vocab),
+                             new_exit_heads(asr.model, sorted(state["exits"]), vocab), vocab)
         heads.medusa.load_state_dict(state["medusa"])
         for k, h in heads.exits.items():
             h.load_state_dict(state["exits"][k])
