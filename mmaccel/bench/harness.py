@@ -21,6 +21,9 @@ from mmaccel.core.stats import DecodeStats
 from mmaccel.errors import check
 
 
+BASELINES = ("ar", "greedy")        # the plain AR decoder ("greedy" is its name for speech)
+
+
 @dataclass
 class MethodSpec:
     name: str
@@ -54,8 +57,9 @@ class Suite:
 
 def run_suite(suite: Suite, seed: int = 0, log: Callable[[str], None] = print) -> dict:
     """Run every method on every batch; returns the result document (see `write_results`)."""
-    check(bool(suite.methods), "a suite needs at least its baseline method")
-    baseline = suite.methods[0].key          # the plain AR decoder ("ar"; "greedy" for speech)
+    check(bool(suite.methods) and suite.methods[0].name in BASELINES,
+          f"the first method of a suite must be the AR baseline ({' or '.join(BASELINES)})")
+    baseline = suite.methods[0].key
     results = []
     for batch_size, batches in suite.batches.items():
         if suite.warmup is not None:
