@@ -94,3 +94,19 @@ def test_heads_file_round_trip_and_errors(tmp_path):
     corrupt.write_bytes(path.read_bytes()[:100])
     with pytest.raises(ModelNotFoundError, match="not a readable safetensors file"):
         load_heads(corrupt, model)
+
+
+def test_shipped_base_heads_draft_losslessly(files):
+    from mmaccel.speech.pipeline import builtin_heads_path
+
+    if not builtin_heads_path("base").is_file():
+        pytest.skip("no shipped heads")
+    try:
+        asr = ASRPipeline.from_pretrained("builtin:base")
+    except ModelNotFoundError as err:
+        pytest.skip(f"Whisper base not installed: {err}")
+    assert asr.heads.medusa is not None and sorted(asr.heads.exits) == [1, 2, 3, 4, 5]
+    greedy = asr.transcribe(files[:3], "greedy")
+    for method, params in (("medusa", {"depth": 2, "width": 2}), ("early-exit", {"k": 2, "exit_layer": 5})):
+        out = asr.transcribe(files[:3], method, **params)
+        assert out.texts == greedy.texts and out.stats.mean_accepted > 1.0
