@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,10 +37,10 @@ from mmaccel.speech.pipeline import MAX_NEW_TOKENS
 PEERS = ("hf-generate", "faster-whisper")
 DEFAULT_METHODS = [
     MethodSpec("greedy"),
-    MethodSpec("medusa", {"depth": 4, "width": 2}),
-    MethodSpec("medusa", {"depth": 5, "width": 1}, label="medusa-chain"),
-    MethodSpec("early-exit", {"k": 3, "exit_layer": 3}),
-    MethodSpec("ngram", {"k": 3}),
+    MethodSpec("medusa", {"depth": 1, "width": 1}, label="medusa-1"),
+    MethodSpec("medusa", {"depth": 2, "width": 2}, label="medusa-tree"),
+    MethodSpec("early-exit", {"k": 1, "exit_layer": 5}, label="early-exit-k1"),
+    MethodSpec("early-exit", {"k": 2, "exit_layer": 5}, label="early-exit-k2"),
     MethodSpec("beam", {"num_beams": 5}),
     MethodSpec("hf-generate"),
     MethodSpec("faster-whisper", {"compute_type": "int8"}, label="faster-whisper-int8"),
@@ -120,7 +121,7 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
 
     config = {"model": asr.bundle.name, "audio": f"{len(corpus) - tts} real clips + {tts} held-out TTS utterances",
               "audio_s": round(audio_s, 1), "utterances": len(corpus), "batch_sizes": list(sizes),
-              "wer": f"corpus WER, {normalizer_version()}", "heads": bool(asr.heads.medusa),
+              "wer": f"corpus WER, {normalizer_version()}", "heads": Path(asr.heads_source).name if asr.heads_source else None,
               "threads": torch.get_num_threads(), "quick": quick}
     return Suite("asr", config, methods, batches, run_batch, quality, claims_lossless, verify_identical=True,
                  primary_quality="wer", warmup=warmup, finish=finish)

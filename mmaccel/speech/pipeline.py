@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from mmaccel.core.methods import Method, Resources
 from mmaccel.core.sampling import Sampling
 from mmaccel.core.stats import DecodeStats
@@ -76,6 +74,7 @@ class ASRPipeline:
         self.bundle = bundle
         self.model = WhisperDecoderModel(bundle.model)
         self.heads = heads or WhisperHeads()
+        self.heads_source: str | None = None     # the heads file, when loaded from one
 
     @classmethod
     def from_pretrained(cls, source: str = "builtin:base", *, heads: str | os.PathLike | None = "auto",
@@ -92,6 +91,7 @@ class ASRPipeline:
             heads = path if path.is_file() else None
         if heads is not None:
             pipe.heads = load_heads(heads, pipe.model)
+            pipe.heads_source = str(heads)
         return pipe
 
     def resources(self) -> Resources:
