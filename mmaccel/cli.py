@@ -181,7 +181,7 @@ def _demo_speech() -> None:
 
     asr = ASRPipeline.from_pretrained("builtin:base")
     utts = [u for u in real_utterances() if u.id.startswith("librivox")]
-    method, params = ("medusa", {"depth": 4, "width": 2}) if asr.heads.medusa is not None else ("ngram", {"k": 3})
+    method, params = ("medusa", {"depth": 1, "width": 1}) if asr.heads.medusa is not None else ("ngram", {"k": 3})
     runs = {}
     for name, kw in (("greedy", {}), (method, params)):
         asr.transcribe([utts[0].audio_filepath], name, **kw)                      # warm-up

@@ -188,7 +188,8 @@ def _run_faster_whisper(peer: Any, audios: list[Audio]) -> tuple[list[str], Deco
         clips = [{"start": float(a), "end": float(b)} for a, b in zip(bounds[:-1], bounds[1:])]
         segments, _ = batched.transcribe(joined, clip_timestamps=clips, batch_size=len(audios), **FW_OPTIONS)
         segments = list(segments)
-        texts = [" ".join(s.text.strip() for s in segments if lo - 1e-3 <= s.start < hi).strip()
+        # a segment belongs to the clip holding its midpoint (its edges are rounded to 20 ms frames)
+        texts = [" ".join(s.text.strip() for s in segments if lo <= (s.start + s.end) / 2 < hi).strip()
                  for lo, hi in zip(bounds[:-1], bounds[1:])]
     stats.time_s = {"total": time.perf_counter() - t0}
     return texts, stats

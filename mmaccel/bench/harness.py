@@ -153,7 +153,7 @@ def _plot(doc: dict, path: Path, primary_quality: str) -> None:
               (lambda r: r["nfe_ratio"], "NFE ratio (target passes saved)")]
     for ax, (value, label) in zip(axes, panels):
         for batch, marker in zip(sorted({r["batch"] for r in doc["results"]}), "os^vD"):
-            rows = [r for r in doc["results"] if r["batch"] == batch]
+            rows = [r for r in doc["results"] if r["batch"] == batch and value(r) is not None and r["speedup"]]
             xs, ys = [r["speedup"] for r in rows], [value(r) for r in rows]
             ax.scatter(xs, ys, marker=marker, label=f"batch {batch}")
             for k, (r, x, y) in enumerate(zip(rows, xs, ys)):
