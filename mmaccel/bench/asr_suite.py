@@ -9,10 +9,12 @@ memory before timing. Per method:
 - RTFx (Σ audio s / Σ transcription s; feature extraction + encoder + decoding, warm-up excluded) and
   the end-to-end speed-up over greedy (`speedup`), and the decoder-only speed-up (`decoder_speedup`:
   the encoder costs the same for every method);
-- corpus WER after the Whisper English normaliser, and the share of transcripts identical to greedy.
+- corpus WER after the Whisper English normaliser, and the share of transcripts identical to greedy;
+- for early exit (`calm`), the average number of decoder layers run per token.
 
 Peers on the same weights and audio: Hugging Face `generate` (greedy, the model's own suppression
-rules, encoder timed separately) and faster-whisper / CTranslate2 on the original `model.bin`
+rules, encoder timed separately), HF assisted generation with our draft decoder as the assistant
+(batch 1 only in HF: a batch runs row by row) and faster-whisper / CTranslate2 on the original `model.bin`
 (int8 and float32, greedy, no VAD, no timestamps; batch 8 through its BatchedInferencePipeline).
 """
 
@@ -25,24 +27,31 @@ from typing import Any
 
 import numpy as np
 import torch
+from transformers.modeling_outputs import BaseModelOutput
 
 from mmaccel.bench.harness import MethodSpec, Suite
 from mmaccel.core.stats import DecodeStats, track_peak_memory
+from mmaccel.errors import InputError
 from mmaccel.metrics.wer import corpus_wer, normalizer_version
 from mmaccel.paths import default_cache_dir
 from mmaccel.speech.audio import Audio, load_audio, log_mel
 from mmaccel.speech.methods import build_asr_method
 from mmaccel.speech.pipeline import MAX_NEW_TOKENS
 
-PEERS = ("hf-generate", "faster-whisper")
+PEERS = ("hf-generate", "hf-assisted", "faster-whisper")
 DEFAULT_METHODS = [
     MethodSpec("greedy"),
     MethodSpec("medusa", {"depth": 1, "width": 1}, label="medusa-1"),
     MethodSpec("medusa", {"depth": 2, "width": 2}, label="medusa-tree"),
     MethodSpec("early-exit", {"k": 1, "exit_layer": 5}, label="early-exit-k1"),
     MethodSpec("early-exit", {"k": 2, "exit_layer": 5}, label="early-exit-k2"),
+    MethodSpec("calm", {"threshold": 0.9}, label="calm-0.9"),
+    MethodSpec("speculative", {"k": 3}, label="speculative-k3"),
+    MethodSpec("speculative", {"k": 5}, label="speculative-k5"),
+    MethodSpec("tree", {"depth": 4, "width": 2}, label="tree-d4w2"),
     MethodSpec("beam", {"num_beams": 5}),
     MethodSpec("hf-generate"),
+    MethodSpec("hf-assisted"),
     MethodSpec("faster-whisper", {"compute_type": "int8"}, label="faster-whisper-int8"),
     MethodSpec("faster-whisper", {"compute_type": "float32"}, label="faster-whisper-fp32"),
 ]
@@ -81,8 +90,8 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
 
     def run_batch(spec: MethodSpec, items: list, seed: int) -> tuple[list, DecodeStats]:
         audios = [a for _, a, _ in items]
-        if spec.name == "hf-generate":
-            return _hf_generate(asr, audios)
+        if spec.name in ("hf-generate", "hf-assisted"):
+            return _hf_generate(asr, audios, assisted=spec.name == "hf-assisted")
         if spec.name == "faster-whisper":
             key = spec.params.get("compute_type", "int8")
             if key not in peers:
@@ -100,7 +109,7 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
 
     def claims_lossless(spec: MethodSpec) -> bool:
         if spec.name in PEERS:
-            return spec.name == "hf-generate"
+            return spec.name.startswith("hf-")
         return build_asr_method(spec.name, **spec.params).lossless
 
     def warmup(spec: MethodSpec) -> None:
@@ -115,6 +124,8 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
                 r["quality"]["passes_per_token"] = round(1 / r["mean_accepted"], 3)
             elif r["batch"] == 1 and r["nfe"] and r["new_tokens"]:
                 r["quality"]["passes_per_token"] = round(r["nfe"] / r["new_tokens"], 3)
+            if "mean_exit_layer" in r:
+                r["quality"]["mean_exit_layer"] = r["mean_exit_layer"]
             dec, base_dec = r["time_s"].get("decode"), base["time_s"].get("decode")
             if dec and base_dec:
                 r["quality"]["decoder_speedup"] = round(base_dec / dec, 3)
@@ -129,14 +140,27 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
 
 # ---- peers ------------------------------------------------------------------------------------------
 
-def _hf_generate(asr, audios: list[Audio]) -> tuple[list[str], DecodeStats]:
-    """Transformers' own greedy `generate` on the same weights (suppression from the model's config)."""
+def _hf_generate(asr, audios: list[Audio], assisted: bool = False) -> tuple[list[str], DecodeStats]:
+    """Transformers' own greedy `generate` on the same weights (suppression from the model's config).
+
+    `assisted`: HF assisted generation with the pipeline's draft decoder as `assistant_model` (the
+    same weights our `speculative` drafts with, read out over the full vocabulary; HF's default
+    assistant schedule). HF runs assisted generation one utterance at a time (batch 1 only), so a
+    batch is decoded row by row.
+    """
     bundle = asr.bundle
     model = bundle.model
     prompt = bundle.prompt("en")
-    calls = [0]
-    hook = model.model.decoder.register_forward_pre_hook(lambda *a: calls.__setitem__(0, calls[0] + 1))
+    if assisted and asr.draft is None:
+        raise InputError("hf-assisted needs the pipeline's draft decoder, and none is loaded")
+    calls, draft_calls = [0], [0]
+    hooks = [model.model.decoder.register_forward_pre_hook(lambda *a: calls.__setitem__(0, calls[0] + 1))]
+    if assisted:
+        hooks.append(asr.draft.hf.model.decoder.register_forward_pre_hook(
+            lambda *a: draft_calls.__setitem__(0, draft_calls[0] + 1)))
     stats = DecodeStats()
+    config = copy.deepcopy(model.generation_config)
+    config.max_length, config.max_new_tokens, config.do_sample, config.num_beams = None, MAX_NEW_TOKENS, False, 1
     try:
         with torch.inference_mode(), track_peak_memory(stats):
             t0 = time.perf_counter()
@@ -144,18 +168,23 @@ def _hf_generate(asr, audios: list[Audio]) -> tuple[list[str], DecodeStats]:
             t1 = time.perf_counter()
             encoded = model.model.encoder(features)
             t2 = time.perf_counter()
-            config = copy.deepcopy(model.generation_config)
-            config.max_length, config.max_new_tokens, config.do_sample, config.num_beams = None, MAX_NEW_TOKENS, False, 1
-            out = model.generate(encoder_outputs=encoded, decoder_input_ids=torch.tensor([prompt] * len(audios)),
-                                 attention_mask=None, generation_config=config)
+            if not assisted:
+                rows = model.generate(encoder_outputs=encoded, decoder_input_ids=torch.tensor([prompt] * len(audios)),
+                                      attention_mask=None, generation_config=config).tolist()
+            else:
+                rows = []
+                for b in range(len(audios)):
+                    one = BaseModelOutput(last_hidden_state=encoded.last_hidden_state[b : b + 1])
+                    rows += model.generate(encoder_outputs=one, decoder_input_ids=torch.tensor([prompt]), attention_mask=None,
+                                           generation_config=config, assistant_model=asr.draft.hf).tolist()
             t3 = time.perf_counter()
     finally:
-        hook.remove()
-    rows = out.tolist()
+        for hook in hooks:
+            hook.remove()
     eot = bundle.tokens.end_of_text
     new = [[t for t in r if t not in prompt] for r in rows]
     new = [r[: r.index(eot) + 1] if eot in r else r for r in new]
-    stats.nfe, stats.new_tokens = calls[0], sum(len(r) for r in new)
+    stats.nfe, stats.draft_passes, stats.new_tokens = calls[0], draft_calls[0], sum(len(r) for r in new)
     stats.time_s = {"features": t1 - t0, "encoder": t2 - t1, "decode": t3 - t2, "total": t3 - t0}
     texts = [bundle.tokenizer.decode(r, skip_special_tokens=True).strip() for r in new]
     return texts, stats

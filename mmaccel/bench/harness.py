@@ -91,6 +91,7 @@ def run_suite(suite: Suite, seed: int = 0, log: Callable[[str], None] = print) -
                 "draft_passes": st.draft_passes, "new_tokens": st.new_tokens,
                 "tv_per_output": round(st.deviation / max(1, len(outputs[spec.key])), 6),
                 "time_s": {k: round(v, 4) for k, v in st.time_s.items()},
+                **({"mean_exit_layer": round(st.mean_exit_layer, 3)} if st.exit_hist else {}),
             })
     doc = {
         "suite": suite.name, "device": _device_name(), "torch": torch.__version__,

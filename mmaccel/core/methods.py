@@ -70,7 +70,8 @@ class Method:
                       sampling=sampling, seed=seed, eos_token_id=eos_token_id, prompt_tokens=prompt_tokens)
 
 
-_NEEDS = {"draft": "a draft model", "heads": "trained Medusa heads", "latents": "token latents (a codebook)"}
+_NEEDS = {"draft": "a draft model", "heads": "trained Medusa heads", "latents": "token latents (a codebook)",
+          "exit_heads": "trained early-exit heads"}
 
 
 def _need(resources: Resources, attr: str, method: str):

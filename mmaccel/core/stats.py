@@ -29,6 +29,13 @@ class DecodeStats:
     device: str = "cpu"
     deviation: float = 0.0   # summed TV budget spent by relaxed rules (0 for lossless ones)
     deviation_per_row: list[float] = field(default_factory=list)  # the same, per generated sequence
+    exit_hist: Counter = field(default_factory=Counter)  # early exit: tokens emitted after each layer count
+
+    @property
+    def mean_exit_layer(self) -> float:
+        """Average number of layers run per token emitted by an early-exit decoder (0 if none)."""
+        n = sum(self.exit_hist.values())
+        return sum(k * v for k, v in self.exit_hist.items()) / n if n else 0.0
 
     @property
     def mean_accepted(self) -> float:
@@ -60,7 +67,8 @@ class DecodeStats:
             accepted_hist=self.accepted_hist + other.accepted_hist, time_s=times,
             peak_mem_mb=max(self.peak_mem_mb, other.peak_mem_mb), device=other.device,
             deviation=self.deviation + other.deviation,
-            deviation_per_row=self.deviation_per_row + other.deviation_per_row)
+            deviation_per_row=self.deviation_per_row + other.deviation_per_row,
+            exit_hist=self.exit_hist + other.exit_hist)
 
     def to_dict(self) -> dict:
         return {
@@ -71,6 +79,8 @@ class DecodeStats:
             "peak_mem_mb": round(self.peak_mem_mb, 1), "device": self.device,
             "deviation": round(self.deviation, 6),
             "deviation_per_row": [round(d, 6) for d in self.deviation_per_row],
+            **({"exit_hist": {str(k): v for k, v in sorted(self.exit_hist.items())},
+                "mean_exit_layer": round(self.mean_exit_layer, 4)} if self.exit_hist else {}),
         }
 
 
@@ -79,12 +89,35 @@ def _rss_mb() -> float:
         return int(f.read().split()[1]) * (4096 / 2**20)
 
 
+def _hwm_mb() -> float:
+    """The kernel's resident-set high-water mark of this process (VmHWM), MB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise OSError("no VmHWM in /proc/self/status")
+
+
+def _reset_hwm() -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0: write 5 to clear_refs); False if unsupported."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+_open_peaks: list[list[float]] = []     # running peaks of the enclosing CPU trackers (resets are nested)
+
+
 @contextmanager
 def track_peak_memory(stats: DecodeStats, device: torch.device | str = "cpu", interval_s: float = 0.002):
     """Record the peak memory of the enclosed block into `stats.peak_mem_mb`.
 
-    CUDA: peak allocated bytes. CPU: peak resident set size of the process, sampled by a thread
-    (a CPU tensor allocator has no peak counter); it includes the weights already resident.
+    CUDA: peak allocated bytes. CPU: peak resident set size of the process (weights already
+    resident included), from the kernel's high-water mark reset at entry, so a short spike is never
+    missed however busy the machine; where that is unavailable, RSS sampled by a thread.
     """
     device = torch.device(device)
     stats.device = str(device)
@@ -95,8 +128,19 @@ def track_peak_memory(stats: DecodeStats, device: torch.device | str = "cpu", in
         return
     try:
         peak = [_rss_mb()]
+        _fold(_hwm_mb())
     except OSError:  # no /proc: report nothing rather than a wrong number
         yield
+        return
+    if _reset_hwm():
+        _open_peaks.append(peak)
+        try:
+            yield
+        finally:
+            _open_peaks.pop()
+            peak[0] = max(peak[0], _hwm_mb())
+            _fold(peak[0])
+            stats.peak_mem_mb = max(stats.peak_mem_mb, peak[0])
         return
     done = threading.Event()
 
@@ -112,3 +156,9 @@ def track_peak_memory(stats: DecodeStats, device: torch.device | str = "cpu", in
         done.set()
         thread.join()
         stats.peak_mem_mb = max(stats.peak_mem_mb, peak[0], _rss_mb())
+
+
+def _fold(mb: float) -> None:
+    """Credit `mb` to every enclosing tracker before a nested reset (or after a nested exit)."""
+    for peak in _open_peaks:
+        peak[0] = max(peak[0], mb)

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mmaccel.core.model import DecodeState, KVCache, check_step_args, default_positions
+from mmaccel.core.model import CacheWrite, DecodeState, KVCache, check_step_args, default_positions
 from mmaccel.errors import check
 
 
@@ -39,6 +39,16 @@ class EncodedAudio:
     @property
     def batch_size(self) -> int:
         return self.encoder_states.shape[0]
+
+
+@dataclass
+class LayerStep:
+    """What the layers of one decoder pass share: the cache writer, the attention mask [B, 1, T, S]
+    and the audio (for the cross-attention keys/values)."""
+
+    write: CacheWrite
+    mask: Tensor
+    inputs: EncodedAudio
 
 
 class ShortlistProjection:
@@ -85,10 +95,14 @@ class WhisperDecoderModel:
 
     `suppress_tokens` / `begin_suppress_tokens` are token ids (the model's generation config by
     default). A view with `num_layers` < all layers and an `exit_head` is an early-exit draft.
+    `cross_layers[i]` names the cross-attention cache entry layer i reads and fills (default i): a
+    draft decoder whose cross-attention key/value projections are frozen copies of target layers
+    shares the target's entries. `projection` reads logits out through a vocabulary shortlist.
     """
 
     def __init__(self, hf, suppress_tokens: list[int] | None = None, begin_suppress_tokens: list[int] | None = None,
-                 num_layers: int | None = None, exit_head: nn.Module | None = None):
+                 num_layers: int | None = None, exit_head: nn.Module | None = None,
+                 cross_layers: list[int] | None = None, projection: ShortlistProjection | None = None):
         decoder = getattr(getattr(hf, "model", None), "decoder", None)
         check(decoder is not None and hasattr(decoder, "layers") and hasattr(decoder, "embed_positions"),
               f"{type(hf).__name__} is not a Whisper encoder-decoder (expected .model.decoder with layers)")
@@ -100,6 +114,10 @@ class WhisperDecoderModel:
         check(isinstance(self.num_layers, int) and 1 <= self.num_layers <= total,
               f"exit layer must be an integer in [1, {total}], got {num_layers!r}")
         self.exit_head = exit_head
+        self.cross_layers = list(range(total)) if cross_layers is None else list(cross_layers)
+        check(len(self.cross_layers) == total, f"cross_layers needs one entry per decoder layer ({total}), "
+              f"got {len(self.cross_layers)}")
+        self.projection = projection if projection is not None else getattr(exit_head, "projection", None)
         self.vocab_size = cfg.vocab_size
         self.num_heads = cfg.decoder_attention_heads
         self.head_dim = cfg.d_model // self.num_heads
@@ -128,6 +146,11 @@ class WhisperDecoderModel:
         return self.decoder.embed_tokens.weight.dtype
 
     @property
+    def suppression(self) -> Tensor:
+        """[V] additive bias (-inf on `suppress_tokens`) that `step` adds to every logit row."""
+        return self._bias
+
+    @property
     def hidden_size(self) -> int:
         return self.decoder.embed_tokens.weight.shape[1]
 
@@ -151,14 +174,15 @@ class WhisperDecoderModel:
         return EncodedAudio(states, prompt_t)
 
     def _cross(self, inputs: EncodedAudio, i: int) -> tuple[Tensor, Tensor]:
-        if i not in inputs.cross_kv:
+        key = self.cross_layers[i]
+        if key not in inputs.cross_kv:
             attn = self.decoder.layers[i].encoder_attn
             x = inputs.encoder_states
             B, S, _ = x.shape
             k = attn.k_proj(x).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
             v = attn.v_proj(x).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
-            inputs.cross_kv[i] = (k, v)
-        return inputs.cross_kv[i]
+            inputs.cross_kv[key] = (k, v)
+        return inputs.cross_kv[key]
 
     # ---- decoding -----------------------------------------------------------------------------
 
@@ -200,7 +224,20 @@ class WhisperDecoderModel:
 
     def _forward(self, state: DecodeState, tokens: Tensor, positions: Tensor | None, tree_mask: Tensor | None,
                  last_only: bool = False, layer_outputs: list | None = None) -> Tensor:
-        inputs: EncodedAudio = state.extras["inputs"]
+        h, step = self.embed(state, tokens, positions, tree_mask)
+        for i in range(self.num_layers):
+            h = self.layer(i, h, step)
+            if layer_outputs is not None:
+                layer_outputs.append(h)
+        h = self.exit_head(h) if self.exit_head is not None else self.decoder.layer_norm(h)
+        return self.readout(state, h, last_only)
+
+    # The three parts of a forward pass, public for decoders that run layers selectively (CALM).
+
+    def embed(self, state: DecodeState, tokens: Tensor, positions: Tensor | None = None,
+              tree_mask: Tensor | None = None) -> tuple[Tensor, "LayerStep"]:
+        """Claim cache slots for `tokens` [B, T]; returns the input hidden states [B, T, d] and
+        what every layer of this pass shares (cache writer, attention mask, audio)."""
         B, T = tokens.shape
         write, start = state.cache.reserve(T)
         mask = state.cache.attention_mask(start, T, tree_mask)
@@ -211,32 +248,49 @@ class WhisperDecoderModel:
               f"Whisper's decoder has {self.max_positions} positions; this transcript would exceed them")
         dec = self.decoder
         h = dec.embed_tokens(tokens) * self.embed_scale + dec.embed_positions.weight[positions]
-        H, Dh = self.num_heads, self.head_dim
-        for i, layer in enumerate(dec.layers[: self.num_layers]):
-            a = layer.self_attn
-            x = layer.self_attn_layer_norm(h)
-            q = a.q_proj(x).view(B, T, H, Dh).transpose(1, 2)
-            k = a.k_proj(x).view(B, T, H, Dh).transpose(1, 2)
-            v = a.v_proj(x).view(B, T, H, Dh).transpose(1, 2)
-            k, v = write.update(k, v, i)
-            x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-            h = h + a.out_proj(x.transpose(1, 2).reshape(B, T, H * Dh))
-            c = layer.encoder_attn
-            x = layer.encoder_attn_layer_norm(h)
-            q = c.q_proj(x).view(B, T, H, Dh).transpose(1, 2)
-            ck, cv = self._cross(inputs, i)
-            x = F.scaled_dot_product_attention(q, ck, cv)
-            h = h + c.out_proj(x.transpose(1, 2).reshape(B, T, H * Dh))
-            x = layer.final_layer_norm(h)
-            h = h + layer.fc2(layer.activation_fn(layer.fc1(x)))
-            if layer_outputs is not None:
-                layer_outputs.append(h)
-        h = self.exit_head(h) if self.exit_head is not None else dec.layer_norm(h)
+        return h, LayerStep(write, mask, state.extras["inputs"])
+
+    def layer(self, i: int, h: Tensor, step: "LayerStep", rows: Tensor | None = None) -> Tensor:
+        """Decoder layer i on h [B, T, d] (un-normalised residual stream); writes this position's
+        keys/values of every row into the cache. With `rows` (indices), only those rows go on
+        through attention and the MLP; the others only get their keys/values written from their
+        current h (CALM's state propagation for rows that exited) and come back unchanged."""
+        layer, H, Dh = self.decoder.layers[i], self.num_heads, self.head_dim
+        a = layer.self_attn
+        x = layer.self_attn_layer_norm(h)
+        B, T, _ = x.shape
+        k = a.k_proj(x).view(B, T, H, Dh).transpose(1, 2)
+        v = a.v_proj(x).view(B, T, H, Dh).transpose(1, 2)
+        k, v = step.write.update(k, v, i)
+        ck, cv = self._cross(step.inputs, i)
+        out, mask = h, step.mask
+        if rows is not None and rows.numel() == 0:
+            return out
+        if rows is not None:
+            h, x, k, v, ck, cv, mask = (t.index_select(0, rows) for t in (h, x, k, v, ck, cv, mask))
+            B = h.shape[0]
+        q = a.q_proj(x).view(B, T, H, Dh).transpose(1, 2)
+        x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        h = h + a.out_proj(x.transpose(1, 2).reshape(B, T, H * Dh))
+        c = layer.encoder_attn
+        x = layer.encoder_attn_layer_norm(h)
+        q = c.q_proj(x).view(B, T, H, Dh).transpose(1, 2)
+        x = F.scaled_dot_product_attention(q, ck, cv)
+        h = h + c.out_proj(x.transpose(1, 2).reshape(B, T, H * Dh))
+        x = layer.final_layer_norm(h)
+        h = h + layer.fc2(layer.activation_fn(layer.fc1(x)))
+        if rows is None:
+            return h
+        return out.index_copy(0, rows, h)
+
+    def readout(self, state: DecodeState, h: Tensor, last_only: bool = False) -> Tensor:
+        """Normalised hidden states [B, T, d] -> logits [B, T (or 1), V] (kept in `state.hidden`)."""
         state.hidden = h
         if last_only:
             h = h[:, -1:]
-        projection = getattr(self.exit_head, "projection", None)
-        return (projection(h) if projection is not None else F.linear(h, dec.embed_tokens.weight)).float()
+        if self.projection is not None:
+            return self.projection(h).float()
+        return F.linear(h, self.decoder.embed_tokens.weight).float()
 
     def select_rows(self, state: DecodeState, index: Tensor) -> None:
         """Keep rows `index` [B'] of `state` (cache and audio), in that order: beam search."""

@@ -2,7 +2,8 @@
 
 `greedy` is the baseline (core AR decoding); `beam` is length-normalised beam search on the same
 decoder and cache. The multi-token methods verify drafts against the full model greedily, so their
-transcripts are bit-identical to `greedy`; `medusa-typical` is the explicit lossy option.
+transcripts are bit-identical to `greedy`; `medusa-typical` and `calm` (confident early exit below
+threshold 1) are the explicit lossy options.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from typing import Any, Callable
 
 from mmaccel.core import methods as core
 from mmaccel.core.beam import beam_search
-from mmaccel.core.methods import Method, Resources, _float, _int
+from mmaccel.core.methods import Method, Resources, _float, _int, _need
 from mmaccel.errors import check
+from mmaccel.speech.calm import calm_decode
 
 
 def _greedy(p: dict) -> Method:
@@ -31,6 +33,19 @@ def _beam(p: dict) -> Method:
     return Method("beam", f"beam search, {beams} beams, length penalty {penalty}", "", False, lambda r: None, runner=run)
 
 
+def _calm(p: dict) -> Method:
+    threshold = _float(p, "threshold", 0.9, 0.0, 1.0)
+
+    def run(resources: Resources, inputs: Any, *, max_new_tokens: int, sampling, seed: int, eos_token_id=None):
+        check(sampling.greedy, "calm decodes greedily; it takes no temperature")
+        exits = _need(resources, "exit_heads", "calm")
+        return calm_decode(resources.model, exits, inputs, threshold=threshold, max_new_tokens=max_new_tokens,
+                           eos_token_id=eos_token_id)
+
+    return Method("calm", f"confidence-based early exit (CALM), threshold {threshold}", "exit_heads",
+                  threshold >= 1.0, lambda r: None, runner=run)
+
+
 ASR_REGISTRY: dict[str, Callable[[dict], Method]] = {
     "greedy": _greedy,
     "beam": _beam,
@@ -39,6 +54,7 @@ ASR_REGISTRY: dict[str, Callable[[dict], Method]] = {
     "medusa": core.REGISTRY["medusa"],
     "medusa-typical": core.REGISTRY["medusa-typical"],
     "early-exit": core.REGISTRY["early-exit"],
+    "calm": _calm,
     "ngram": core.REGISTRY["ngram"],
 }
 

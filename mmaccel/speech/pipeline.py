@@ -24,6 +24,7 @@ from mmaccel.errors import InputError, check
 from mmaccel.paths import assets_dir
 from mmaccel.speech.audio import Audio, AudioLike, as_audio, is_silent, log_mel, split_long
 from mmaccel.speech.decoder import WhisperDecoderModel
+from mmaccel.speech.draft import WhisperDraft, load_draft
 from mmaccel.speech.heads import WhisperHeads, load_heads
 from mmaccel.speech.methods import build_asr_method
 from mmaccel.speech.whisper import WhisperBundle, load_whisper
@@ -33,6 +34,10 @@ MAX_NEW_TOKENS = 224   # per 30-s window, as openai-whisper (half the decoder's 
 
 def builtin_heads_path(name: str) -> Path:
     return assets_dir() / f"whisper_{name}_heads.safetensors"
+
+
+def builtin_draft_path(name: str) -> Path:
+    return assets_dir() / f"whisper_{name}_draft.safetensors"
 
 
 @dataclass
@@ -69,33 +74,41 @@ class ASROutput:
 
 
 class ASRPipeline:
-    def __init__(self, bundle: WhisperBundle, heads: WhisperHeads | None = None):
+    def __init__(self, bundle: WhisperBundle, heads: WhisperHeads | None = None, draft: WhisperDraft | None = None):
         check(isinstance(bundle, WhisperBundle), f"bundle must be a WhisperBundle, got {type(bundle).__name__}")
         self.bundle = bundle
         self.model = WhisperDecoderModel(bundle.model)
         self.heads = heads or WhisperHeads()
         self.heads_source: str | None = None     # the heads file, when loaded from one
+        self.draft = draft
+        self.draft_source: str | None = None     # the draft decoder file, when loaded from one
+        self._draft_model = None if draft is None else draft.decoder_model(self.model)
 
     @classmethod
     def from_pretrained(cls, source: str = "builtin:base", *, heads: str | os.PathLike | None = "auto",
+                        draft: str | os.PathLike | None = "auto",
                         cache_dir: str | os.PathLike | None = None) -> "ASRPipeline":
         """`source`: "builtin:base", "builtin:tiny.en" or a local Hugging Face Whisper directory.
 
-        `heads`: a heads file (Medusa and/or exit heads); "auto" loads the shipped heads of a
-        builtin model (or `heads.safetensors` inside a local directory) when present; None loads none.
+        `heads`: a heads file (Medusa and/or exit heads); `draft`: a draft decoder file (for
+        `speculative` / `tree`). "auto" loads the shipped file of a builtin model (or
+        `heads.safetensors` / `draft.safetensors` inside a local directory) when present; None loads none.
         """
         bundle = load_whisper(source, cache_dir)
-        pipe = cls(bundle)
+        builtin = source.startswith("builtin:")
         if heads == "auto":
-            path = builtin_heads_path(bundle.name) if source.startswith("builtin:") else bundle.path / "heads.safetensors"
-            heads = path if path.is_file() else None
+            heads = _present(builtin_heads_path(bundle.name) if builtin else bundle.path / "heads.safetensors")
+        if draft == "auto":
+            draft = _present(builtin_draft_path(bundle.name) if builtin else bundle.path / "draft.safetensors")
+        pipe = cls(bundle, draft=None if draft is None else load_draft(draft, bundle.model))
+        pipe.draft_source = None if draft is None else str(draft)
         if heads is not None:
             pipe.heads = load_heads(heads, pipe.model)
             pipe.heads_source = str(heads)
         return pipe
 
     def resources(self) -> Resources:
-        return Resources(self.model, heads=self.heads.medusa, exit_heads=self.heads.exits)
+        return Resources(self.model, draft=self._draft_model, heads=self.heads.medusa, exit_heads=self.heads.exits)
 
     # ---- transcription ------------------------------------------------------------------------
 
@@ -149,6 +162,10 @@ class ASRPipeline:
         for i, parts in texts.items():
             transcripts[i].text = " ".join(p for p in parts if p)
         return ASROutput(transcripts, stats, spec.name)
+
+
+def _present(path: Path) -> Path | None:
+    return path if path.is_file() else None
 
 
 def _name(item: Any) -> str:

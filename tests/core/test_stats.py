@@ -29,6 +29,18 @@ def test_peak_memory_sees_a_large_allocation():
     assert stats.peak_mem_mb >= before + 200 > _rss_mb()
 
 
+def test_nested_peaks_keep_the_outer_spike():
+    outer, inner = DecodeStats(), DecodeStats()
+    before = _rss_mb()
+    with track_peak_memory(outer):
+        x = torch.ones(256 * 2**20 // 4)     # the outer block's spike, freed before the inner block
+        x.add_(1)
+        del x
+        with track_peak_memory(inner):
+            torch.ones(8).add_(1)
+    assert outer.peak_mem_mb >= before + 200 > inner.peak_mem_mb
+
+
 def test_mean_accepted_from_histogram():
     s = DecodeStats()
     s.record_accepted([1, 3, 3, 5])

@@ -3,10 +3,9 @@
     python -m mmaccel.speech.train.heads --model builtin:base --out runs/whisper_base_heads
 
 Stages (each resumable; `--stages` picks some):
-1. `data`: transcribe the training manifest (the synthetic TTS corpus by default; built first if
-   missing) with the model's own greedy decoder, then run one teacher-forced pass over prompt +
-   transcript and keep, per position, the final hidden state, every layer's output and the tokens.
-   Chunks of `--batch-size` utterances are written atomically under `<out>/data/`.
+1. `data`: the self-labelled corpus of `mmaccel.speech.train.data` (the model's own greedy
+   transcripts of the TTS corpus, with every position's final hidden state and layer outputs),
+   under `<out>/data/` or `--data` (shared with the draft-decoder script).
 2. `train`: the model stays frozen. Medusa head i learns to predict the token i + 2 places after
    each final hidden state; exit head k learns the model's own next token from layer k's output.
    Cross-entropy on the greedy transcript (hard self-distillation: greedy verification only needs
@@ -23,71 +22,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from mmaccel.paths import default_cache_dir
-from mmaccel.speech.audio import load_audio, log_mel
-from mmaccel.speech.data import build_tts_corpus, read_manifest
 from mmaccel.speech.heads import WhisperHeads, new_exit_heads, new_medusa_heads, save_heads
-from mmaccel.speech.pipeline import MAX_NEW_TOKENS, ASRPipeline
+from mmaccel.speech.pipeline import ASRPipeline
+from mmaccel.speech.train.data import add_data_arguments, collect_splits, data_dirs, load_rows, log
 
 STAGES = ("data", "train", "export", "eval")
-
-
-def log(out: Path, message: str) -> None:
-    line = f"{time.strftime('%H:%M:%S')} {message}"
-    print(line, flush=True)
-    with open(out / "train.log", "a") as f:
-        f.write(line + "\n")
-
-
-def collect(asr: ASRPipeline, manifest: Path, folder: Path, batch_size: int, limit: int | None, out: Path) -> None:
-    """Stage 1: self-labelled hidden states, one chunk file per batch of utterances."""
-    from mmaccel.core.methods import Resources
-    from mmaccel.core.speculative import LoopConfig, decode
-
-    utterances = read_manifest(manifest)[:limit]
-    folder.mkdir(parents=True, exist_ok=True)
-    model, prompt = asr.model, asr.bundle.prompt("en")
-    eot = asr.bundle.tokens.end_of_text
-    t0 = time.time()
-    for c, start in enumerate(range(0, len(utterances), batch_size)):
-        path = folder / f"chunk_{c:05d}.pt"
-        if path.is_file():
-            continue
-        batch = utterances[start : start + batch_size]
-        features = log_mel(asr.bundle.feature_extractor, [load_audio(u.audio_filepath) for u in batch])
-        inputs = model.encode(features, prompt)
-        gen = decode(model, inputs, LoopConfig(), max_new_tokens=MAX_NEW_TOKENS, eos_token_id=eot)
-        T = max(len(g) for g in gen.tokens)
-        tokens = torch.full((len(batch), T), eot, dtype=torch.long)
-        for b, g in enumerate(gen.tokens):
-            tokens[b, : len(g)] = torch.tensor(g)
-        final, layers = model.teacher_forced(inputs, tokens)
-        P = len(prompt)
-        rows = []
-        for b, g in enumerate(gen.tokens):
-            n = len(g)                                      # positions P-1 .. P+n-2 predict the n tokens
-            seq = torch.tensor(prompt + g)
-            rows.append({"id": batch[b].id, "tokens": seq, "prompt_len": P,
-                         "final": final[b, P - 1 : P + n - 1].half().clone(),
-                         "layers": torch.stack([h[b, P - 1 : P + n - 1] for h in layers]).half().clone()})
-        tmp = path.with_suffix(".tmp")
-        torch.save(rows, tmp)
-        tmp.replace(path)
-        done = start + len(batch)
-        log(out, f"data {done}/{len(utterances)} utterances, {time.time() - t0:.0f} s")
-
-
-def load_rows(folder: Path) -> list[dict]:
-    rows = []
-    for path in sorted(folder.glob("chunk_*.pt")):
-        rows += torch.load(path)
-    return rows
+KEEP = ("tokens", "prompt_len", "final", "layers")   # the fields of the labelled rows the heads train on
 
 
 def targets(rows: list[dict], num_heads: int, exit_layers: list[int]):
@@ -171,18 +116,13 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="builtin:base")
     p.add_argument("--out", required=True)
-    p.add_argument("--corpus", default=str(default_cache_dir() / "speech" / "tts"),
-                   help="TTS corpus folder (train.jsonl / eval.jsonl; built if missing)")
-    p.add_argument("--train-sentences", type=int, default=1500, help="sentences of the train split to speak (x2 voices)")
-    p.add_argument("--limit", type=int, default=None, help="use only the first N training utterances")
-    p.add_argument("--eval-limit", type=int, default=160, help="evaluate on the first N held-out utterances")
+    add_data_arguments(p)
     p.add_argument("--stages", default=",".join(STAGES))
     p.add_argument("--num-heads", type=int, default=5)
     p.add_argument("--head-layers", type=int, default=1)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-positions", type=int, default=256)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave the default)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -192,16 +132,11 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     stages = args.stages.split(",")
     asr = ASRPipeline.from_pretrained(args.model, heads=None)
-    corpus = Path(args.corpus)
+    train_dir, eval_dir = data_dirs(args, out)
     if "data" in stages:
-        for split, n in (("train", args.train_sentences), ("eval", None)):
-            if not (corpus / f"{split}.jsonl").is_file():
-                log(out, f"building the {split} TTS corpus in {corpus}")
-                build_tts_corpus(corpus, split, max_sentences=n)
-        collect(asr, corpus / "train.jsonl", out / "data", args.batch_size, args.limit, out)
-        collect(asr, corpus / "eval.jsonl", out / "eval_data", args.batch_size, args.eval_limit, out)
+        collect_splits(asr, args, out)
     if "train" in stages:
-        heads = train(asr, load_rows(out / "data"), args, out)
+        heads = train(asr, load_rows(train_dir, args.limit, KEEP), args, out)
         torch.save({"medusa": heads.medusa.state_dict(), "exits": {k: h.state_dict() for k, h in heads.exits.items()},
                     "vocab": heads.vocab}, out / "heads.pt")
     if "export" in stages or "eval" in stages:
@@ -216,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
         info = {"command": "python -m mmaccel.speech.train.heads " + " ".join(argv or []), "model": args.model}
         log(out, f"wrote {save_heads(out / 'heads.safetensors', asr.model, heads, info)}")
     if "eval" in stages:
-        result = evaluate(asr, heads, load_rows(out / "eval_data"))
+        result = evaluate(asr, heads, load_rows(eval_dir, args.eval_limit, KEEP))
         (out / "eval.json").write_text(json.dumps(result, indent=1))
         log(out, f"eval {json.dumps(result)}")
 

@@ -1,0 +1,136 @@
+"""A small same-tokenizer draft decoder for a Whisper model (the distil-whisper recipe), and its file.
+
+The draft is a Hugging Face `WhisperForCausalLM` (what `generate(assistant_model=...)` takes, so
+HF's assisted generation runs the very same draft) with a few decoder layers initialised from
+target layers `layers` (distil-whisper keeps the first and the last). It shares the target's token
+and position embeddings (frozen; the vocabulary projection is tied to them) and reads the target's
+encoder states. Its cross-attention key/value projections stay frozen copies of the source layers,
+so in our decoder the draft reads the target's cross-attention cache entries
+(`WhisperDecoderModel(cross_layers=...)`) and costs nothing extra per utterance.
+
+Trained by self-distillation on the target's own greedy transcripts
+(`mmaccel.speech.train.draft`). Drafting reads out through a vocabulary shortlist (the tokens of
+the training transcripts), like the heads of `mmaccel.speech.heads`.
+
+File: safetensors with the trained tensors only (self-attention, cross-attention query/output,
+MLP and norms of each layer, the final norm; fp16) and the shortlist `vocab`; metadata names the
+target (hidden size, vocabulary, decoder layers) and the source layers.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from mmaccel.errors import InputError, ModelNotFoundError, check
+from mmaccel.speech.decoder import ShortlistProjection, WhisperDecoderModel
+
+FROZEN = ("encoder_attn.k_proj.", "encoder_attn.v_proj.")   # per layer: shared with the source layer
+
+
+@dataclass
+class WhisperDraft:
+    hf: "torch.nn.Module"        # a WhisperForCausalLM sharing the target's embeddings
+    layers: list[int]            # the target layer each draft layer was initialised from
+    vocab: Tensor | None = None  # the draft shortlist (token ids)
+
+    def decoder_model(self, target: WhisperDecoderModel) -> WhisperDecoderModel:
+        """The draft as a DecoderModel: the target's decoding rules, its cross-attention cache
+        entries, logits through the shortlist."""
+        projection = None
+        if self.vocab is not None:
+            projection = ShortlistProjection(target.decoder.embed_tokens.weight, self.vocab)
+        return WhisperDecoderModel(self.hf, target.suppress_tokens, target.begin_suppress_tokens,
+                                   cross_layers=self.layers, projection=projection)
+
+
+def new_draft(target_hf, layers: list[int] | tuple[int, ...] = (0, -1)) -> WhisperDraft:
+    """A draft decoder initialised from the target's `layers` (negative counts from the end)."""
+    from transformers import WhisperForCausalLM
+
+    source = target_hf.model.decoder
+    total = len(source.layers)
+    check(len(layers) >= 1, "a draft needs at least one decoder layer")
+    picked = [k % total if -total <= k < total else k for k in layers]
+    check(all(0 <= k < total for k in picked) and len(set(picked)) == len(picked),
+          f"draft layers must be distinct target layers in [{-total}, {total - 1}], got {list(layers)}")
+    config = copy.deepcopy(target_hf.config)
+    config.decoder_layers = len(picked)
+    config.is_encoder_decoder = False
+    draft = WhisperForCausalLM(config).eval()
+    decoder = draft.model.decoder
+    decoder.embed_tokens, decoder.embed_positions = source.embed_tokens, source.embed_positions
+    draft.proj_out.weight = source.embed_tokens.weight
+    with torch.no_grad():
+        for mine, k in zip(decoder.layers, picked):
+            mine.load_state_dict(source.layers[k].state_dict())
+        decoder.layer_norm.load_state_dict(source.layer_norm.state_dict())
+    draft.generation_config = copy.deepcopy(target_hf.generation_config)
+    return WhisperDraft(draft, picked)
+
+
+def trainable(draft: WhisperDraft) -> dict[str, torch.nn.Parameter]:
+    """The draft's own parameters: its layers and final norm, minus the shared cross-attention K/V."""
+    decoder = draft.hf.model.decoder
+    named = {f"layers.{n}": p for n, p in decoder.layers.named_parameters()}
+    named.update({f"layer_norm.{n}": p for n, p in decoder.layer_norm.named_parameters()})
+    return {n: p for n, p in named.items() if not any(f in n for f in FROZEN)}
+
+
+def _signature(target_hf) -> dict:
+    cfg = target_hf.config
+    return {"hidden_size": cfg.d_model, "vocab_size": cfg.vocab_size, "decoder_layers": cfg.decoder_layers}
+
+
+def save_draft(path: str | os.PathLike, target_hf, draft: WhisperDraft, info: dict | None = None) -> Path:
+    from safetensors.torch import save_file
+
+    tensors = {n: p.detach().half().contiguous() for n, p in trainable(draft).items()}
+    if draft.vocab is not None:
+        tensors["vocab"] = draft.vocab.to(torch.int64).contiguous()
+    meta = {"model": _signature(target_hf), "layers": draft.layers, "info": info or {}}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path), metadata={"mmaccel_whisper_draft": json.dumps(meta)})
+    return path
+
+
+def load_draft(path: str | os.PathLike, target_hf) -> WhisperDraft:
+    """The draft in `path` for `target_hf`; a clear error if missing, corrupt or for another model."""
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise ModelNotFoundError(f"draft decoder file not found: {path}")
+    try:
+        with safe_open(str(path), "pt") as f:
+            raw = (f.metadata() or {}).get("mmaccel_whisper_draft")
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except (SafetensorError, OSError, ValueError) as err:
+        raise ModelNotFoundError(f"{path} is not a readable safetensors file ({err})") from None
+    if raw is None:
+        raise InputError(f"{path} has no mmaccel_whisper_draft metadata; it is not a Whisper draft decoder file")
+    meta = json.loads(raw)
+    if meta["model"] != _signature(target_hf):
+        raise InputError(f"{path} holds a draft for a Whisper decoder with {meta['model']}, "
+                         f"but this model has {_signature(target_hf)}")
+    draft = new_draft(target_hf, meta["layers"])
+    draft.vocab = tensors.pop("vocab", None)
+    own = trainable(draft)
+    missing, unexpected = sorted(set(own) - set(tensors)), sorted(set(tensors) - set(own))
+    if missing or unexpected:
+        raise InputError(f"{path}: draft tensors do not match; missing {missing[:5]}, unexpected {unexpected[:5]}")
+    bad = [n for n, p in own.items() if p.shape != tensors[n].shape]
+    check(not bad, f"{path}: wrong shapes for {bad[:5]}")
+    with torch.no_grad():
+        for n, p in own.items():
+            p.copy_(tensors[n].to(p.dtype))
+    target_dtype = target_hf.model.decoder.embed_tokens.weight.dtype
+    draft.hf.to(target_dtype).requires_grad_(False)
+    return draft

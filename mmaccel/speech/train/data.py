@@ -1,0 +1,103 @@
+"""Self-labelled training data for Whisper drafts (Medusa / exit heads, draft decoders).
+
+The target transcribes the synthetic TTS corpus (`mmaccel.speech.data`) with its own greedy
+decoder (self-distillation: greedy verification only needs the draft's arg-max to agree with the
+target's), then one teacher-forced pass over prompt + transcript keeps per position the final hidden
+state and every layer's output, plus the encoder states of the utterance (fp16, [S, d]) for
+training drafts that cross-attend to the audio. Chunks of `batch_size` utterances are written
+atomically, so an interrupted collection resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+from mmaccel.paths import default_cache_dir
+from mmaccel.speech.audio import load_audio, log_mel
+from mmaccel.speech.data import build_tts_corpus, read_manifest
+
+
+def log(out: Path, message: str) -> None:
+    line = f"{time.strftime('%H:%M:%S')} {message}"
+    print(line, flush=True)
+    with open(out / "train.log", "a") as f:
+        f.write(line + "\n")
+
+
+def add_data_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--corpus", default=str(default_cache_dir() / "speech" / "tts"),
+                   help="TTS corpus folder (train.jsonl / eval.jsonl; built if missing)")
+    p.add_argument("--data", default=None, help="self-labelled data folder (default: <out>); shareable between scripts")
+    p.add_argument("--train-sentences", type=int, default=1500, help="sentences of the train split to speak (x2 voices)")
+    p.add_argument("--limit", type=int, default=None, help="use only the first N training utterances")
+    p.add_argument("--eval-limit", type=int, default=160, help="evaluate on the first N held-out utterances")
+    p.add_argument("--batch-size", type=int, default=8, help="utterances per labelling batch")
+
+
+def data_dirs(args, out: Path) -> tuple[Path, Path]:
+    root = Path(args.data) if args.data else out
+    return root / "data", root / "eval_data"
+
+
+def collect_splits(asr, args, out: Path) -> None:
+    """Build the corpus if missing, then label the train split (up to `--limit`) and the eval split."""
+    corpus = Path(args.corpus)
+    for split, n in (("train", args.train_sentences), ("eval", None)):
+        if not (corpus / f"{split}.jsonl").is_file():
+            log(out, f"building the {split} TTS corpus in {corpus}")
+            build_tts_corpus(corpus, split, max_sentences=n)
+    train_dir, eval_dir = data_dirs(args, out)
+    collect(asr, corpus / "train.jsonl", train_dir, args.batch_size, args.limit, out)
+    collect(asr, corpus / "eval.jsonl", eval_dir, args.batch_size, args.eval_limit, out)
+
+
+def collect(asr, manifest: Path, folder: Path, batch_size: int, limit: int | None, out: Path) -> None:
+    """Self-labelled rows, one chunk file per batch of utterances."""
+    from mmaccel.core.speculative import LoopConfig, decode
+    from mmaccel.speech.pipeline import MAX_NEW_TOKENS
+
+    utterances = read_manifest(manifest)[:limit]
+    folder.mkdir(parents=True, exist_ok=True)
+    model, prompt = asr.model, asr.bundle.prompt("en")
+    eot = asr.bundle.tokens.end_of_text
+    t0 = time.time()
+    for c, start in enumerate(range(0, len(utterances), batch_size)):
+        path = folder / f"chunk_{c:05d}.pt"
+        if path.is_file():
+            continue
+        batch = utterances[start : start + batch_size]
+        features = log_mel(asr.bundle.feature_extractor, [load_audio(u.audio_filepath) for u in batch])
+        inputs = model.encode(features, prompt)
+        gen = decode(model, inputs, LoopConfig(), max_new_tokens=MAX_NEW_TOKENS, eos_token_id=eot)
+        T = max(len(g) for g in gen.tokens)
+        tokens = torch.full((len(batch), T), eot, dtype=torch.long)
+        for b, g in enumerate(gen.tokens):
+            tokens[b, : len(g)] = torch.tensor(g)
+        final, layers = model.teacher_forced(inputs, tokens)
+        P = len(prompt)
+        rows = []
+        for b, g in enumerate(gen.tokens):
+            n = len(g)                                      # positions P-1 .. P+n-2 predict the n tokens
+            rows.append({"id": batch[b].id, "tokens": torch.tensor(prompt + g), "prompt_len": P,
+                         "final": final[b, P - 1 : P + n - 1].half().clone(),
+                         "layers": torch.stack([h[b, P - 1 : P + n - 1] for h in layers]).half().clone(),
+                         "encoder": inputs.encoder_states[b].half().clone()})
+        tmp = path.with_suffix(".tmp")
+        torch.save(rows, tmp)
+        tmp.replace(path)
+        log(out, f"data {folder.name}: {start + len(batch)}/{len(utterances)} utterances, {time.time() - t0:.0f} s")
+
+
+def load_rows(folder: Path, limit: int | None = None, keep: tuple[str, ...] | None = None) -> list[dict]:
+    """The rows of every chunk in `folder` (the first `limit`), with only the `keep` fields if given."""
+    rows = []
+    for path in sorted(folder.glob("chunk_*.pt")):
+        chunk = torch.load(path)
+        rows += chunk if keep is None else [{k: r[k] for k in keep} for r in chunk]
+        if limit is not None and len(rows) >= limit:
+            return rows[:limit]
+    return rows

@@ -1,0 +1,175 @@
+"""Train a small draft decoder for a Whisper model by self-distillation (the distil-whisper recipe).
+
+    python -m mmaccel.speech.train.draft --model builtin:base --out runs/whisper_base_draft
+
+Stages (`--stages` picks some):
+1. `data`: the self-labelled corpus of `mmaccel.speech.train.data` (the target's own greedy
+   transcripts of the TTS corpus and the encoder states), shareable with the heads script (`--data`).
+2. `train`: a `WhisperDraft` initialised from target layers `--layers` (first and last by default);
+   embeddings and cross-attention keys/values frozen (shared with the target), everything else
+   trained with cross-entropy on the target's greedy transcripts (hard distillation: greedy
+   verification only needs the arg-max to agree) over the shortlist of transcript tokens the draft
+   also drafts from; AdamW, warm-up then cosine. The cross-attention keys/values of every training
+   utterance are computed once (frozen projections) and kept in memory (fp16, ~6 MB per
+   utterance for Whisper base). Writes `<out>/draft.safetensors` (what
+   `ASRPipeline.from_pretrained(draft=...)` loads).
+3. `eval`: teacher-forced top-1 agreement with the target's next token on held-out utterances.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from mmaccel.speech.decoder import EncodedAudio, WhisperDecoderModel
+from mmaccel.speech.draft import WhisperDraft, load_draft, new_draft, save_draft, trainable
+from mmaccel.speech.pipeline import ASRPipeline
+from mmaccel.speech.train.data import add_data_arguments, collect_splits, data_dirs, load_rows, log
+
+STAGES = ("data", "train", "eval")
+KEEP = ("tokens", "prompt_len", "encoder")
+
+
+@torch.no_grad()
+def cross_cache(model: WhisperDecoderModel, rows: list[dict]) -> list[dict[int, tuple[Tensor, Tensor]]]:
+    """Per utterance, the target's cross-attention keys/values of the layers a draft shares (fp16)."""
+    out = []
+    for r in rows:
+        inputs = EncodedAudio(r.pop("encoder")[None].to(model.dtype), r["tokens"][None, : r["prompt_len"]])
+        out.append({model.cross_layers[i]: tuple(t[0].half() for t in model._cross(inputs, i))
+                    for i in range(len(model.cross_layers))})
+    return out
+
+
+def draft_hidden(dm: WhisperDecoderModel, cross: list[dict], tokens: Tensor) -> Tensor:
+    """The draft's final hidden states [B, T, d] over right-padded `tokens` [B, T] (causal, so
+    padding after a row's end never reaches its real positions), with gradients."""
+    B, T = tokens.shape
+    kv = {k: tuple(torch.stack([c[k][j] for c in cross]).to(dm.dtype) for j in range(2)) for k in cross[0]}
+    state = dm.new_state(B, T)
+    state.extras["inputs"] = EncodedAudio(kv[next(iter(kv))][0].new_empty(B, 0, dm.hidden_size), tokens[:, :1], kv)
+    dm._forward(state, tokens, None, None, last_only=True)
+    return state.hidden
+
+
+def training_parameters(draft: WhisperDraft) -> list[torch.nn.Parameter]:
+    """Freeze everything the draft shares with the target; return (and unfreeze) the rest."""
+    draft.hf.requires_grad_(False)
+    params = list(trainable(draft).values())
+    for p in params:
+        p.requires_grad_(True)
+    return params
+
+
+def batches(rows: list[dict], eot: int, size: int, order: Tensor):
+    """(indices, tokens [B, T] right-padded with eot, targets [B, T] with -100 where nothing is learnt)."""
+    for start in range(0, len(order), size):
+        idx = order[start : start + size].tolist()
+        T = max(len(rows[i]["tokens"]) for i in idx)
+        tokens = torch.full((len(idx), T), eot, dtype=torch.long)
+        target = torch.full((len(idx), T), -100, dtype=torch.long)
+        for b, i in enumerate(idx):
+            seq, P = rows[i]["tokens"], rows[i]["prompt_len"]
+            tokens[b, : len(seq)] = seq
+            target[b, P - 1 : len(seq) - 1] = seq[P:]        # position t predicts token t + 1
+        yield idx, tokens, target
+
+
+def train(asr: ASRPipeline, rows: list[dict], args, out: Path) -> WhisperDraft:
+    torch.manual_seed(args.seed)
+    target = asr.model
+    draft = new_draft(asr.bundle.model, [int(k) for k in args.layers.split(",")])
+    vocab = torch.unique(torch.cat([r["tokens"][r["prompt_len"]:] for r in rows]))      # the shortlist
+    draft.vocab = vocab
+    dm = draft.decoder_model(target)
+    cross = cross_cache(dm, rows)
+    weight = target.decoder.embed_tokens.weight[vocab].detach()
+    lookup = torch.full((target.vocab_size,), -100, dtype=torch.long)
+    lookup[vocab] = torch.arange(len(vocab))
+    params = training_parameters(draft)
+    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    steps = math.ceil(len(rows) / args.batch_utterances) * args.epochs
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 30) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / steps))))
+    positions = sum(len(r["tokens"]) - r["prompt_len"] for r in rows)
+    log(out, f"train a {len(draft.layers)}-layer draft (from target layers {draft.layers}) on {len(rows)} utterances, "
+             f"{positions} positions, {len(vocab)} distinct tokens, {steps} steps")
+    eot = asr.bundle.tokens.end_of_text
+    draft.hf.train()
+    step = 0
+    for epoch in range(args.epochs):
+        for idx, tokens, tgt in batches(rows, eot, args.batch_utterances, torch.randperm(len(rows))):
+            hidden = draft_hidden(dm, [cross[i] for i in idx], tokens)
+            keep = tgt >= 0
+            loss = F.cross_entropy(F.linear(hidden[keep], weight), lookup[tgt[keep]])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            sched.step()
+            step += 1
+            if step % 25 == 0 or step == steps:
+                log(out, f"step {step}/{steps} epoch {epoch} CE {loss.item():.3f}")
+    draft.hf.eval().requires_grad_(False)
+    return draft
+
+
+@torch.no_grad()
+def evaluate(asr: ASRPipeline, draft: WhisperDraft, rows: list[dict]) -> dict:
+    """Teacher-forced top-1 agreement of the draft (through its shortlist) with the target's tokens."""
+    dm = draft.decoder_model(asr.model)
+    cross = cross_cache(dm, rows)
+    hits = total = 0
+    eot = asr.bundle.tokens.end_of_text
+    for idx, tokens, tgt in batches(rows, eot, 16, torch.arange(len(rows))):
+        hidden = draft_hidden(dm, [cross[i] for i in idx], tokens)
+        keep = tgt >= 0
+        guess = dm.projection(hidden[keep]).argmax(-1) if dm.projection is not None else None
+        hits += int((guess == tgt[keep]).sum())
+        total += int(keep.sum())
+    return {"positions": total, "top1": round(hits / max(total, 1), 4)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="builtin:base")
+    p.add_argument("--out", required=True)
+    add_data_arguments(p)
+    p.add_argument("--stages", default=",".join(STAGES))
+    p.add_argument("--layers", default="0,-1", help="target layers the draft's layers start from")
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--batch-utterances", type=int, default=16)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave the default)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stages = args.stages.split(",")
+    asr = ASRPipeline.from_pretrained(args.model, heads=None, draft=None)
+    train_dir, eval_dir = data_dirs(args, out)
+    if "data" in stages:
+        collect_splits(asr, args, out)
+    path = out / "draft.safetensors"
+    if "train" in stages:
+        draft = train(asr, load_rows(train_dir, args.limit, KEEP), args, out)
+        info = {"command": "python -m mmaccel.speech.train.draft " + " ".join(argv or []), "model": args.model}
+        log(out, f"wrote {save_draft(path, asr.bundle.model, draft, info)}")
+    if "eval" in stages:
+        result = evaluate(asr, load_draft(path, asr.bundle.model), load_rows(eval_dir, args.eval_limit, KEEP))
+        (out / "eval.json").write_text(json.dumps(result, indent=1))
+        log(out, f"eval {json.dumps(result)}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])

@@ -1,0 +1,138 @@
+"""The Whisper draft decoder: built from target layers, exact against Hugging Face, shares the
+target's cross-attention cache, speculative decoding with it equals greedy, trains, and its file."""
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from mmaccel.core.methods import Resources
+from mmaccel.errors import InputError, ModelNotFoundError
+from mmaccel.speech.draft import load_draft, new_draft, save_draft, trainable
+from mmaccel.speech.methods import build_asr_method
+from mmaccel.speech.train.draft import batches, cross_cache, draft_hidden, training_parameters
+from tests.speech.conftest import EOT, PROMPT, SUPPRESS, features, tiny_whisper
+
+SHORTLIST = torch.tensor([0, 5, 12, 17, 23, 33, 40, 41, 50, EOT])
+
+
+def _perturbed(tiny_hf, seed=3, std=0.05, layers=(0, -1)):
+    draft = new_draft(tiny_hf, layers)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in trainable(draft).values():
+            p.add_(torch.randn_like(p) * std)
+    return draft
+
+
+def test_draft_starts_as_the_target_layers_and_equals_hugging_face(tiny_hf, tiny_decoder):
+    draft = new_draft(tiny_hf, (0, -1))
+    assert draft.layers == [0, 3]
+    src, mine = tiny_hf.model.decoder, draft.hf.model.decoder
+    assert mine.embed_tokens is src.embed_tokens and draft.hf.proj_out.weight is src.embed_tokens.weight
+    torch.testing.assert_close(mine.layers[1].fc1.weight, src.layers[3].fc1.weight, atol=0, rtol=0)
+    assert not any("encoder_attn.k_proj" in n or "embed" in n for n in trainable(draft))
+
+    x = features(2)
+    ids = torch.tensor([PROMPT + [5, 9, 11], PROMPT + [4, 4, 20]])
+    with torch.no_grad():
+        encoded = tiny_hf.model.encoder(x).last_hidden_state
+        ref = draft.hf(input_ids=ids, encoder_outputs=(encoded,)).logits
+    dm = draft.decoder_model(tiny_decoder)
+    state = dm.prefill(tiny_decoder.encode(x, PROMPT), 8)
+    out = dm.step(state, ids[:, len(PROMPT):])
+    want = ref[:, len(PROMPT):].clone()
+    want[..., SUPPRESS] = float("-inf")
+    torch.testing.assert_close(out, want, atol=2e-5, rtol=0)
+
+
+def test_draft_reads_the_targets_cross_attention_cache(tiny_hf, tiny_decoder):
+    dm = new_draft(tiny_hf, (1, 2)).decoder_model(tiny_decoder)
+    inputs = tiny_decoder.encode(features(1), PROMPT)
+    tiny_decoder.prefill(inputs, 4)
+    shared = {k: v[0].data_ptr() for k, v in inputs.cross_kv.items()}
+    dm.prefill(inputs, 4)
+    assert {k: v[0].data_ptr() for k, v in inputs.cross_kv.items()} == shared   # nothing recomputed
+
+
+@pytest.mark.parametrize("method,params,vocab", [
+    ("speculative", {"k": 3}, None), ("speculative", {"k": 2}, SHORTLIST), ("tree", {"depth": 3, "width": 2}, None),
+])
+def test_speculative_with_the_draft_equals_greedy(tiny_hf, tiny_decoder, method, params, vocab):
+    draft = _perturbed(tiny_hf, std=0.01, layers=(0, 1, 2, 3))     # a near copy: many drafts, not all, accepted
+    draft.vocab = vocab
+    resources = Resources(tiny_decoder, draft=draft.decoder_model(tiny_decoder))
+    x = features(3, seed=11)
+    greedy = build_asr_method("greedy").run(resources, tiny_decoder.encode(x, PROMPT), max_new_tokens=24, eos_token_id=EOT)
+    fast = build_asr_method(method, **params).run(resources, tiny_decoder.encode(x, PROMPT), max_new_tokens=24,
+                                                  eos_token_id=EOT)
+    assert fast.tokens == greedy.tokens
+    assert fast.stats.nfe < greedy.stats.nfe and 1 < fast.stats.mean_accepted
+    assert len(fast.stats.accepted_hist) > 1                      # rows accepted different numbers of drafts
+
+
+def test_speculative_without_a_draft_is_a_clear_error(tiny_decoder):
+    with pytest.raises(InputError, match="needs a draft model"):
+        build_asr_method("speculative").run(Resources(tiny_decoder), tiny_decoder.encode(features(1), PROMPT),
+                                            max_new_tokens=4, eos_token_id=EOT)
+
+
+def test_training_steps_raise_agreement_with_the_target(tiny_hf, tiny_decoder):
+    x = features(8, seed=21)
+    inputs = tiny_decoder.encode(x, PROMPT)
+    greedy = build_asr_method("greedy").run(Resources(tiny_decoder), inputs, max_new_tokens=12, eos_token_id=EOT)
+    rows = [{"tokens": torch.tensor(PROMPT + g), "prompt_len": len(PROMPT), "encoder": inputs.encoder_states[b]}
+            for b, g in enumerate(greedy.tokens)]
+    draft = _perturbed(tiny_hf, std=0.5)
+    dm = draft.decoder_model(tiny_decoder)
+    cross = cross_cache(dm, rows)
+    weight = tiny_decoder.decoder.embed_tokens.weight.detach()
+    idx, tokens, target = next(batches(rows, EOT, 8, torch.arange(8)))
+
+    def agreement():
+        with torch.no_grad():
+            hidden = draft_hidden(dm, cross, tokens)
+        keep = target >= 0
+        return float((torch.nn.functional.linear(hidden[keep], weight).argmax(-1) == target[keep]).float().mean())
+
+    params = training_parameters(draft)
+    opt = torch.optim.Adam(params, lr=3e-3)
+    start = agreement()
+    for _ in range(60):
+        hidden = draft_hidden(dm, cross, tokens)
+        keep = target >= 0
+        loss = nn.functional.cross_entropy(nn.functional.linear(hidden[keep], weight), target[keep])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert tiny_decoder.decoder.embed_tokens.weight.grad is None          # the shared embedding stays frozen
+    assert agreement() > max(start, 0.9)
+
+
+def test_draft_file_round_trip_and_bad_files(tiny_hf, tmp_path):
+    draft = _perturbed(tiny_hf)
+    draft.vocab = SHORTLIST
+    path = save_draft(tmp_path / "draft.safetensors", tiny_hf, draft, {"note": "test"})
+    back = load_draft(path, tiny_hf)
+    assert back.layers == [0, 3] and back.vocab.tolist() == SHORTLIST.tolist()
+    for name, p in trainable(back).items():
+        torch.testing.assert_close(p, trainable(draft)[name].half().float(), atol=0, rtol=0)
+    with pytest.raises(ModelNotFoundError, match="draft decoder file not found"):
+        load_draft(tmp_path / "missing.safetensors", tiny_hf)
+    (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ModelNotFoundError, match="not a readable safetensors file"):
+        load_draft(tmp_path / "junk.safetensors", tiny_hf)
+    save_file({"x": torch.zeros(1)}, str(tmp_path / "other.safetensors"))
+    with pytest.raises(InputError, match="not a Whisper draft decoder file"):
+        load_draft(tmp_path / "other.safetensors", tiny_hf)
+    bigger = tiny_whisper()
+    bigger.config.decoder_layers = 6
+    with pytest.raises(InputError, match="holds a draft for a Whisper decoder with"):
+        load_draft(path, bigger)
+
+
+def test_bad_draft_layers_are_named(tiny_hf):
+    with pytest.raises(InputError, match="draft layers must be distinct target layers"):
+        new_draft(tiny_hf, (0, 0))
+    with pytest.raises(InputError, match="draft layers must be distinct target layers"):
+        new_draft(tiny_hf, (7,))
