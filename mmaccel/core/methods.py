@@ -52,6 +52,8 @@ class Method:
     make_rule_params: Callable[[Resources], dict[str, Any]] | None = field(default=None, repr=False)
     # a decoder with its own schedule: runner(resources, inputs, max_new_tokens=, sampling=, seed=, eos_token_id=)
     runner: Callable[..., Generation] | None = field(default=None, repr=False)
+    # reads the target's logit values (beam scores, typical acceptance), not only each row's arg-max
+    exact_logits: bool = False
 
     def loop_config(self, resources: Resources) -> LoopConfig:
         params = dict(self.rule_params)
@@ -142,7 +144,7 @@ def _medusa(p, typical=False):
                   "heads", not typical, lambda r: HeadsProposer(_need(r, "heads", name)),
                   "typical" if typical else "speculative", k=depth if typical else 0,
                   tree=None if typical else (depth, width),
-                  rule_params=rule_params)
+                  rule_params=rule_params, exact_logits=typical)
 
 
 REGISTRY: dict[str, Callable[[dict], Method]] = {

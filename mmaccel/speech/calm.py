@@ -70,7 +70,11 @@ def calm_decode(model: WhisperDecoderModel, exits: dict[int, nn.Module], inputs:
                     running = running[~leave]
                 if len(running):
                     last = model.decoder.layer_norm(h.index_select(0, running)[:, -1:])
-                    chosen[running] = (model.readout(state, last)[:, -1] + model.suppression).argmax(-1).to(chosen.device)
+                    if model.argmax_readout is not None:     # the greedy loop's readout, so threshold 1 is greedy
+                        logits = model.argmax_readout(last)[:, -1]
+                    else:
+                        logits = model.readout(state, last)[:, -1] + model.suppression
+                    chosen[running] = logits.argmax(-1).to(chosen.device)
                 stats.nfe += 1
             active = ~done
             stats.record_accepted([1] * int(active.sum()))

@@ -70,6 +70,53 @@ class ShortlistProjection:
         return out
 
 
+def fast_bf16_matmul(device: torch.device) -> bool:
+    """Whether bf16 matrix products run natively here (CUDA, or a CPU with AVX512-BF16 / AMX)."""
+    if device.type == "cuda":
+        return True
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+class ArgmaxProjection:
+    """Vocabulary logits whose every row has the arg-max of the fp32 projection, at the cost of a
+    bf16 one: for greedy decoding and greedy verification, which read nothing but arg-maxes.
+
+    Stage 1 projects bf16 copies of the hidden states and the embedding (half the bytes of fp32;
+    with native bf16 matrix units a T-token verify pass costs about what one token does). Each bf16
+    logit is off by at most U = 2^-7 ‖h‖ max‖w‖ (operand rounding) + 2^-8 max|y| (output rounding),
+    so the fp32 arg-max lies among the tokens within 2U of the bf16 maximum; stage 2 recomputes
+    exactly those in fp32 and writes them in. Every other entry stays a bf16 value below the true
+    maximum. The logits are therefore exact at the arg-max and approximate elsewhere: not for
+    sampling, beam scores or typical acceptance, which use the plain projection.
+    """
+
+    SAFETY = 2.0
+
+    def __init__(self, weight: Tensor, bias: Tensor):
+        self.weight = weight.detach()
+        self.weight_bf16 = self.weight.to(torch.bfloat16)
+        self.max_norm = float(self.weight.float().norm(dim=-1).max())
+        self.bias = bias
+
+    def __call__(self, hidden: Tensor) -> Tensor:
+        """hidden [..., d] -> logits [..., V] (suppression bias included)."""
+        shape = hidden.shape[:-1]
+        h = hidden.reshape(-1, hidden.shape[-1])
+        y = F.linear(h.to(torch.bfloat16), self.weight_bf16).float() + self.bias           # [N, V]
+        top = y.max(-1, keepdim=True).values
+        size = y.masked_fill(torch.isinf(y), 0).abs().amax(-1, keepdim=True)
+        bound = self.SAFETY * (2.0 ** -7 * h.float().norm(dim=-1, keepdim=True) * self.max_norm + 2.0 ** -8 * size)
+        rows, cols = (y >= top - 2 * bound).nonzero(as_tuple=True)
+        exact = (h[rows].float() * self.weight[cols].float()).sum(-1) + self.bias[cols]
+        y[rows, cols] = exact
+        return y.view(*shape, -1)
+
+
 class ExitHead(nn.Module):
     """An early-exit head: a zero-initialised residual SiLU block and a LayerNorm (initialised from
     the decoder's final norm), read out through the model's tied vocabulary projection, or through
@@ -98,11 +145,13 @@ class WhisperDecoderModel:
     `cross_layers[i]` names the cross-attention cache entry layer i reads and fills (default i): a
     draft decoder whose cross-attention key/value projections are frozen copies of target layers
     shares the target's entries. `projection` reads logits out through a vocabulary shortlist.
+    `argmax_readout` (see `argmax_view`) makes `step` return logits exact only at each row's arg-max.
     """
 
     def __init__(self, hf, suppress_tokens: list[int] | None = None, begin_suppress_tokens: list[int] | None = None,
                  num_layers: int | None = None, exit_head: nn.Module | None = None,
-                 cross_layers: list[int] | None = None, projection: ShortlistProjection | None = None):
+                 cross_layers: list[int] | None = None, projection: ShortlistProjection | None = None,
+                 argmax_readout: ArgmaxProjection | None = None):
         decoder = getattr(getattr(hf, "model", None), "decoder", None)
         check(decoder is not None and hasattr(decoder, "layers") and hasattr(decoder, "embed_positions"),
               f"{type(hf).__name__} is not a Whisper encoder-decoder (expected .model.decoder with layers)")
@@ -118,6 +167,7 @@ class WhisperDecoderModel:
         check(len(self.cross_layers) == total, f"cross_layers needs one entry per decoder layer ({total}), "
               f"got {len(self.cross_layers)}")
         self.projection = projection if projection is not None else getattr(exit_head, "projection", None)
+        self.argmax_readout = argmax_readout
         self.vocab_size = cfg.vocab_size
         self.num_heads = cfg.decoder_attention_heads
         self.head_dim = cfg.d_model // self.num_heads
@@ -153,6 +203,16 @@ class WhisperDecoderModel:
     @property
     def hidden_size(self) -> int:
         return self.decoder.embed_tokens.weight.shape[1]
+
+    def argmax_view(self) -> "WhisperDecoderModel":
+        """This model (weights and rules shared) with `step` logits exact only at each row's arg-max,
+        through a two-stage bf16 / fp32 projection (`ArgmaxProjection`): for greedy decoding and
+        greedy-verified methods on hardware with fast bf16 products. `prefill` stays exact (its
+        begin-suppression changes which token is the arg-max)."""
+        check(self.projection is None and self.exit_head is None, "an arg-max view is for the full model's projection")
+        readout = ArgmaxProjection(self.decoder.embed_tokens.weight, self._bias)
+        return WhisperDecoderModel(self.hf, self.suppress_tokens, self.begin_suppress_tokens,
+                                   cross_layers=self.cross_layers, argmax_readout=readout)
 
     def early_exit(self, exit_layer: int, head: nn.Module | None = None) -> "WhisperDecoderModel":
         """A draft view: the first `exit_layer` decoder layers (weights shared), then `head` (an
@@ -208,6 +268,8 @@ class WhisperDecoderModel:
              tree_mask: Tensor | None = None) -> Tensor:
         """Append tokens [B, T]; returns suppressed logits [B, T, V] (row t predicts the token after t)."""
         check_step_args(state, tokens, tree_mask, self.vocab_size)
+        if self.argmax_readout is not None:
+            return self._forward(state, tokens.to(self.device), positions, tree_mask, readout=self.argmax_readout)
         return self._forward(state, tokens.to(self.device), positions, tree_mask) + self._bias
 
     @torch.inference_mode()
@@ -223,13 +285,16 @@ class WhisperDecoderModel:
         return state.hidden, layers
 
     def _forward(self, state: DecodeState, tokens: Tensor, positions: Tensor | None, tree_mask: Tensor | None,
-                 last_only: bool = False, layer_outputs: list | None = None) -> Tensor:
+                 last_only: bool = False, layer_outputs: list | None = None, readout=None) -> Tensor:
         h, step = self.embed(state, tokens, positions, tree_mask)
         for i in range(self.num_layers):
             h = self.layer(i, h, step)
             if layer_outputs is not None:
                 layer_outputs.append(h)
         h = self.exit_head(h) if self.exit_head is not None else self.decoder.layer_norm(h)
+        if readout is not None:
+            state.hidden = h
+            return readout(h[:, -1:] if last_only else h)
         return self.readout(state, h, last_only)
 
     # The three parts of a forward pass, public for decoders that run layers selectively (CALM).

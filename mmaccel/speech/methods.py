@@ -30,7 +30,8 @@ def _beam(p: dict) -> Method:
         return beam_search(resources.model, inputs, num_beams=beams, max_new_tokens=max_new_tokens,
                            eos_token_id=eos_token_id, length_penalty=penalty)
 
-    return Method("beam", f"beam search, {beams} beams, length penalty {penalty}", "", False, lambda r: None, runner=run)
+    return Method("beam", f"beam search, {beams} beams, length penalty {penalty}", "", False, lambda r: None, runner=run,
+                  exact_logits=True)
 
 
 def _calm(p: dict) -> Method:

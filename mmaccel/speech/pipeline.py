@@ -23,7 +23,7 @@ from mmaccel.core.stats import DecodeStats
 from mmaccel.errors import InputError, check
 from mmaccel.paths import assets_dir
 from mmaccel.speech.audio import Audio, AudioLike, as_audio, is_silent, log_mel, split_long
-from mmaccel.speech.decoder import WhisperDecoderModel
+from mmaccel.speech.decoder import WhisperDecoderModel, fast_bf16_matmul
 from mmaccel.speech.draft import WhisperDraft, load_draft
 from mmaccel.speech.heads import WhisperHeads, load_heads
 from mmaccel.speech.methods import build_asr_method
@@ -78,6 +78,9 @@ class ASRPipeline:
         check(isinstance(bundle, WhisperBundle), f"bundle must be a WhisperBundle, got {type(bundle).__name__}")
         self.bundle = bundle
         self.model = WhisperDecoderModel(bundle.model)
+        # greedy decoding and greedy-verified methods read only arg-maxes: a bf16-first projection
+        # whose arg-max is the fp32 one (`ArgmaxProjection`), where bf16 products are native
+        self.argmax_model = self.model.argmax_view() if fast_bf16_matmul(self.model.device) else self.model
         self.heads = heads or WhisperHeads()
         self.heads_source: str | None = None     # the heads file, when loaded from one
         self.draft = draft
@@ -107,8 +110,10 @@ class ASRPipeline:
             pipe.heads_source = str(heads)
         return pipe
 
-    def resources(self) -> Resources:
-        return Resources(self.model, draft=self._draft_model, heads=self.heads.medusa, exit_heads=self.heads.exits)
+    def resources(self, method: Method | None = None) -> Resources:
+        """What methods draw on; the target is the arg-max view unless `method` reads logit values."""
+        target = self.model if method is None or method.exact_logits else self.argmax_model
+        return Resources(target, draft=self._draft_model, heads=self.heads.medusa, exit_heads=self.heads.exits)
 
     # ---- transcription ------------------------------------------------------------------------
 
@@ -143,7 +148,7 @@ class ASRPipeline:
             transcripts.append(Transcript("", clip.source, clip.duration))
             windows += [(i, chunk) for chunk in split_long(clip)]
         texts: dict[int, list[str]] = {}
-        resources = self.resources()
+        resources = self.resources(spec)
         for start in range(0, len(windows), batch_size):
             batch = windows[start : start + batch_size]
             with stats.timed("features"):

@@ -3,12 +3,13 @@ beam search, and every lossless method bit-identical to greedy."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from mmaccel.core.beam import beam_search
 from mmaccel.core.methods import Resources
 from mmaccel.errors import InputError
-from mmaccel.speech.decoder import EncodedAudio, ExitHead, WhisperDecoderModel
+from mmaccel.speech.decoder import ArgmaxProjection, EncodedAudio, ExitHead, WhisperDecoderModel
 from mmaccel.speech.heads import new_exit_heads, new_medusa_heads
 from mmaccel.speech.methods import build_asr_method
 from tests.speech.conftest import EOT, PROMPT, SUPPRESS, features
@@ -142,3 +143,39 @@ def test_shortlisted_heads_draft_only_shortlist_tokens(tiny_decoder):
     view = tiny_decoder.early_exit(2, exits[2])
     state = view.prefill(tiny_decoder.encode(features(1), PROMPT), 4)
     assert int(state.logits.argmax()) in SHORTLIST.tolist()
+
+
+def test_argmax_projection_has_the_fp32_argmax_even_at_near_ties():
+    torch.manual_seed(0)
+    weight = torch.randn(500, 32) * 0.2
+    bias = torch.zeros(500)
+    bias[[3, 7]] = float("-inf")
+    h = torch.randn(64, 32) * 4
+    # near-ties: make rows' top two tokens differ by far less than bf16 resolution
+    exact = F.linear(h, weight) + bias
+    top2 = exact.topk(2, dim=-1).indices
+    weight2 = weight.clone()
+    for r in range(0, 64, 4):
+        a, b = top2[r]
+        weight2[b] = weight2[a] + 1e-4 * torch.randn(32)
+    exact = F.linear(h, weight2) + bias
+    fast = ArgmaxProjection(weight2, bias)(h)
+    assert torch.equal(fast.argmax(-1), exact.argmax(-1))
+    rows = torch.arange(64)
+    torch.testing.assert_close(fast[rows, fast.argmax(-1)], exact[rows, exact.argmax(-1)], atol=1e-5, rtol=0)
+    assert torch.isinf(fast[:, [3, 7]]).all()
+    assert (fast - exact).abs()[torch.isfinite(exact)].max() < 0.1          # bf16-close elsewhere
+
+
+def test_argmax_view_decodes_exactly_like_the_model(tiny_decoder):
+    medusa, exits = _random_heads(tiny_decoder, 5)
+    view = tiny_decoder.argmax_view()
+    x = features(3, seed=11)
+    greedy = build_asr_method("greedy").run(Resources(tiny_decoder), tiny_decoder.encode(x, PROMPT), max_new_tokens=24,
+                                            eos_token_id=EOT)
+    for name, params in (("greedy", {}), ("medusa", {"depth": 3, "width": 2}), ("early-exit", {"k": 2, "exit_layer": 2})):
+        fast = build_asr_method(name, **params).run(Resources(view, heads=medusa, exit_heads=exits),
+                                                    tiny_decoder.encode(x, PROMPT), max_new_tokens=24, eos_token_id=EOT)
+        assert fast.tokens == greedy.tokens, name
+    with pytest.raises(InputError, match="arg-max view is for the full model"):
+        tiny_decoder.early_exit(2, exits[2]).argmax_view()
