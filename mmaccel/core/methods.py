@@ -34,6 +34,7 @@ class Resources:
     heads: nn.ModuleList | None = None
     latents: Tensor | None = None
     exit_heads: dict[int, nn.Module] | None = None
+    extras: dict[str, Any] = field(default_factory=dict)   # a domain's own resources by name (a Medusa block)
 
 
 @dataclass
@@ -73,11 +74,11 @@ class Method:
 
 
 _NEEDS = {"draft": "a draft model", "heads": "trained Medusa heads", "latents": "token latents (a codebook)",
-          "exit_heads": "trained early-exit heads"}
+          "exit_heads": "trained early-exit heads", "medusa_block": "a trained Medusa block"}
 
 
 def _need(resources: Resources, attr: str, method: str):
-    value = getattr(resources, attr)
+    value = getattr(resources, attr) if hasattr(resources, attr) else resources.extras.get(attr)
     if value is None:
         raise InputError(f"method {method!r} needs {_NEEDS.get(attr, attr)}, and this pipeline has none loaded")
     return value

@@ -35,6 +35,10 @@ class DraftContext:
     sampler: TokenSampler
     target_hidden: Tensor | None = None  # [B, d] target hidden state that predicted `pending`
     active: Tensor | None = None         # [B] rows still generating
+    # for proposers with `needs_hidden`: the target's hidden states [B, L, d] of the positions
+    # committed since the previous proposal (the prompt's after prefill), row b's first counts[b]
+    committed_hidden: Tensor | None = None
+    committed_counts: Tensor | None = None
 
 
 class Proposer:

@@ -84,13 +84,16 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
         out = [[t] for t in first.tolist()]
         done = torch.tensor([r[-1] == eos_token_id or max_new_tokens <= 1 for r in out])
         hidden = None if state.hidden is None else state.hidden[:, -1]
+        committed = None if state.hidden is None else (state.hidden, torch.full((B,), state.hidden.shape[1]))
         pending = first
 
         def context() -> DraftContext:
             return DraftContext(pending=pending, history=history,
                                 num_generated=torch.tensor([len(r) for r in out], device=pending.device),
                                 sampling=sampling, sampler=sampler, target_hidden=hidden,
-                                active=~done.to(pending.device))
+                                active=~done.to(pending.device),
+                                committed_hidden=None if committed is None else committed[0],
+                                committed_counts=None if committed is None else committed[1])
 
         proposer = config.proposer
         if proposer is not None:
@@ -135,6 +138,11 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
                 last_node = _row_index(path, n)
             if state.hidden is not None:
                 hidden = torch.where(active[:, None].to(state.hidden.device), _row_index(state.hidden, last_node), hidden)
+                if proposer is not None and proposer.needs_hidden:     # the accepted path, pending's position first
+                    picked = state.hidden if tree is None else state.hidden.gather(
+                        1, path.clamp(0, state.hidden.shape[1] - 1).to(state.hidden.device)[:, :, None]
+                        .expand(-1, -1, state.hidden.shape[-1]))
+                    committed = (picked, torch.where(active, n + 1, 0))
 
             if proposer is not None:
                 with stats.timed("draft"):

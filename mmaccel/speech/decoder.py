@@ -303,17 +303,22 @@ class WhisperDecoderModel:
               tree_mask: Tensor | None = None) -> tuple[Tensor, "LayerStep"]:
         """Claim cache slots for `tokens` [B, T]; returns the input hidden states [B, T, d] and
         what every layer of this pass shares (cache writer, attention mask, audio)."""
-        B, T = tokens.shape
-        write, start = state.cache.reserve(T)
-        mask = state.cache.attention_mask(start, T, tree_mask)
+        step, start = self.begin(state, tokens.shape[1], tree_mask)
         if positions is None:
-            positions = default_positions(start, T, tree_mask)
+            positions = default_positions(start, tokens.shape[1], tree_mask)
         positions = positions.to(self.device)
         check(int(positions.max()) < self.max_positions,
               f"Whisper's decoder has {self.max_positions} positions; this transcript would exceed them")
         dec = self.decoder
         h = dec.embed_tokens(tokens) * self.embed_scale + dec.embed_positions.weight[positions]
-        return h, LayerStep(write, mask, state.extras["inputs"])
+        return h, step
+
+    def begin(self, state: DecodeState, num_new: int, tree_mask: Tensor | None = None) -> tuple["LayerStep", Tensor]:
+        """Claim `num_new` cache slots per row; returns the pass's `LayerStep` and the old lengths [B]
+        (for layers fed hidden states instead of tokens: the Medusa block)."""
+        write, start = state.cache.reserve(num_new)
+        mask = state.cache.attention_mask(start, num_new, tree_mask)
+        return LayerStep(write, mask, state.extras["inputs"]), start
 
     def layer(self, i: int, h: Tensor, step: "LayerStep", rows: Tensor | None = None) -> Tensor:
         """Decoder layer i on h [B, T, d] (un-normalised residual stream); writes this position's

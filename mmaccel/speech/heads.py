@@ -20,6 +20,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +29,10 @@ from torch import Tensor, nn
 from mmaccel.core.proposers import MedusaHead
 from mmaccel.errors import InputError, ModelNotFoundError, check
 from mmaccel.speech.decoder import ExitHead, ShortlistProjection, WhisperDecoderModel
+from mmaccel.speech.draft import trainable
+
+if TYPE_CHECKING:
+    from mmaccel.speech.medusa_block import MedusaBlock
 
 
 @dataclass
@@ -35,6 +40,7 @@ class WhisperHeads:
     medusa: nn.ModuleList | None = None          # heads[i] guesses the token i + 2 ahead of the hidden state
     exits: dict[int, ExitHead] | None = None     # exit layer -> head
     vocab: Tensor | None = None                  # the draft shortlist (token ids) the heads project onto
+    block: "MedusaBlock | None" = None           # Medusa-Block heads (mmaccel.speech.medusa_block)
 
 
 def head_projection(model: WhisperDecoderModel, vocab: Tensor | None = None):
@@ -78,6 +84,12 @@ def save_heads(path: str | os.PathLike, model: WhisperDecoderModel, heads: Whisp
         meta["medusa"] = {"num_heads": len(heads.medusa), "num_layers": len(heads.medusa[0].blocks)}
         for name, t in heads.medusa.state_dict().items():
             tensors[f"medusa.{name}"] = t.detach().contiguous()
+    if heads.block is not None:
+        meta["medusa_block"] = {"num_heads": len(heads.block.heads), "num_layers": len(heads.block.heads[0].blocks)}
+        for name, t in trainable(heads.block.layer).items():
+            tensors[f"block.layer.{name}"] = t.detach().contiguous()
+        for name, t in heads.block.heads.state_dict().items():
+            tensors[f"block.heads.{name}"] = t.detach().contiguous()
     if heads.exits:
         meta["exit_layers"] = sorted(heads.exits)
         for k, head in heads.exits.items():
@@ -120,8 +132,24 @@ def load_heads(path: str | os.PathLike, model: WhisperDecoderModel) -> WhisperHe
         heads.exits = new_exit_heads(model, meta["exit_layers"], heads.vocab)
         for k, head in heads.exits.items():
             _load_part(head, tensors, f"exit.{k}.", path)
-    for module in [*(heads.medusa or []), *(heads.exits or {}).values()]:
+    if "medusa_block" in meta:
+        from mmaccel.speech.medusa_block import new_medusa_block
+
+        m = meta["medusa_block"]
+        heads.block = new_medusa_block(model, new_medusa_heads(model, m["num_heads"], m["num_layers"], heads.vocab))
+        heads.block.layer.vocab = heads.vocab
+        _load_part(heads.block.heads, tensors, "block.heads.", path)
+        own = trainable(heads.block.layer)
+        part = {k[len("block.layer."):]: v for k, v in tensors.items() if k.startswith("block.layer.")}
+        check(set(part) == set(own) and all(own[k].shape == part[k].shape for k in own),
+              f"{path}: the Medusa block's tensors do not match a copy of this model's last decoder layer")
+        with torch.no_grad():
+            for k, p in own.items():
+                p.copy_(part[k])
+    for module in [*(heads.medusa or []), *(heads.exits or {}).values(), *(heads.block.heads if heads.block else [])]:
         module.to(model.device, model.dtype).eval().requires_grad_(False)
+    if heads.block is not None:
+        heads.block.layer.hf.requires_grad_(False)
     return heads
 
 

@@ -15,6 +15,7 @@ from mmaccel.core.beam import beam_search
 from mmaccel.core.methods import Method, Resources, _float, _int, _need
 from mmaccel.errors import check
 from mmaccel.speech.calm import calm_decode
+from mmaccel.speech.medusa_block import BlockHeadsProposer
 
 
 def _greedy(p: dict) -> Method:
@@ -47,6 +48,12 @@ def _calm(p: dict) -> Method:
                   threshold >= 1.0, lambda r: None, runner=run)
 
 
+def _medusa_block(p: dict) -> Method:
+    depth, width = _int(p, "depth", 3), _int(p, "width", 2, high=16)
+    return Method("medusa-block", f"Medusa-Block heads, tree depth {depth} x width {width}", "medusa_block", True,
+                  lambda r: BlockHeadsProposer(_need(r, "medusa_block", "medusa-block"), r.model), tree=(depth, width))
+
+
 ASR_REGISTRY: dict[str, Callable[[dict], Method]] = {
     "greedy": _greedy,
     "beam": _beam,
@@ -54,6 +61,7 @@ ASR_REGISTRY: dict[str, Callable[[dict], Method]] = {
     "tree": core.REGISTRY["tree"],
     "medusa": core.REGISTRY["medusa"],
     "medusa-typical": core.REGISTRY["medusa-typical"],
+    "medusa-block": _medusa_block,
     "early-exit": core.REGISTRY["early-exit"],
     "calm": _calm,
     "ngram": core.REGISTRY["ngram"],

@@ -113,7 +113,9 @@ class ASRPipeline:
     def resources(self, method: Method | None = None) -> Resources:
         """What methods draw on; the target is the arg-max view unless `method` reads logit values."""
         target = self.model if method is None or method.exact_logits else self.argmax_model
-        return Resources(target, draft=self._draft_model, heads=self.heads.medusa, exit_heads=self.heads.exits)
+        extras = {} if self.heads.block is None else {"medusa_block": self.heads.block}
+        return Resources(target, draft=self._draft_model, heads=self.heads.medusa, exit_heads=self.heads.exits,
+                         extras=extras)
 
     # ---- transcription ------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from mmaccel.core.model import DecodeState
 from mmaccel.speech.decoder import EncodedAudio, WhisperDecoderModel
 from mmaccel.speech.draft import WhisperDraft, load_draft, new_draft, save_draft, trainable
 from mmaccel.speech.pipeline import ASRPipeline
@@ -47,13 +48,20 @@ def cross_cache(model: WhisperDecoderModel, rows: list[dict]) -> list[dict[int, 
     return out
 
 
+def training_state(dm: WhisperDecoderModel, cross: list[dict], length: int) -> DecodeState:
+    """A fresh decode state for a batch of utterances (their cached cross-attention keys/values)."""
+    kv = {k: tuple(torch.stack([c[k][j] for c in cross]).to(dm.dtype) for j in range(2)) for k in cross[0]}
+    B = len(cross)
+    state = dm.new_state(B, length)
+    first = kv[next(iter(kv))][0]
+    state.extras["inputs"] = EncodedAudio(first.new_empty(B, 0, dm.hidden_size), torch.zeros(B, 1, dtype=torch.long), kv)
+    return state
+
+
 def draft_hidden(dm: WhisperDecoderModel, cross: list[dict], tokens: Tensor) -> Tensor:
     """The draft's final hidden states [B, T, d] over right-padded `tokens` [B, T] (causal, so
     padding after a row's end never reaches its real positions), with gradients."""
-    B, T = tokens.shape
-    kv = {k: tuple(torch.stack([c[k][j] for c in cross]).to(dm.dtype) for j in range(2)) for k in cross[0]}
-    state = dm.new_state(B, T)
-    state.extras["inputs"] = EncodedAudio(kv[next(iter(kv))][0].new_empty(B, 0, dm.hidden_size), tokens[:, :1], kv)
+    state = training_state(dm, cross, tokens.shape[1])
     dm._forward(state, tokens, None, None, last_only=True)
     return state.hidden
 

@@ -1,19 +1,21 @@
-"""Train Medusa heads and early-exit heads for a Whisper decoder by self-distillation.
+"""Train Medusa heads (Linear and Block) and early-exit heads for a Whisper decoder by self-distillation.
 
     python -m mmaccel.speech.train.heads --model builtin:base --out runs/whisper_base_heads
 
-Stages (each resumable; `--stages` picks some):
+Stages (`--stages` picks some):
 1. `data`: the self-labelled corpus of `mmaccel.speech.train.data` (the model's own greedy
-   transcripts of the TTS corpus, with every position's final hidden state and layer outputs),
-   under `<out>/data/` or `--data` (shared with the draft-decoder script).
+   transcripts of the TTS corpus, with every position's final hidden state, layer outputs and the
+   encoder states), under `<out>/data/` or `--data` (shared with the draft-decoder script).
 2. `train`: the model stays frozen. Medusa head i learns to predict the token i + 2 places after
    each final hidden state; exit head k learns the model's own next token from layer k's output.
    Cross-entropy on the greedy transcript (hard self-distillation: greedy verification only needs
    the arg-max to agree), uniform over heads as in Whisper-Medusa, AdamW, cosine schedule. The
    softmax runs over the tokens that occur in the training transcripts: the shortlist the heads
-   also draft from (`mmaccel.speech.heads`), ~10x cheaper than the full vocabulary.
-3. `export`: `<out>/heads.safetensors` (fp32; the file `ASRPipeline.from_pretrained(heads=...)` loads).
-4. `eval`: teacher-forced top-1 agreement of every head (through its shortlist, as it drafts) on
+   also draft from (`mmaccel.speech.heads`), ~10x cheaper than the full vocabulary. With
+   `--block-heads K`, Medusa-Block heads (`mmaccel.speech.medusa_block`: one decoder layer over the
+   final hidden states, cross-attending to the audio, then K heads) train the same way, per
+   utterance. Writes `<out>/heads.safetensors` (fp32; what `ASRPipeline.from_pretrained(heads=...)` loads).
+3. `eval`: teacher-forced top-1 agreement of every head (through its shortlist, as it drafts) on
    the held-out evaluation manifest.
 """
 
@@ -26,13 +28,16 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
-from mmaccel.speech.heads import WhisperHeads, new_exit_heads, new_medusa_heads, save_heads
+from mmaccel.speech.heads import WhisperHeads, load_heads, new_exit_heads, new_medusa_heads, save_heads
+from mmaccel.speech.medusa_block import MedusaBlock, block_forward, new_medusa_block
 from mmaccel.speech.pipeline import ASRPipeline
+from mmaccel.speech.train.draft import cross_cache, training_parameters, training_state
 from mmaccel.speech.train.data import add_data_arguments, collect_splits, data_dirs, load_rows, log
 
-STAGES = ("data", "train", "export", "eval")
-KEEP = ("tokens", "prompt_len", "final", "layers")   # the fields of the labelled rows the heads train on
+STAGES = ("data", "train", "eval")
+KEEP = ("tokens", "prompt_len", "final", "layers", "encoder")   # the fields of the labelled rows heads train on
 
 
 def targets(rows: list[dict], num_heads: int, exit_layers: list[int]):
@@ -94,6 +99,69 @@ def train(asr: ASRPipeline, rows: list[dict], args, out: Path) -> WhisperHeads:
     return heads
 
 
+def ahead_targets(row: dict, num_heads: int) -> Tensor:
+    """[n, K] Medusa targets of one row: at block position j (from the last prompt position on),
+    head i's token is the one i + 2 places ahead (-100 past the end)."""
+    seq, P, n = row["tokens"], row["prompt_len"], row["final"].shape[0]
+    idx = torch.arange(P - 1, P - 1 + n)[:, None] + 2 + torch.arange(num_heads)[None, :]
+    return torch.where(idx < len(seq), seq[idx.clamp(max=len(seq) - 1)], torch.full_like(idx, -100))
+
+
+def block_batch(rows: list[dict], idx: list[int], num_heads: int) -> tuple[Tensor, Tensor]:
+    """Right-padded final hidden states [B, T, d] and Medusa targets [B, T, K] of rows `idx`."""
+    T = max(rows[i]["final"].shape[0] for i in idx)
+    d = rows[idx[0]]["final"].shape[1]
+    hidden = torch.zeros(len(idx), T, d)
+    target = torch.full((len(idx), T, num_heads), -100, dtype=torch.long)
+    for b, i in enumerate(idx):
+        n = rows[i]["final"].shape[0]
+        hidden[b, :n] = rows[i]["final"].float()
+        target[b, :n] = ahead_targets(rows[i], num_heads)
+    return hidden, target
+
+
+def train_block(asr: ASRPipeline, rows: list[dict], vocab: Tensor, args, out: Path) -> MedusaBlock:
+    """Medusa-Block heads on the frozen model: the block and its heads learn the tokens 2.. K+1 ahead."""
+    torch.manual_seed(args.seed)
+    model = asr.model
+    block = new_medusa_block(model, new_medusa_heads(model, args.block_heads, args.head_layers, vocab))
+    dm = block.layer.decoder_model(model)
+    cross = cross_cache(dm, rows)
+    weight = model.decoder.embed_tokens.weight[vocab].detach()
+    lookup = torch.full((model.vocab_size,), -100, dtype=torch.long)
+    lookup[vocab] = torch.arange(len(vocab))
+    params = training_parameters(block.layer) + list(block.heads.parameters())
+    opt = torch.optim.AdamW(params, lr=args.block_lr, betas=(0.9, 0.98), weight_decay=0.01)
+    steps = math.ceil(len(rows) / args.batch_utterances) * args.block_epochs
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 30) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / steps))))
+    log(out, f"train a Medusa block with {args.block_heads} heads on {len(rows)} utterances, {steps} steps")
+    step = 0
+    for epoch in range(args.block_epochs):
+        order = torch.randperm(len(rows)).tolist()
+        for start in range(0, len(rows), args.batch_utterances):
+            idx = order[start : start + args.batch_utterances]
+            hidden, target = block_batch(rows, idx, args.block_heads)
+            state = training_state(dm, [cross[i] for i in idx], hidden.shape[1])
+            h = block_forward(dm, state, hidden)
+            losses = []
+            for i, head in enumerate(block.heads):
+                keep = target[..., i] >= 0
+                losses.append(F.cross_entropy(F.linear(head.transform(h[keep]), weight), lookup[target[..., i][keep]]))
+            loss = torch.stack(losses).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            sched.step()
+            step += 1
+            if step % 25 == 0 or step == steps:
+                log(out, f"block step {step}/{steps} epoch {epoch} CE {loss.item():.3f}")
+    block.layer.hf.eval().requires_grad_(False)
+    block.heads.eval().requires_grad_(False)
+    return block
+
+
 @torch.no_grad()
 def evaluate(asr: ASRPipeline, heads: WhisperHeads, rows: list[dict]) -> dict:
     model = asr.model
@@ -109,6 +177,19 @@ def evaluate(asr: ASRPipeline, heads: WhisperHeads, rows: list[dict]) -> dict:
         hidden = head(layer_h[k])
         logits = head.projection(hidden) if head.projection is not None else F.linear(hidden, model.decoder.embed_tokens.weight)
         result["exit_top1"][k] = round((logits.argmax(-1) == nxt).float().mean().item(), 4)
+    if heads.block is not None:
+        dm = heads.block.layer.decoder_model(model)
+        cross = cross_cache(dm, rows)
+        hits, total = torch.zeros(len(heads.block.heads)), torch.zeros(len(heads.block.heads))
+        for start in range(0, len(rows), 16):
+            idx = list(range(start, min(start + 16, len(rows))))
+            hidden, target = block_batch(rows, idx, len(heads.block.heads))
+            h = block_forward(dm, training_state(dm, [cross[i] for i in idx], hidden.shape[1]), hidden)
+            for i, head in enumerate(heads.block.heads):
+                keep = target[..., i] >= 0
+                hits[i] += (head(h[keep]).argmax(-1) == target[..., i][keep]).sum()
+                total[i] += keep.sum()
+        result["block_top1"] = [round(float(a / max(b, 1)), 4) for a, b in zip(hits, total)]
     return result
 
 
@@ -123,6 +204,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-positions", type=int, default=256)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--block-heads", type=int, default=0, help="also train Medusa-Block heads (0: none)")
+    p.add_argument("--block-epochs", type=int, default=10)
+    p.add_argument("--block-lr", type=float, default=3e-4)
+    p.add_argument("--batch-utterances", type=int, default=16, help="utterances per Medusa-Block training step")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave the default)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -131,27 +216,20 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stages = args.stages.split(",")
-    asr = ASRPipeline.from_pretrained(args.model, heads=None)
+    asr = ASRPipeline.from_pretrained(args.model, heads=None, draft=None)
     train_dir, eval_dir = data_dirs(args, out)
     if "data" in stages:
         collect_splits(asr, args, out)
+    path = out / "heads.safetensors"
     if "train" in stages:
-        heads = train(asr, load_rows(train_dir, args.limit, KEEP), args, out)
-        torch.save({"medusa": heads.medusa.state_dict(), "exits": {k: h.state_dict() for k, h in heads.exits.items()},
-                    "vocab": heads.vocab}, out / "heads.pt")
-    if "export" in stages or "eval" in stages:
-        state = torch.load(out / "heads.pt")
-        vocab = state["vocab"]
-        heads = WhisperHeads(new_medusa_heads(asr.model, args.num_heads, args.head_layers, vocab),
-                             new_exit_heads(asr.model, sorted(state["exits"]), vocab), vocab)
-        heads.medusa.load_state_dict(state["medusa"])
-        for k, h in heads.exits.items():
-            h.load_state_dict(state["exits"][k])
-    if "export" in stages:
+        rows = load_rows(train_dir, args.limit, KEEP)
+        heads = train(asr, rows, args, out)
+        if args.block_heads:
+            heads.block = train_block(asr, rows, heads.vocab, args, out)
         info = {"command": "python -m mmaccel.speech.train.heads " + " ".join(argv or []), "model": args.model}
-        log(out, f"wrote {save_heads(out / 'heads.safetensors', asr.model, heads, info)}")
+        log(out, f"wrote {save_heads(path, asr.model, heads, info)}")
     if "eval" in stages:
-        result = evaluate(asr, heads, load_rows(eval_dir, args.eval_limit, KEEP))
+        result = evaluate(asr, load_heads(path, asr.model), load_rows(eval_dir, args.eval_limit, KEEP))
         (out / "eval.json").write_text(json.dumps(result, indent=1))
         log(out, f"eval {json.dumps(result)}")
 
