@@ -175,8 +175,9 @@ def _hf_generate(asr, audios: list[Audio], assisted: bool = False) -> tuple[list
                 rows = []
                 for b in range(len(audios)):
                     one = BaseModelOutput(last_hidden_state=encoded.last_hidden_state[b : b + 1])
-                    rows += model.generate(encoder_outputs=one, decoder_input_ids=torch.tensor([prompt]), attention_mask=None,
-                                           generation_config=config, assistant_model=asr.draft.hf).tolist()
+                    # HF refuses decoder_input_ids with an assistant; it builds the same prompt from these
+                    rows += model.generate(encoder_outputs=one, attention_mask=None, generation_config=config,
+                                           assistant_model=asr.draft.hf, **_prompt_kwargs(bundle)).tolist()
             t3 = time.perf_counter()
     finally:
         for hook in hooks:
@@ -188,6 +189,11 @@ def _hf_generate(asr, audios: list[Audio], assisted: bool = False) -> tuple[list
     stats.time_s = {"features": t1 - t0, "encoder": t2 - t1, "decode": t3 - t2, "total": t3 - t0}
     texts = [bundle.tokenizer.decode(r, skip_special_tokens=True).strip() for r in new]
     return texts, stats
+
+
+def _prompt_kwargs(bundle) -> dict:
+    """`generate` arguments that build `bundle.prompt("en")` (transcribe, English, no timestamps)."""
+    return {"language": "en", "task": "transcribe"} if bundle.tokens.multilingual else {}
 
 
 def _faster_whisper(name: str, compute_type: str) -> Any:

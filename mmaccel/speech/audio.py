@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Union
 
 import numpy as np
-import torch
 from torch import Tensor
 
 from mmaccel.errors import InputError, check

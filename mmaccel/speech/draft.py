@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from mmaccel.errors import InputError, ModelNotFoundError, check
+from mmaccel.checkpoints import read_checkpoint
+from mmaccel.errors import InputError, check
 from mmaccel.speech.decoder import ShortlistProjection, WhisperDecoderModel
 
 FROZEN = ("encoder_attn.k_proj.", "encoder_attn.v_proj.")   # per layer: shared with the source layer
@@ -103,17 +104,8 @@ def save_draft(path: str | os.PathLike, target_hf, draft: WhisperDraft, info: di
 
 def load_draft(path: str | os.PathLike, target_hf) -> WhisperDraft:
     """The draft in `path` for `target_hf`; a clear error if missing, corrupt or for another model."""
-    from safetensors import SafetensorError, safe_open
-
-    path = Path(path)
-    if not path.is_file():
-        raise ModelNotFoundError(f"draft decoder file not found: {path}")
-    try:
-        with safe_open(str(path), "pt") as f:
-            raw = (f.metadata() or {}).get("mmaccel_whisper_draft")
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except (SafetensorError, OSError, ValueError) as err:
-        raise ModelNotFoundError(f"{path} is not a readable safetensors file ({err})") from None
+    tensors, metadata = read_checkpoint(path, "Whisper draft decoder file")
+    raw = metadata.get("mmaccel_whisper_draft")
     if raw is None:
         raise InputError(f"{path} has no mmaccel_whisper_draft metadata; it is not a Whisper draft decoder file")
     meta = json.loads(raw)

@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmaccel.core.proposers import MedusaHead
-from mmaccel.errors import InputError, ModelNotFoundError, check
+from mmaccel.checkpoints import read_checkpoint
+from mmaccel.errors import InputError, check
 from mmaccel.speech.decoder import ExitHead, ShortlistProjection, WhisperDecoderModel
 from mmaccel.speech.draft import trainable
 
@@ -106,17 +107,8 @@ def save_heads(path: str | os.PathLike, model: WhisperDecoderModel, heads: Whisp
 
 def load_heads(path: str | os.PathLike, model: WhisperDecoderModel) -> WhisperHeads:
     """Heads from `path` for `model`; a clear error if the file is missing, corrupt or for another model."""
-    from safetensors import SafetensorError, safe_open
-
-    path = Path(path)
-    if not path.is_file():
-        raise ModelNotFoundError(f"heads file not found: {path}")
-    try:
-        with safe_open(str(path), "pt") as f:
-            raw = (f.metadata() or {}).get("mmaccel_whisper_heads")
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except (SafetensorError, OSError, ValueError) as err:
-        raise ModelNotFoundError(f"{path} is not a readable safetensors file ({err})") from None
+    tensors, metadata = read_checkpoint(path, "Whisper heads file")
+    raw = metadata.get("mmaccel_whisper_heads")
     if raw is None:
         raise InputError(f"{path} has no mmaccel_whisper_heads metadata; it is not a Whisper heads file")
     meta = json.loads(raw)

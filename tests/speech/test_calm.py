@@ -61,7 +61,6 @@ def test_exits_emit_what_the_early_exit_view_would(tiny_decoder):
 
 
 def test_exited_rows_still_write_keys_and_values_for_later_tokens(tiny_decoder):
-    exits = _exits(tiny_decoder)
     x = tiny_decoder.encode(features(1, seed=2), PROMPT)
     state = tiny_decoder.prefill(x, 8)
     with torch.inference_mode():

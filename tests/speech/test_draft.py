@@ -120,7 +120,7 @@ def test_draft_file_round_trip_and_bad_files(tiny_hf, tmp_path):
     with pytest.raises(ModelNotFoundError, match="draft decoder file not found"):
         load_draft(tmp_path / "missing.safetensors", tiny_hf)
     (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file")
-    with pytest.raises(ModelNotFoundError, match="not a readable safetensors file"):
+    with pytest.raises(InputError, match="not a readable safetensors file"):
         load_draft(tmp_path / "junk.safetensors", tiny_hf)
     save_file({"x": torch.zeros(1)}, str(tmp_path / "other.safetensors"))
     with pytest.raises(InputError, match="not a Whisper draft decoder file"):

@@ -92,7 +92,7 @@ def test_heads_file_round_trip_and_errors(tmp_path):
         load_heads(tmp_path / "none.safetensors", model)
     corrupt = tmp_path / "corrupt.safetensors"
     corrupt.write_bytes(path.read_bytes()[:100])
-    with pytest.raises(ModelNotFoundError, match="not a readable safetensors file"):
+    with pytest.raises(InputError, match="not a readable safetensors file"):
         load_heads(corrupt, model)
 
 

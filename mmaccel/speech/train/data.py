@@ -12,23 +12,60 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from mmaccel.paths import default_cache_dir
 from mmaccel.speech.audio import load_audio, log_mel
 from mmaccel.speech.data import build_tts_corpus, read_manifest
+from mmaccel.speech.train.common import log
+
+if TYPE_CHECKING:
+    from mmaccel.speech.pipeline import ASRPipeline
 
 
-def log(out: Path, message: str) -> None:
-    line = f"{time.strftime('%H:%M:%S')} {message}"
-    print(line, flush=True)
-    with open(out / "train.log", "a") as f:
-        f.write(line + "\n")
+@dataclass
+class Run:
+    """A speech training run after its common set-up and the `data` stage."""
+
+    args: argparse.Namespace
+    out: Path
+    stages: list[str]
+    asr: "ASRPipeline"
+    train_dir: Path
+    eval_dir: Path
+    info: dict                   # stored with the trained file: the command and the model
 
 
-def add_data_arguments(p: argparse.ArgumentParser) -> None:
+def start_run(p: argparse.ArgumentParser, argv: list[str] | None, module: str, stages: tuple[str, ...]) -> Run:
+    """Add the shared options to `p` (model, output, data, stages, threads, seed), parse `argv`,
+    load the target (no drafts), and run the `data` stage if asked."""
+    from mmaccel.speech.pipeline import ASRPipeline
+
+    p.add_argument("--model", default="builtin:base")
+    p.add_argument("--out", required=True)
+    _add_data_arguments(p)
+    p.add_argument("--stages", default=",".join(stages))
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave the default)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    asr = ASRPipeline.from_pretrained(args.model, heads=None, draft=None)
+    train_dir, eval_dir = data_dirs(args, out)
+    run = Run(args, out, args.stages.split(","), asr, train_dir, eval_dir,
+              {"command": f"python -m {module} " + " ".join(argv or []), "model": args.model})
+    if "data" in run.stages:
+        collect_splits(asr, args, out)
+    return run
+
+
+def _add_data_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corpus", default=str(default_cache_dir() / "speech" / "tts"),
                    help="TTS corpus folder (train.jsonl / eval.jsonl; built if missing)")
     p.add_argument("--data", default=None, help="self-labelled data folder (default: <out>); shareable between scripts")

@@ -31,7 +31,8 @@ from mmaccel.core.model import DecodeState
 from mmaccel.speech.decoder import EncodedAudio, WhisperDecoderModel
 from mmaccel.speech.draft import WhisperDraft, load_draft, new_draft, save_draft, trainable
 from mmaccel.speech.pipeline import ASRPipeline
-from mmaccel.speech.train.data import add_data_arguments, collect_splits, data_dirs, load_rows, log
+from mmaccel.speech.train.common import log, optimizer_step, warmup_cosine
+from mmaccel.speech.train.data import load_rows, start_run
 
 STAGES = ("data", "train", "eval")
 KEEP = ("tokens", "prompt_len", "encoder")
@@ -103,8 +104,7 @@ def train(asr: ASRPipeline, rows: list[dict], args, out: Path) -> WhisperDraft:
     params = training_parameters(draft)
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
     steps = math.ceil(len(rows) / args.batch_utterances) * args.epochs
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 30) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / steps))))
+    sched = warmup_cosine(opt, steps, warmup=30)
     positions = sum(len(r["tokens"]) - r["prompt_len"] for r in rows)
     log(out, f"train a {len(draft.layers)}-layer draft (from target layers {draft.layers}) on {len(rows)} utterances, "
              f"{positions} positions, {len(vocab)} distinct tokens, {steps} steps")
@@ -116,11 +116,7 @@ def train(asr: ASRPipeline, rows: list[dict], args, out: Path) -> WhisperDraft:
             hidden = draft_hidden(dm, [cross[i] for i in idx], tokens)
             keep = tgt >= 0
             loss = F.cross_entropy(F.linear(hidden[keep], weight), lookup[tgt[keep]])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            sched.step()
+            optimizer_step(opt, sched, loss, params)
             step += 1
             if step % 25 == 0 or step == steps:
                 log(out, f"step {step}/{steps} epoch {epoch} CE {loss.item():.3f}")
@@ -146,33 +142,18 @@ def evaluate(asr: ASRPipeline, draft: WhisperDraft, rows: list[dict]) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="builtin:base")
-    p.add_argument("--out", required=True)
-    add_data_arguments(p)
-    p.add_argument("--stages", default=",".join(STAGES))
     p.add_argument("--layers", default="0,-1", help="target layers the draft's layers start from")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-utterances", type=int, default=16)
     p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave the default)")
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stages = args.stages.split(",")
-    asr = ASRPipeline.from_pretrained(args.model, heads=None, draft=None)
-    train_dir, eval_dir = data_dirs(args, out)
-    if "data" in stages:
-        collect_splits(asr, args, out)
+    run = start_run(p, argv, "mmaccel.speech.train.draft", STAGES)
+    args, out, asr = run.args, run.out, run.asr
     path = out / "draft.safetensors"
-    if "train" in stages:
-        draft = train(asr, load_rows(train_dir, args.limit, KEEP), args, out)
-        info = {"command": "python -m mmaccel.speech.train.draft " + " ".join(argv or []), "model": args.model}
-        log(out, f"wrote {save_draft(path, asr.bundle.model, draft, info)}")
-    if "eval" in stages:
-        result = evaluate(asr, load_draft(path, asr.bundle.model), load_rows(eval_dir, args.eval_limit, KEEP))
+    if "train" in run.stages:
+        draft = train(asr, load_rows(run.train_dir, args.limit, KEEP), args, out)
+        log(out, f"wrote {save_draft(path, asr.bundle.model, draft, run.info)}")
+    if "eval" in run.stages:
+        result = evaluate(asr, load_draft(path, asr.bundle.model), load_rows(run.eval_dir, args.eval_limit, KEEP))
         (out / "eval.json").write_text(json.dumps(result, indent=1))
         log(out, f"eval {json.dumps(result)}")
 

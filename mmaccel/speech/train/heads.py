@@ -11,11 +11,12 @@ Stages (`--stages` picks some):
    Cross-entropy on the greedy transcript (hard self-distillation: greedy verification only needs
    the arg-max to agree), uniform over heads as in Whisper-Medusa, AdamW, cosine schedule. The
    softmax runs over the tokens that occur in the training transcripts: the shortlist the heads
-   also draft from (`mmaccel.speech.heads`), ~10x cheaper than the full vocabulary. With
-   `--block-heads K`, Medusa-Block heads (`mmaccel.speech.medusa_block`: one decoder layer over the
-   final hidden states, cross-attending to the audio, then K heads) train the same way, per
-   utterance. Writes `<out>/heads.safetensors` (fp32; what `ASRPipeline.from_pretrained(heads=...)` loads).
-3. `eval`: teacher-forced top-1 agreement of every head (through its shortlist, as it drafts) on
+   also draft from (`mmaccel.speech.heads`), ~10x cheaper than the full vocabulary. Writes
+   `<out>/heads.safetensors` (fp32; what `ASRPipeline.from_pretrained(heads=...)` loads).
+3. `block`: Medusa-Block heads (`mmaccel.speech.medusa_block`: one decoder layer over the final
+   hidden states, cross-attending to the audio, then `--block-heads` heads) train the same way, per
+   utterance, on the same shortlist, and join the heads file.
+4. `eval`: teacher-forced top-1 agreement of every head (through its shortlist, as it drafts) on
    the held-out evaluation manifest.
 """
 
@@ -33,11 +34,13 @@ from torch import Tensor
 from mmaccel.speech.heads import WhisperHeads, load_heads, new_exit_heads, new_medusa_heads, save_heads
 from mmaccel.speech.medusa_block import MedusaBlock, block_forward, new_medusa_block
 from mmaccel.speech.pipeline import ASRPipeline
+from mmaccel.speech.train.common import log, optimizer_step, warmup_cosine
+from mmaccel.speech.train.data import load_rows, start_run
 from mmaccel.speech.train.draft import cross_cache, training_parameters, training_state
-from mmaccel.speech.train.data import add_data_arguments, collect_splits, data_dirs, load_rows, log
 
-STAGES = ("data", "train", "eval")
-KEEP = ("tokens", "prompt_len", "final", "layers", "encoder")   # the fields of the labelled rows heads train on
+STAGES = ("data", "train", "block", "eval")
+KEEP = ("tokens", "prompt_len", "final", "layers")   # the fields of the labelled rows the heads train on
+BLOCK_KEEP = KEEP + ("encoder",)                     # the Medusa block also cross-attends to the audio
 
 
 def targets(rows: list[dict], num_heads: int, exit_layers: list[int]):
@@ -74,7 +77,7 @@ def train(asr: ASRPipeline, rows: list[dict], args, out: Path) -> WhisperHeads:
     params = [*heads.medusa.parameters(), *(p for h in heads.exits.values() for p in h.parameters())]
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.98), weight_decay=0.0)
     steps = math.ceil(N / args.batch_positions) * args.epochs
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / steps))))
+    sched = warmup_cosine(opt, steps, warmup=20)
     log(out, f"train on {N} positions from {len(rows)} utterances ({len(vocab)} distinct tokens): "
              f"{args.num_heads} Medusa heads, exit layers {layers}, {steps} steps")
     step = 0
@@ -88,11 +91,7 @@ def train(asr: ASRPipeline, rows: list[dict], args, out: Path) -> WhisperHeads:
             exits = torch.stack([F.cross_entropy(F.linear(heads.exits[k](layer_h[k][idx]), weight), nxt[idx])
                                  for k in layers]).mean()
             loss = medusa + exits
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            sched.step()
+            optimizer_step(opt, sched, loss, params)
             step += 1
             if step % 50 == 0 or step == steps:
                 log(out, f"step {step}/{steps} epoch {epoch} medusa CE {medusa.item():.3f} exit CE {exits.item():.3f}")
@@ -133,8 +132,7 @@ def train_block(asr: ASRPipeline, rows: list[dict], vocab: Tensor, args, out: Pa
     params = training_parameters(block.layer) + list(block.heads.parameters())
     opt = torch.optim.AdamW(params, lr=args.block_lr, betas=(0.9, 0.98), weight_decay=0.01)
     steps = math.ceil(len(rows) / args.batch_utterances) * args.block_epochs
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 30) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / steps))))
+    sched = warmup_cosine(opt, steps, warmup=30)
     log(out, f"train a Medusa block with {args.block_heads} heads on {len(rows)} utterances, {steps} steps")
     step = 0
     for epoch in range(args.block_epochs):
@@ -149,11 +147,7 @@ def train_block(asr: ASRPipeline, rows: list[dict], vocab: Tensor, args, out: Pa
                 keep = target[..., i] >= 0
                 losses.append(F.cross_entropy(F.linear(head.transform(h[keep]), weight), lookup[target[..., i][keep]]))
             loss = torch.stack(losses).mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            sched.step()
+            optimizer_step(opt, sched, loss, params)
             step += 1
             if step % 25 == 0 or step == steps:
                 log(out, f"block step {step}/{steps} epoch {epoch} CE {loss.item():.3f}")
@@ -195,41 +189,27 @@ def evaluate(asr: ASRPipeline, heads: WhisperHeads, rows: list[dict]) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="builtin:base")
-    p.add_argument("--out", required=True)
-    add_data_arguments(p)
-    p.add_argument("--stages", default=",".join(STAGES))
     p.add_argument("--num-heads", type=int, default=5)
     p.add_argument("--head-layers", type=int, default=1)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-positions", type=int, default=256)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--block-heads", type=int, default=0, help="also train Medusa-Block heads (0: none)")
+    p.add_argument("--block-heads", type=int, default=4, help="heads of the Medusa block (stage `block`)")
     p.add_argument("--block-epochs", type=int, default=10)
     p.add_argument("--block-lr", type=float, default=3e-4)
     p.add_argument("--batch-utterances", type=int, default=16, help="utterances per Medusa-Block training step")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave the default)")
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stages = args.stages.split(",")
-    asr = ASRPipeline.from_pretrained(args.model, heads=None, draft=None)
-    train_dir, eval_dir = data_dirs(args, out)
-    if "data" in stages:
-        collect_splits(asr, args, out)
+    run = start_run(p, argv, "mmaccel.speech.train.heads", STAGES)
+    args, out, asr = run.args, run.out, run.asr
     path = out / "heads.safetensors"
-    if "train" in stages:
-        rows = load_rows(train_dir, args.limit, KEEP)
-        heads = train(asr, rows, args, out)
-        if args.block_heads:
-            heads.block = train_block(asr, rows, heads.vocab, args, out)
-        info = {"command": "python -m mmaccel.speech.train.heads " + " ".join(argv or []), "model": args.model}
-        log(out, f"wrote {save_heads(path, asr.model, heads, info)}")
-    if "eval" in stages:
-        result = evaluate(asr, load_heads(path, asr.model), load_rows(eval_dir, args.eval_limit, KEEP))
+    if "train" in run.stages:
+        heads = train(asr, load_rows(run.train_dir, args.limit, KEEP), args, out)
+        log(out, f"wrote {save_heads(path, asr.model, heads, run.info)}")
+    if "block" in run.stages:
+        heads = load_heads(path, asr.model)
+        heads.block = train_block(asr, load_rows(run.train_dir, args.limit, BLOCK_KEEP), heads.vocab, args, out)
+        log(out, f"wrote {save_heads(path, asr.model, heads, run.info)}")
+    if "eval" in run.stages:
+        result = evaluate(asr, load_heads(path, asr.model), load_rows(run.eval_dir, args.eval_limit, BLOCK_KEEP))
         (out / "eval.json").write_text(json.dumps(result, indent=1))
         log(out, f"eval {json.dumps(result)}")
 

@@ -1,0 +1,32 @@
+"""What the speech trainers share: the run log, the learning-rate schedule and the optimiser step."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+
+def log(out: Path, message: str) -> None:
+    line = f"{time.strftime('%H:%M:%S')} {message}"
+    print(line, flush=True)
+    with open(out / "train.log", "a") as f:
+        f.write(line + "\n")
+
+
+def warmup_cosine(opt: torch.optim.Optimizer, steps: int, warmup: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up over `warmup` steps times a cosine from the full rate to 10 % at `steps`."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / steps))))
+
+
+def optimizer_step(opt: torch.optim.Optimizer, sched, loss: Tensor, params: list[torch.nn.Parameter]) -> None:
+    """Backward, clip the gradient norm to 1, step the optimiser and the schedule."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    sched.step()
