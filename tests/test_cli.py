@@ -87,3 +87,8 @@ def test_asr_transcribe_prints_transcripts_and_reports_bad_files(capsys, tmp_pat
     assert '"method": "greedy"' in err and '"rtfx"' in err
     assert main(["asr", "transcribe", FILES[1], "--model", "builtin:tiny.en", "--method", "nope"]) == 2
     assert "unknown method 'nope'" in capsys.readouterr().err
+    assert main(["asr", "transcribe", FILES[1], "--model", "builtin:tiny.en", "--method", "speculative",
+                 "--draft", "none"]) == 2
+    assert "needs a draft model" in capsys.readouterr().err
+    assert main(["asr", "transcribe", FILES[1], "--model", "builtin:tiny.en", "--draft", str(tmp_path / "d.safetensors")]) == 2
+    assert "draft decoder file not found" in capsys.readouterr().err

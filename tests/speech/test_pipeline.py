@@ -96,7 +96,7 @@ def test_heads_file_round_trip_and_errors(tmp_path):
         load_heads(corrupt, model)
 
 
-def test_shipped_base_heads_draft_losslessly(files):
+def test_shipped_base_heads_and_draft_decoder_draft_losslessly(files):
     from mmaccel.speech.pipeline import builtin_heads_path
 
     if not builtin_heads_path("base").is_file():
@@ -107,6 +107,13 @@ def test_shipped_base_heads_draft_losslessly(files):
         pytest.skip(f"Whisper base not installed: {err}")
     assert asr.heads.medusa is not None and sorted(asr.heads.exits) == [1, 2, 3, 4, 5]
     greedy = asr.transcribe(files[:3], "greedy")
-    for method, params in (("medusa", {"depth": 2, "width": 2}), ("early-exit", {"k": 2, "exit_layer": 5})):
+    methods = [("medusa", {"depth": 2, "width": 2}), ("early-exit", {"k": 2, "exit_layer": 5})]
+    if asr.heads.block is not None:
+        methods.append(("medusa-block", {"depth": 3, "width": 2}))
+    if asr.draft is not None:
+        methods += [("speculative", {"k": 4}), ("tree", {"depth": 4, "width": 2})]
+    for method, params in methods:
         out = asr.transcribe(files[:3], method, **params)
-        assert out.texts == greedy.texts and out.stats.mean_accepted > 1.0
+        assert out.texts == greedy.texts and out.stats.mean_accepted > 1.0, method
+    calm = asr.transcribe(files[:3], "calm", threshold=1.0)
+    assert calm.texts == greedy.texts and calm.stats.mean_exit_layer == 6.0
