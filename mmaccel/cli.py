@@ -76,7 +76,7 @@ def cmd_asr_transcribe(args) -> int:
 
     heads = None if args.heads == "none" else args.heads
     draft = None if args.draft == "none" else args.draft
-    asr = ASRPipeline.from_pretrained(args.model, heads=heads, draft=draft)
+    asr = ASRPipeline.from_pretrained(args.model, heads=heads, draft=draft, assistant=args.assistant)
     out = asr.transcribe(list(args.files), args.method, batch_size=args.batch_size, language=args.language,
                          **dict(args.param))
     failed = 0
@@ -262,6 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     at.add_argument("--heads", default="auto", help="Medusa/exit heads file, 'auto' (shipped heads) or 'none'")
     at.add_argument("--draft", default="auto",
                     help="draft decoder file for speculative/tree, 'auto' (shipped draft) or 'none'")
+    at.add_argument("--assistant", default=None,
+                    help="another Whisper for speculative-cross (builtin:tiny.en or a local HF Whisper directory)")
     at.add_argument("--method", default="greedy")
     at.add_argument("--param", type=_param, action="append", default=[], metavar="KEY=VALUE",
                     help="method parameter, e.g. --param depth=4 (repeatable)")

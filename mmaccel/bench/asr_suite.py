@@ -75,8 +75,10 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
                     tts_utterances: int | None = None, pipeline=None) -> Suite:
     from mmaccel.speech.pipeline import ASRPipeline
 
-    asr = pipeline or ASRPipeline.from_pretrained(model)
     methods = methods or DEFAULT_METHODS
+    # speculative-cross drafts with another Whisper: tiny.en for the builtin base
+    assistant = "builtin:tiny.en" if model == "builtin:base" and any(m.name == "speculative-cross" for m in methods) else None
+    asr = pipeline or ASRPipeline.from_pretrained(model, assistant=assistant)
     if methods[0].name != "greedy":
         methods = [MethodSpec("greedy")] + [m for m in methods if m.name not in ("greedy", "ar")]
     tts = tts_utterances if tts_utterances is not None else (QUICK_TTS if quick else FULL_TTS)
@@ -132,6 +134,8 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
     config = {"model": asr.bundle.name, "audio": f"{len(corpus) - tts} real clips + {tts} held-out TTS utterances",
               "audio_s": round(audio_s, 1), "utterances": len(corpus), "batch_sizes": list(sizes),
               "wer": f"corpus WER, {normalizer_version()}", "heads": Path(asr.heads_source).name if asr.heads_source else None,
+              "draft": Path(asr.draft_source).name if asr.draft_source else None,
+              "assistant": asr.assistant.name if asr.assistant else None,
               "threads": torch.get_num_threads(), "quick": quick}
     return Suite("asr", config, methods, batches, run_batch, quality, claims_lossless, verify_identical=True,
                  primary_quality="wer", warmup=warmup, finish=finish)

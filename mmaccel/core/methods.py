@@ -74,7 +74,8 @@ class Method:
 
 
 _NEEDS = {"draft": "a draft model", "heads": "trained Medusa heads", "latents": "token latents (a codebook)",
-          "exit_heads": "trained early-exit heads", "medusa_block": "a trained Medusa block"}
+          "exit_heads": "trained early-exit heads", "medusa_block": "a trained Medusa block",
+          "assistant": "an assistant model (another tokenizer)"}
 
 
 def _need(resources: Resources, attr: str, method: str):

@@ -35,6 +35,7 @@ class EncodedAudio:
     encoder_states: Tensor
     prompt: Tensor
     cross_kv: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict, repr=False)
+    features: Tensor | None = field(default=None, repr=False)   # the log-mels (for an assistant's own encoder)
 
     @property
     def batch_size(self) -> int:
@@ -231,7 +232,7 @@ class WhisperDecoderModel:
         check(len(prompt) > 0, "the decoder prompt needs at least <|startoftranscript|>")
         states = self.hf.model.encoder(features.to(self.device, self.dtype)).last_hidden_state
         prompt_t = torch.tensor(prompt, dtype=torch.long).expand(features.shape[0], -1).contiguous()
-        return EncodedAudio(states, prompt_t)
+        return EncodedAudio(states, prompt_t, features=features)
 
     def _cross(self, inputs: EncodedAudio, i: int) -> tuple[Tensor, Tensor]:
         key = self.cross_layers[i]
@@ -369,4 +370,5 @@ class WhisperDecoderModel:
         idx = index.to(self.device)
         state.extras["inputs"] = EncodedAudio(
             inputs.encoder_states.index_select(0, idx), inputs.prompt.index_select(0, index.cpu()),
-            {i: (k.index_select(0, idx), v.index_select(0, idx)) for i, (k, v) in inputs.cross_kv.items()})
+            {i: (k.index_select(0, idx), v.index_select(0, idx)) for i, (k, v) in inputs.cross_kv.items()},
+            None if inputs.features is None else inputs.features.index_select(0, index.to(inputs.features.device)))

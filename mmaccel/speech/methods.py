@@ -15,6 +15,7 @@ from mmaccel.core.beam import beam_search
 from mmaccel.core.methods import Method, Resources, _float, _int, _need
 from mmaccel.errors import check
 from mmaccel.speech.calm import calm_decode
+from mmaccel.speech.cross_draft import CrossTokenizerProposer
 from mmaccel.speech.medusa_block import BlockHeadsProposer
 
 
@@ -54,10 +55,17 @@ def _medusa_block(p: dict) -> Method:
                   lambda r: BlockHeadsProposer(_need(r, "medusa_block", "medusa-block"), r.model), tree=(depth, width))
 
 
+def _speculative_cross(p: dict) -> Method:
+    k = _int(p, "k", 4)
+    return Method("speculative-cross", f"chain speculative decoding, assistant of another tokenizer, k={k}",
+                  "assistant", True, lambda r: CrossTokenizerProposer(_need(r, "assistant", "speculative-cross")), k=k)
+
+
 ASR_REGISTRY: dict[str, Callable[[dict], Method]] = {
     "greedy": _greedy,
     "beam": _beam,
     "speculative": core.REGISTRY["speculative"],
+    "speculative-cross": _speculative_cross,
     "tree": core.REGISTRY["tree"],
     "medusa": core.REGISTRY["medusa"],
     "medusa-typical": core.REGISTRY["medusa-typical"],

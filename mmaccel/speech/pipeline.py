@@ -23,6 +23,7 @@ from mmaccel.core.stats import DecodeStats
 from mmaccel.errors import InputError, check
 from mmaccel.paths import assets_dir
 from mmaccel.speech.audio import Audio, AudioLike, as_audio, is_silent, log_mel, split_long
+from mmaccel.speech.cross_draft import Assistant, new_assistant
 from mmaccel.speech.decoder import WhisperDecoderModel, fast_bf16_matmul
 from mmaccel.speech.draft import WhisperDraft, load_draft
 from mmaccel.speech.heads import WhisperHeads, load_heads
@@ -86,16 +87,18 @@ class ASRPipeline:
         self.draft = draft
         self.draft_source: str | None = None     # the draft decoder file, when loaded from one
         self._draft_model = None if draft is None else draft.decoder_model(self.model)
+        self.assistant: Assistant | None = None  # another Whisper, for speculative-cross
 
     @classmethod
     def from_pretrained(cls, source: str = "builtin:base", *, heads: str | os.PathLike | None = "auto",
-                        draft: str | os.PathLike | None = "auto",
+                        draft: str | os.PathLike | None = "auto", assistant: str | None = None,
                         cache_dir: str | os.PathLike | None = None) -> "ASRPipeline":
         """`source`: "builtin:base", "builtin:tiny.en" or a local Hugging Face Whisper directory.
 
         `heads`: a heads file (Medusa and/or exit heads); `draft`: a draft decoder file (for
         `speculative` / `tree`). "auto" loads the shipped file of a builtin model (or
         `heads.safetensors` / `draft.safetensors` inside a local directory) when present; None loads none.
+        `assistant`: another Whisper (a source like "builtin:tiny.en") for `speculative-cross`.
         """
         bundle = load_whisper(source, cache_dir)
         builtin = source.startswith("builtin:")
@@ -108,12 +111,15 @@ class ASRPipeline:
         if heads is not None:
             pipe.heads = load_heads(heads, pipe.model)
             pipe.heads_source = str(heads)
+        if assistant is not None:
+            pipe.assistant = new_assistant(load_whisper(assistant, cache_dir), bundle)
         return pipe
 
     def resources(self, method: Method | None = None) -> Resources:
         """What methods draw on; the target is the arg-max view unless `method` reads logit values."""
         target = self.model if method is None or method.exact_logits else self.argmax_model
-        extras = {} if self.heads.block is None else {"medusa_block": self.heads.block}
+        extras = {"medusa_block": self.heads.block, "assistant": self.assistant}
+        extras = {k: v for k, v in extras.items() if v is not None}
         return Resources(target, draft=self._draft_model, heads=self.heads.medusa, exit_heads=self.heads.exits,
                          extras=extras)
 
