@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from pathlib import Path
@@ -15,6 +16,12 @@ def log(out: Path, message: str) -> None:
     print(line, flush=True)
     with open(out / "train.log", "a") as f:
         f.write(line + "\n")
+
+
+def write_eval(out: Path, result: dict) -> None:
+    """`<out>/eval.json` and a log line: a trained draft's held-out numbers."""
+    (out / "eval.json").write_text(json.dumps(result, indent=1))
+    log(out, f"eval {json.dumps(result)}")
 
 
 def warmup_cosine(opt: torch.optim.Optimizer, steps: int, warmup: int) -> torch.optim.lr_scheduler.LambdaLR:

@@ -19,7 +19,6 @@ Stages (`--stages` picks some):
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from mmaccel.core.model import DecodeState
 from mmaccel.speech.decoder import EncodedAudio, WhisperDecoderModel
 from mmaccel.speech.draft import WhisperDraft, load_draft, new_draft, save_draft, trainable
 from mmaccel.speech.pipeline import ASRPipeline
-from mmaccel.speech.train.common import log, optimizer_step, warmup_cosine
+from mmaccel.speech.train.common import log, optimizer_step, warmup_cosine, write_eval
 from mmaccel.speech.train.data import load_rows, start_run
 
 STAGES = ("data", "train", "eval")
@@ -154,8 +153,7 @@ def main(argv: list[str] | None = None) -> None:
         log(out, f"wrote {save_draft(path, asr.bundle.model, draft, run.info)}")
     if "eval" in run.stages:
         result = evaluate(asr, load_draft(path, asr.bundle.model), load_rows(run.eval_dir, args.eval_limit, KEEP))
-        (out / "eval.json").write_text(json.dumps(result, indent=1))
-        log(out, f"eval {json.dumps(result)}")
+        write_eval(out, result)
 
 
 if __name__ == "__main__":

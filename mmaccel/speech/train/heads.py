@@ -23,7 +23,6 @@ Stages (`--stages` picks some):
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from torch import Tensor
 from mmaccel.speech.heads import WhisperHeads, load_heads, new_exit_heads, new_medusa_heads, save_heads
 from mmaccel.speech.medusa_block import MedusaBlock, block_forward, new_medusa_block
 from mmaccel.speech.pipeline import ASRPipeline
-from mmaccel.speech.train.common import log, optimizer_step, warmup_cosine
+from mmaccel.speech.train.common import log, optimizer_step, warmup_cosine, write_eval
 from mmaccel.speech.train.data import load_rows, start_run
 from mmaccel.speech.train.draft import cross_cache, training_parameters, training_state
 
@@ -210,8 +209,7 @@ def main(argv: list[str] | None = None) -> None:
         log(out, f"wrote {save_heads(path, asr.model, heads, run.info)}")
     if "eval" in run.stages:
         result = evaluate(asr, load_heads(path, asr.model), load_rows(run.eval_dir, args.eval_limit, BLOCK_KEEP))
-        (out / "eval.json").write_text(json.dumps(result, indent=1))
-        log(out, f"eval {json.dumps(result)}")
+        write_eval(out, result)
 
 
 if __name__ == "__main__":
