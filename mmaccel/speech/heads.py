@@ -10,8 +10,9 @@ Drafting reads out through a shortlist of the vocabulary (the tokens of the trai
 stored with the heads as `vocab`): the full 51 865-row projection per head would cost more than
 the passes Medusa saves on a CPU.
 
-One safetensors file holds both kinds; its metadata names the model they were trained for (hidden
-size, vocabulary, decoder layers), and loading checks that they fit.
+One safetensors file holds every kind (weights stored in fp16 and loaded in the model's dtype:
+drafts only propose, so their rounding never reaches the output); its metadata names the model
+they were trained for (hidden size, vocabulary, decoder layers), and loading checks that they fit.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -31,9 +31,8 @@ from mmaccel.checkpoints import read_checkpoint
 from mmaccel.errors import InputError, check
 from mmaccel.speech.decoder import ExitHead, ShortlistProjection, WhisperDecoderModel
 from mmaccel.speech.draft import trainable
+from mmaccel.speech.medusa_block import MedusaBlock, new_medusa_block
 
-if TYPE_CHECKING:
-    from mmaccel.speech.medusa_block import MedusaBlock
 
 
 @dataclass
@@ -41,7 +40,7 @@ class WhisperHeads:
     medusa: nn.ModuleList | None = None          # heads[i] guesses the token i + 2 ahead of the hidden state
     exits: dict[int, ExitHead] | None = None     # exit layer -> head
     vocab: Tensor | None = None                  # the draft shortlist (token ids) the heads project onto
-    block: "MedusaBlock | None" = None           # Medusa-Block heads (mmaccel.speech.medusa_block)
+    block: MedusaBlock | None = None           # Medusa-Block heads (mmaccel.speech.medusa_block)
 
 
 def head_projection(model: WhisperDecoderModel, vocab: Tensor | None = None):
@@ -84,18 +83,18 @@ def save_heads(path: str | os.PathLike, model: WhisperDecoderModel, heads: Whisp
     if heads.medusa is not None:
         meta["medusa"] = {"num_heads": len(heads.medusa), "num_layers": len(heads.medusa[0].blocks)}
         for name, t in heads.medusa.state_dict().items():
-            tensors[f"medusa.{name}"] = t.detach().contiguous()
+            tensors[f"medusa.{name}"] = t.detach().half().contiguous()
     if heads.block is not None:
         meta["medusa_block"] = {"num_heads": len(heads.block.heads), "num_layers": len(heads.block.heads[0].blocks)}
         for name, t in trainable(heads.block.layer).items():
-            tensors[f"block.layer.{name}"] = t.detach().contiguous()
+            tensors[f"block.layer.{name}"] = t.detach().half().contiguous()
         for name, t in heads.block.heads.state_dict().items():
-            tensors[f"block.heads.{name}"] = t.detach().contiguous()
+            tensors[f"block.heads.{name}"] = t.detach().half().contiguous()
     if heads.exits:
         meta["exit_layers"] = sorted(heads.exits)
         for k, head in heads.exits.items():
             for name, t in head.state_dict().items():
-                tensors[f"exit.{k}.{name}"] = t.detach().contiguous()
+                tensors[f"exit.{k}.{name}"] = t.detach().half().contiguous()
     check(tensors, "no heads to save")
     if heads.vocab is not None:
         tensors["vocab"] = heads.vocab.to(torch.int64).contiguous()
@@ -125,8 +124,6 @@ def load_heads(path: str | os.PathLike, model: WhisperDecoderModel) -> WhisperHe
         for k, head in heads.exits.items():
             _load_part(head, tensors, f"exit.{k}.", path)
     if "medusa_block" in meta:
-        from mmaccel.speech.medusa_block import new_medusa_block
-
         m = meta["medusa_block"]
         heads.block = new_medusa_block(model, new_medusa_heads(model, m["num_heads"], m["num_layers"], heads.vocab))
         heads.block.layer.vocab = heads.vocab

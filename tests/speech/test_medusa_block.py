@@ -96,6 +96,9 @@ def test_a_block_that_knows_the_answer_is_accepted(tiny_hf, tiny_decoder):
 
 def test_heads_file_carries_the_block(tiny_decoder, tmp_path):
     block = _block(tiny_decoder, vocab=SHORTLIST)
+    with torch.no_grad():                                # fp16-representable: the file stores fp16
+        for p in [*block.heads.parameters(), *trainable(block.layer).values()]:
+            p.copy_(p.half())
     path = save_heads(tmp_path / "heads.safetensors", tiny_decoder, WhisperHeads(vocab=SHORTLIST, block=block))
     back = load_heads(path, tiny_decoder).block
     assert back is not None and len(back.heads) == 3 and back.layer.layers == [3]

@@ -76,8 +76,9 @@ def test_heads_file_round_trip_and_errors(tmp_path):
     model = WhisperDecoderModel(tiny_whisper())
     vocab = torch.tensor([1, 4, 9, 30])
     heads = WhisperHeads(new_medusa_heads(model, 3, vocab=vocab), new_exit_heads(model, [1, 3], vocab), vocab)
-    for p in heads.medusa.parameters():
-        torch.nn.init.normal_(p)
+    with torch.no_grad():
+        for p in heads.medusa.parameters():
+            p.copy_(torch.randn_like(p).half())          # fp16-representable: the file stores fp16
     path = save_heads(tmp_path / "h.safetensors", model, heads, {"note": "test"})
     back = load_heads(path, model)
     h = torch.randn(2, 32)

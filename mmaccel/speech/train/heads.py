@@ -12,7 +12,7 @@ Stages (`--stages` picks some):
    the arg-max to agree), uniform over heads as in Whisper-Medusa, AdamW, cosine schedule. The
    softmax runs over the tokens that occur in the training transcripts: the shortlist the heads
    also draft from (`mmaccel.speech.heads`), ~10x cheaper than the full vocabulary. Writes
-   `<out>/heads.safetensors` (fp32; what `ASRPipeline.from_pretrained(heads=...)` loads).
+   `<out>/heads.safetensors` (fp16 on disk; what `ASRPipeline.from_pretrained(heads=...)` loads).
 3. `block`: Medusa-Block heads (`mmaccel.speech.medusa_block`: one decoder layer over the final
    hidden states, cross-attending to the audio, then `--block-heads` heads) train the same way, per
    utterance, on the same shortlist, and join the heads file.
