@@ -35,7 +35,7 @@ class DraftContext:
     sampler: TokenSampler
     target_hidden: Tensor | None = None  # [B, d] target hidden state that predicted `pending`
     active: Tensor | None = None         # [B] rows still generating
-    # for proposers with `needs_hidden`: the target's hidden states [B, L, d] of the positions
+    # for proposers with `needs_committed_hidden`: the target's hidden states [B, L, d] of the positions
     # committed since the previous proposal (the prompt's after prefill), row b's first counts[b]
     committed_hidden: Tensor | None = None
     committed_counts: Tensor | None = None
@@ -44,7 +44,8 @@ class DraftContext:
 class Proposer:
     """Base class. Subclasses implement `propose` (chain) and optionally `propose_tree`."""
 
-    needs_hidden = False
+    needs_hidden = False            # reads DraftContext.target_hidden
+    needs_committed_hidden = False  # reads DraftContext.committed_hidden (all newly committed positions)
 
     def start(self, inputs: Any, room: int, ctx: DraftContext) -> None:
         """Called once after the target's prefill and first token."""

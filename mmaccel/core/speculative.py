@@ -138,7 +138,7 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
                 last_node = _row_index(path, n)
             if state.hidden is not None:
                 hidden = torch.where(active[:, None].to(state.hidden.device), _row_index(state.hidden, last_node), hidden)
-                if proposer is not None and proposer.needs_hidden:     # the accepted path, pending's position first
+                if getattr(proposer, "needs_committed_hidden", False):    # the accepted path, pending's first
                     picked = state.hidden if tree is None else state.hidden.gather(
                         1, path.clamp(0, state.hidden.shape[1] - 1).to(state.hidden.device)[:, :, None]
                         .expand(-1, -1, state.hidden.shape[-1]))

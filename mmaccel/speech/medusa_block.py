@@ -50,7 +50,7 @@ class BlockHeadsProposer(HeadsProposer):
     """Medusa-Block drafting: the block reads every committed target hidden state, the heads read
     the block's output at the newest one."""
 
-    needs_hidden = True
+    needs_committed_hidden = True
 
     def __init__(self, block: MedusaBlock, target: WhisperDecoderModel):
         super().__init__(block.heads)
