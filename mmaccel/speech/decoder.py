@@ -14,6 +14,7 @@ every method decodes under the same rules and greedy equals HF greedy.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmaccel.core.model import CacheWrite, DecodeState, KVCache, check_step_args, default_positions
+from mmaccel.core.quant import int8_matmul, quantize_rows
 from mmaccel.errors import check
 
 
@@ -36,6 +38,9 @@ class EncodedAudio:
     prompt: Tensor
     cross_kv: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict, repr=False)
     features: Tensor | None = field(default=None, repr=False)   # the log-mels (for an assistant's own encoder)
+    # [B] encoder frames that hold audio (the rest of the 30-s window is padding), when known
+    audio_frames: Tensor | None = None
+    windows: dict = field(default_factory=dict, repr=False)      # cached cross-attention windows (see _cross)
 
     @property
     def batch_size(self) -> int:
@@ -57,17 +62,24 @@ class ShortlistProjection:
 
     On a CPU the 51 865-row projection is ~28 % of a Whisper base decoder step; a draft that only
     proposes tokens of a shortlist (those seen in training transcripts) reads a few thousand rows.
-    Drafts outside the shortlist are impossible, which costs acceptance, never exactness.
+    Drafts outside the shortlist are impossible, which costs acceptance, never exactness. With
+    `int8` the rows are stored as int8 (`mmaccel.core.quant`), a quarter of the bytes.
     """
 
-    def __init__(self, weight: Tensor, vocab: Tensor):
+    def __init__(self, weight: Tensor, vocab: Tensor, int8: bool = False):
         self.vocab = vocab.to(weight.device, torch.long)
-        self.weight = weight.detach()[self.vocab].clone()
+        rows = weight.detach()[self.vocab]
+        self.weight, self.scale = quantize_rows(rows) if int8 else (rows.clone(), None)
+        if self.scale is not None:
+            self.scale = self.scale.to(torch.bfloat16)                 # what the CPU kernel reads
         self.vocab_size = weight.shape[0]
 
     def __call__(self, hidden: Tensor) -> Tensor:
         out = hidden.new_full((*hidden.shape[:-1], self.vocab_size), float("-inf"))
-        out[..., self.vocab] = F.linear(hidden, self.weight)
+        if self.scale is None:
+            out[..., self.vocab] = F.linear(hidden, self.weight)
+        else:
+            out[..., self.vocab] = int8_matmul(hidden, self.weight, self.scale)
         return out
 
 
@@ -147,12 +159,15 @@ class WhisperDecoderModel:
     draft decoder whose cross-attention key/value projections are frozen copies of target layers
     shares the target's entries. `projection` reads logits out through a vocabulary shortlist.
     `argmax_readout` (see `argmax_view`) makes `step` return logits exact only at each row's arg-max.
+    `cross_window` (frames, for drafts) limits cross-attention to each row's audio frames plus that
+    many after them, where the audio's length is known (`encode(..., seconds=)`): short clips are
+    mostly padding of Whisper's 30-s window, which the full model must attend to and a draft need not.
     """
 
     def __init__(self, hf, suppress_tokens: list[int] | None = None, begin_suppress_tokens: list[int] | None = None,
                  num_layers: int | None = None, exit_head: nn.Module | None = None,
                  cross_layers: list[int] | None = None, projection: ShortlistProjection | None = None,
-                 argmax_readout: ArgmaxProjection | None = None):
+                 argmax_readout: ArgmaxProjection | None = None, cross_window: int | None = None):
         decoder = getattr(getattr(hf, "model", None), "decoder", None)
         check(decoder is not None and hasattr(decoder, "layers") and hasattr(decoder, "embed_positions"),
               f"{type(hf).__name__} is not a Whisper encoder-decoder (expected .model.decoder with layers)")
@@ -169,6 +184,9 @@ class WhisperDecoderModel:
               f"got {len(self.cross_layers)}")
         self.projection = projection if projection is not None else getattr(exit_head, "projection", None)
         self.argmax_readout = argmax_readout
+        check(cross_window is None or (isinstance(cross_window, int) and cross_window >= 0),
+              f"cross_window must be None or an int >= 0 (frames), got {cross_window!r}")
+        self.cross_window = cross_window
         self.vocab_size = cfg.vocab_size
         self.num_heads = cfg.decoder_attention_heads
         self.head_dim = cfg.d_model // self.num_heads
@@ -223,8 +241,9 @@ class WhisperDecoderModel:
     # ---- audio --------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def encode(self, features: Tensor, prompt: list[int]) -> EncodedAudio:
-        """Run the encoder on log-mel `features` [B, mels, 3000]; every row gets `prompt`."""
+    def encode(self, features: Tensor, prompt: list[int], seconds: list[float] | None = None) -> EncodedAudio:
+        """Run the encoder on log-mel `features` [B, mels, 3000]; every row gets `prompt`.
+        `seconds`: each row's audio length (for drafts with a `cross_window`)."""
         cfg = self.hf.config
         check(isinstance(features, Tensor) and features.dim() == 3 and features.shape[1] == cfg.num_mel_bins,
               f"features must be log-mel [batch, {cfg.num_mel_bins}, frames], got "
@@ -232,9 +251,15 @@ class WhisperDecoderModel:
         check(len(prompt) > 0, "the decoder prompt needs at least <|startoftranscript|>")
         states = self.hf.model.encoder(features.to(self.device, self.dtype)).last_hidden_state
         prompt_t = torch.tensor(prompt, dtype=torch.long).expand(features.shape[0], -1).contiguous()
-        return EncodedAudio(states, prompt_t, features=features)
+        frames = None
+        if seconds is not None:
+            check(len(seconds) == features.shape[0], f"seconds needs one length per row ({features.shape[0]}), got {len(seconds)}")
+            window_s = features.shape[-1] / 100                     # 100 mel frames per second
+            frames = torch.tensor([min(states.shape[1], math.ceil(s / window_s * states.shape[1])) for s in seconds])
+        return EncodedAudio(states, prompt_t, features=features, audio_frames=frames)
 
     def _cross(self, inputs: EncodedAudio, i: int) -> tuple[Tensor, Tensor]:
+        """Layer i's cross-attention keys/values [B, H, S, Dh] over the whole window (computed once)."""
         key = self.cross_layers[i]
         if key not in inputs.cross_kv:
             attn = self.decoder.layers[i].encoder_attn
@@ -244,6 +269,23 @@ class WhisperDecoderModel:
             v = attn.v_proj(x).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
             inputs.cross_kv[key] = (k, v)
         return inputs.cross_kv[key]
+
+    def _attended(self, inputs: EncodedAudio, i: int) -> tuple[Tensor, Tensor, Tensor | None]:
+        """What layer i cross-attends to: keys, values and a mask [B, 1, 1, S'] (None: all of them).
+        Without a `cross_window` (or audio lengths) that is the whole window; with one, each row's
+        audio frames plus `cross_window` more (the keys/values cut to the longest row, cached)."""
+        k, v = self._cross(inputs, i)
+        if self.cross_window is None or inputs.audio_frames is None:
+            return k, v, None
+        name = (self.cross_layers[i], self.cross_window)
+        if name not in inputs.windows:
+            reach = (inputs.audio_frames + self.cross_window).clamp(max=k.shape[2])
+            n = int(reach.max())
+            mask = None
+            if bool((reach < n).any()):
+                mask = (torch.arange(n)[None, :] < reach[:, None])[:, None, None].to(k.device)
+            inputs.windows[name] = (k[:, :, :n].contiguous(), v[:, :, :n].contiguous(), mask)
+        return inputs.windows[name]
 
     # ---- decoding -----------------------------------------------------------------------------
 
@@ -333,12 +375,13 @@ class WhisperDecoderModel:
         k = a.k_proj(x).view(B, T, H, Dh).transpose(1, 2)
         v = a.v_proj(x).view(B, T, H, Dh).transpose(1, 2)
         k, v = step.write.update(k, v, i)
-        ck, cv = self._cross(step.inputs, i)
+        ck, cv, cmask = self._attended(step.inputs, i)
         out, mask = h, step.mask
         if rows is not None and rows.numel() == 0:
             return out
         if rows is not None:
             h, x, k, v, ck, cv, mask = (t.index_select(0, rows) for t in (h, x, k, v, ck, cv, mask))
+            cmask = None if cmask is None else cmask.index_select(0, rows)
             B = h.shape[0]
         q = a.q_proj(x).view(B, T, H, Dh).transpose(1, 2)
         x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
@@ -346,7 +389,7 @@ class WhisperDecoderModel:
         c = layer.encoder_attn
         x = layer.encoder_attn_layer_norm(h)
         q = c.q_proj(x).view(B, T, H, Dh).transpose(1, 2)
-        x = F.scaled_dot_product_attention(q, ck, cv)
+        x = F.scaled_dot_product_attention(q, ck, cv, attn_mask=cmask)
         h = h + c.out_proj(x.transpose(1, 2).reshape(B, T, H * Dh))
         x = layer.final_layer_norm(h)
         h = h + layer.fc2(layer.activation_fn(layer.fc1(x)))
@@ -371,4 +414,5 @@ class WhisperDecoderModel:
         state.extras["inputs"] = EncodedAudio(
             inputs.encoder_states.index_select(0, idx), inputs.prompt.index_select(0, index.cpu()),
             {i: (k.index_select(0, idx), v.index_select(0, idx)) for i, (k, v) in inputs.cross_kv.items()},
-            None if inputs.features is None else inputs.features.index_select(0, index.to(inputs.features.device)))
+            None if inputs.features is None else inputs.features.index_select(0, index.to(inputs.features.device)),
+            None if inputs.audio_frames is None else inputs.audio_frames.index_select(0, index.cpu()))

@@ -14,7 +14,12 @@ the training transcripts), like the heads of `mmaccel.speech.heads`.
 
 File: safetensors with the trained tensors only (self-attention, cross-attention query/output,
 MLP and norms of each layer, the final norm; fp16) and the shortlist `vocab`; metadata names the
-target (hidden size, vocabulary, decoder layers) and the source layers.
+target (hidden size, vocabulary, decoder layers), the source layers and the cross-attention window.
+
+Two things make the draft cheap to run on a CPU, where a decoding step is bound by memory traffic:
+it cross-attends only to the frames that hold audio plus `cross_window` frames after them (it is
+trained that way; Whisper pads every clip to 30 s and the full model attends to all 1 500 frames),
+and for decoding its layers and shortlist run on int8 weights (`decoder_model(int8=True)`).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import torch
 from torch import Tensor
 
 from mmaccel.checkpoints import read_checkpoint
+from mmaccel.core.quant import quantize_linears
 from mmaccel.errors import InputError, check
 from mmaccel.speech.decoder import ShortlistProjection, WhisperDecoderModel
 
@@ -40,20 +46,27 @@ class WhisperDraft:
     hf: "torch.nn.Module"        # a WhisperForCausalLM sharing the target's embeddings
     layers: list[int]            # the target layer each draft layer was initialised from
     vocab: Tensor | None = None  # the draft shortlist (token ids)
+    cross_window: int | None = None  # frames after the audio it cross-attends to (None: the whole window)
 
-    def decoder_model(self, target: WhisperDecoderModel) -> WhisperDecoderModel:
+    def decoder_model(self, target: WhisperDecoderModel, int8: bool = False) -> WhisperDecoderModel:
         """The draft as a DecoderModel: the target's decoding rules, its cross-attention cache
-        entries, logits through the shortlist. (A bf16 copy was measured slower here: oneDNN's bf16
-        products of one row are slower than fp32 ones on this CPU.)"""
+        entries, logits through the shortlist. `int8`: a copy whose layers and shortlist hold int8
+        weights (`mmaccel.core.quant`; this draft's own modules stay as they are). A bf16 copy was
+        measured slower here: oneDNN's bf16 products of one row are no faster than fp32 ones."""
         projection = None
         if self.vocab is not None:
-            projection = ShortlistProjection(target.decoder.embed_tokens.weight, self.vocab)
-        return WhisperDecoderModel(self.hf, target.suppress_tokens, target.begin_suppress_tokens,
-                                   cross_layers=self.layers, projection=projection)
+            projection = ShortlistProjection(target.decoder.embed_tokens.weight, self.vocab, int8=int8)
+        hf = self.hf
+        if int8:
+            decoder = hf.model.decoder
+            hf = _assemble(hf.config, target.decoder, quantize_linears(decoder.layers), decoder.layer_norm)
+        return WhisperDecoderModel(hf, target.suppress_tokens, target.begin_suppress_tokens,
+                                   cross_layers=self.layers, projection=projection, cross_window=self.cross_window)
 
 
-def new_draft(target_hf, layers: list[int] | tuple[int, ...] = (0, -1)) -> WhisperDraft:
-    """A draft decoder initialised from the target's `layers` (negative counts from the end)."""
+def new_draft(target_hf, layers: list[int] | tuple[int, ...] = (0, -1), cross_window: int | None = None) -> WhisperDraft:
+    """A draft decoder initialised from the target's `layers` (negative counts from the end),
+    cross-attending to the audio frames plus `cross_window` (None: the whole 30-s window)."""
     source = target_hf.model.decoder
     total = len(source.layers)
     check(len(layers) >= 1, "a draft needs at least one decoder layer")
@@ -70,7 +83,9 @@ def new_draft(target_hf, layers: list[int] | tuple[int, ...] = (0, -1)) -> Whisp
                 module.layer_idx = j
     draft = _assemble(config, source, layers, copy.deepcopy(source.layer_norm))
     draft.generation_config = copy.deepcopy(target_hf.generation_config)
-    return WhisperDraft(draft, picked)
+    check(cross_window is None or (isinstance(cross_window, int) and cross_window >= 0),
+          f"cross_window must be None or an int >= 0 (frames), got {cross_window!r}")
+    return WhisperDraft(draft, picked, cross_window=cross_window)
 
 
 def _assemble(config, source_decoder, layers: torch.nn.ModuleList, layer_norm: torch.nn.Module):
@@ -107,7 +122,8 @@ def save_draft(path: str | os.PathLike, target_hf, draft: WhisperDraft, info: di
     tensors = {n: p.detach().half().contiguous() for n, p in trainable(draft).items()}
     if draft.vocab is not None:
         tensors["vocab"] = draft.vocab.to(torch.int64).contiguous()
-    meta = {"model": _signature(target_hf), "layers": draft.layers, "info": info or {}}
+    meta = {"model": _signature(target_hf), "layers": draft.layers, "cross_window": draft.cross_window,
+            "info": info or {}}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path), metadata={"mmaccel_whisper_draft": json.dumps(meta)})
@@ -124,7 +140,7 @@ def load_draft(path: str | os.PathLike, target_hf) -> WhisperDraft:
     if meta["model"] != _signature(target_hf):
         raise InputError(f"{path} holds a draft for a Whisper decoder with {meta['model']}, "
                          f"but this model has {_signature(target_hf)}")
-    draft = new_draft(target_hf, meta["layers"])
+    draft = new_draft(target_hf, meta["layers"], meta.get("cross_window"))
     draft.vocab = tensors.pop("vocab", None)
     own = trainable(draft)
     missing, unexpected = sorted(set(own) - set(tensors)), sorted(set(tensors) - set(own))

@@ -86,7 +86,9 @@ class ASRPipeline:
         self.heads_source: str | None = None     # the heads file, when loaded from one
         self.draft = draft
         self.draft_source: str | None = None     # the draft decoder file, when loaded from one
-        self._draft_model = None if draft is None else draft.decoder_model(self.model)
+        # the draft runs on int8 weights where that is a bandwidth saving (CPU); verification keeps
+        # the output exact whatever the draft computes
+        self._draft_model = None if draft is None else draft.decoder_model(self.model, int8=self.model.device.type == "cpu")
         self.assistant: Assistant | None = None  # another Whisper, for speculative-cross
 
     @classmethod
@@ -162,7 +164,7 @@ class ASRPipeline:
             with stats.timed("features"):
                 features = log_mel(self.bundle.feature_extractor, [w for _, w in batch])
             with stats.timed("encoder"):
-                inputs = self.model.encode(features, prompt)
+                inputs = self.model.encode(features, prompt, [w.duration for _, w in batch])
             t0 = time.perf_counter()
             gen = spec.run(resources, inputs, max_new_tokens=max_new_tokens, sampling=Sampling(),
                            eos_token_id=self.bundle.tokens.end_of_text, prompt_tokens=[prompt] * len(batch))

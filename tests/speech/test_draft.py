@@ -112,9 +112,10 @@ def test_training_steps_raise_agreement_with_the_target(tiny_hf, tiny_decoder):
 def test_draft_file_round_trip_and_bad_files(tiny_hf, tmp_path):
     draft = _perturbed(tiny_hf)
     draft.vocab = SHORTLIST
+    draft.cross_window = 3
     path = save_draft(tmp_path / "draft.safetensors", tiny_hf, draft, {"note": "test"})
     back = load_draft(path, tiny_hf)
-    assert back.layers == [0, 3] and back.vocab.tolist() == SHORTLIST.tolist()
+    assert back.layers == [0, 3] and back.vocab.tolist() == SHORTLIST.tolist() and back.cross_window == 3
     for name, p in trainable(back).items():
         torch.testing.assert_close(p, trainable(draft)[name].half().float(), atol=0, rtol=0)
     with pytest.raises(ModelNotFoundError, match="draft decoder file not found"):
@@ -136,3 +137,64 @@ def test_bad_draft_layers_are_named(tiny_hf):
         new_draft(tiny_hf, (0, 0))
     with pytest.raises(InputError, match="draft layers must be distinct target layers"):
         new_draft(tiny_hf, (7,))
+
+
+def test_cross_window_attends_to_each_rows_audio_frames_only(tiny_hf, tiny_decoder):
+    x = features(2, seed=5)
+    seconds = [0.1, 0.26]                        # of the tiny model's 0.4-s window: 5 and 13 of 20 frames
+    draft = _perturbed(tiny_hf)
+    draft.cross_window = 2
+    dm = draft.decoder_model(tiny_decoder)
+    inputs = tiny_decoder.encode(x, PROMPT, seconds)
+    assert inputs.audio_frames.tolist() == [5, 13]
+    ids = torch.tensor([[5, 9, 11], [4, 4, 20]])
+    state = dm.prefill(inputs, 4)
+    batched = dm.step(state, ids)
+    # training sees what decoding sees: keys/values cut per row, padded, masked
+    rows = [{"tokens": torch.tensor(PROMPT + ids[b].tolist()), "prompt_len": len(PROMPT),
+             "encoder": inputs.encoder_states[b]} for b in range(2)]
+    cross = cross_cache(dm, rows, [5, 13])
+    assert [c[0][0].shape[1] for c in cross] == [7, 15]
+    trained = draft_hidden(dm, cross, torch.stack([r["tokens"] for r in rows]))
+    torch.testing.assert_close(trained[:, len(PROMPT):], state.hidden, atol=3e-3, rtol=0)   # fp16 cache
+    with torch.no_grad():
+        encoded = tiny_hf.model.encoder(x).last_hidden_state
+    for b, frames in enumerate((7, 15)):         # audio frames + the window of 2: what HF sees when cut there
+        ref = draft.hf(input_ids=torch.tensor([PROMPT + ids[b].tolist()]),
+                       encoder_outputs=(encoded[b : b + 1, :frames],)).logits[0, len(PROMPT):]
+        ref[..., SUPPRESS] = float("-inf")
+        torch.testing.assert_close(batched[b], ref, atol=2e-5, rtol=0)
+    # without audio lengths, or with a window past the end, the draft attends to the whole window
+    whole = draft.decoder_model(tiny_decoder)
+    whole.cross_window = None
+    full = whole.step(whole.prefill(tiny_decoder.encode(x, PROMPT, seconds), 4), ids)
+    wide = new_draft(tiny_hf, (0, -1), cross_window=20)
+    for name, p in trainable(wide).items():
+        p.data.copy_(trainable(draft)[name])
+    wm = wide.decoder_model(tiny_decoder)
+    torch.testing.assert_close(wm.step(wm.prefill(tiny_decoder.encode(x, PROMPT, seconds), 4), ids), full,
+                               atol=1e-6, rtol=0)
+    with pytest.raises(InputError, match="one length per row"):
+        tiny_decoder.encode(x, PROMPT, [0.1])
+    with pytest.raises(InputError, match="cross_window must be None or an int"):
+        new_draft(tiny_hf, (0,), cross_window=-1)
+
+
+def test_an_int8_draft_is_close_and_speculative_with_it_equals_greedy(tiny_hf, tiny_decoder):
+    draft = _perturbed(tiny_hf, std=0.01, layers=(0, 1, 2, 3))
+    draft.vocab = SHORTLIST
+    exact, int8 = draft.decoder_model(tiny_decoder), draft.decoder_model(tiny_decoder, int8=True)
+    assert type(int8.decoder.layers[0].fc1).__name__ == "Int8Linear"
+    assert isinstance(draft.hf.model.decoder.layers[0].fc1, nn.Linear)        # the draft itself is untouched
+    x = features(3, seed=11)
+    ids = torch.tensor([[5, 12, 17]] * 3)
+    a = exact.step(exact.prefill(tiny_decoder.encode(x, PROMPT), 4), ids)
+    b = int8.step(int8.prefill(tiny_decoder.encode(x, PROMPT), 4), ids)
+    keep = torch.isfinite(a)
+    assert torch.equal(keep, torch.isfinite(b))
+    assert float((a[keep] - b[keep]).norm() / a[keep].norm()) < 0.05
+    resources = Resources(tiny_decoder, draft=int8)
+    greedy = build_asr_method("greedy").run(resources, tiny_decoder.encode(x, PROMPT), max_new_tokens=24, eos_token_id=EOT)
+    fast = build_asr_method("speculative", k=3).run(resources, tiny_decoder.encode(x, PROMPT), max_new_tokens=24,
+                                                     eos_token_id=EOT)
+    assert fast.tokens == greedy.tokens and fast.stats.nfe < greedy.stats.nfe

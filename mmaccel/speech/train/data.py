@@ -81,12 +81,12 @@ def data_dirs(args, out: Path) -> tuple[Path, Path]:
 
 
 def collect_splits(asr, args, out: Path) -> None:
-    """Build the corpus if missing, then label the train split (up to `--limit`) and the eval split."""
+    """Speak the corpus (the train split up to `--train-sentences`; existing files are kept, so a
+    larger number extends it), then label the train split (up to `--limit`) and the eval split."""
     corpus = Path(args.corpus)
     for split, n in (("train", args.train_sentences), ("eval", None)):
-        if not (corpus / f"{split}.jsonl").is_file():
-            log(out, f"building the {split} TTS corpus in {corpus}")
-            build_tts_corpus(corpus, split, max_sentences=n)
+        log(out, f"building the {split} TTS corpus in {corpus} (kept where present)")
+        build_tts_corpus(corpus, split, max_sentences=n)
     train_dir, eval_dir = data_dirs(args, out)
     collect(asr, corpus / "train.jsonl", train_dir, args.batch_size, args.limit, out)
     collect(asr, corpus / "eval.jsonl", eval_dir, args.batch_size, args.eval_limit, out)

@@ -9,10 +9,11 @@ Stages (`--stages` picks some):
    embeddings and cross-attention keys/values frozen (shared with the target), everything else
    trained with cross-entropy on the target's greedy transcripts (hard distillation: greedy
    verification only needs the arg-max to agree) over the shortlist of transcript tokens the draft
-   also drafts from; AdamW, warm-up then cosine. The cross-attention keys/values of every training
-   utterance are computed once (frozen projections) and kept in memory (fp16, ~6 MB per
-   utterance for Whisper base). Writes `<out>/draft.safetensors` (what
-   `ASRPipeline.from_pretrained(draft=...)` loads).
+   also drafts from; AdamW, warm-up then cosine. The draft cross-attends to each utterance's audio
+   frames plus `--cross-window` frames (lengths from the corpus manifest), as it will when decoding.
+   Those cross-attention keys/values are computed once (frozen projections) and kept in memory
+   (fp16; ~1 MB for a 4-s utterance of Whisper base, 6 MB for a whole window). Writes
+   `<out>/draft.safetensors` (what `ASRPipeline.from_pretrained(draft=...)` loads).
 3. `eval`: teacher-forced top-1 agreement with the target's next token on held-out utterances.
 """
 
@@ -27,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mmaccel.core.model import DecodeState
+from mmaccel.speech.data import read_manifest
 from mmaccel.speech.decoder import EncodedAudio, WhisperDecoderModel
 from mmaccel.speech.draft import WhisperDraft, load_draft, new_draft, save_draft, trainable
 from mmaccel.speech.pipeline import ASRPipeline
@@ -34,27 +36,46 @@ from mmaccel.speech.train.common import log, optimizer_step, warmup_cosine, writ
 from mmaccel.speech.train.data import load_rows, start_run
 
 STAGES = ("data", "train", "eval")
-KEEP = ("tokens", "prompt_len", "encoder")
+KEEP = ("id", "tokens", "prompt_len", "encoder")
 
 
 @torch.no_grad()
-def cross_cache(model: WhisperDecoderModel, rows: list[dict]) -> list[dict[int, tuple[Tensor, Tensor]]]:
-    """Per utterance, the target's cross-attention keys/values of the layers a draft shares (fp16)."""
+def cross_cache(model: WhisperDecoderModel, rows: list[dict], frames: list[int] | None = None) -> list[dict]:
+    """Per utterance, the target's cross-attention keys/values [H, S', Dh] of the layers a draft
+    shares (fp16), cut after the frames the draft attends to when `frames` (audio frames per row)
+    are given and the model has a `cross_window`; entry "frames" keeps the row's audio frames."""
     out = []
-    for r in rows:
+    for b, r in enumerate(rows):
         inputs = EncodedAudio(r.pop("encoder")[None].to(model.dtype), r["tokens"][None, : r["prompt_len"]])
-        out.append({model.cross_layers[i]: tuple(t[0].half() for t in model._cross(inputs, i))
-                    for i in range(len(model.cross_layers))})
+        S = inputs.encoder_states.shape[1]
+        audio = S if frames is None else min(frames[b], S)
+        keep = S if model.cross_window is None else min(S, audio + model.cross_window)
+        entry: dict = {model.cross_layers[i]: tuple(t[0, :, :keep].half() for t in model._cross(inputs, i))
+                       for i in range(len(model.cross_layers))}
+        entry["frames"] = audio
+        out.append(entry)
     return out
 
 
+def audio_frames(manifest, rows: list[dict], encoder_frames: int, window_s: float = 30.0) -> list[int]:
+    """Each row's audio frames, from the utterance durations in the corpus `manifest`."""
+    seconds = {u.id: u.duration for u in read_manifest(manifest)}
+    return [min(encoder_frames, math.ceil(seconds[r["id"]] / window_s * encoder_frames)) for r in rows]
+
+
 def training_state(dm: WhisperDecoderModel, cross: list[dict], length: int) -> DecodeState:
-    """A fresh decode state for a batch of utterances (their cached cross-attention keys/values)."""
-    kv = {k: tuple(torch.stack([c[k][j] for c in cross]).to(dm.dtype) for j in range(2)) for k in cross[0]}
+    """A fresh decode state for a batch of utterances (their cached cross-attention keys/values,
+    zero-padded to the longest; the draft's cross window masks the padding out)."""
+    layers = [k for k in cross[0] if k != "frames"]
+    S = max(c[layers[0]][0].shape[1] for c in cross)
+    kv = {k: tuple(torch.stack([F.pad(c[k][j], (0, 0, 0, S - c[k][j].shape[1])) for c in cross]).to(dm.dtype)
+                   for j in range(2)) for k in layers}
     B = len(cross)
     state = dm.new_state(B, length)
-    first = kv[next(iter(kv))][0]
-    state.extras["inputs"] = EncodedAudio(first.new_empty(B, 0, dm.hidden_size), torch.zeros(B, 1, dtype=torch.long), kv)
+    first = kv[layers[0]][0]
+    frames = torch.tensor([c["frames"] for c in cross])
+    state.extras["inputs"] = EncodedAudio(first.new_empty(B, 0, dm.hidden_size), torch.zeros(B, 1, dtype=torch.long), kv,
+                                          audio_frames=frames)
     return state
 
 
@@ -92,11 +113,12 @@ def batches(rows: list[dict], eot: int, size: int, order: Tensor):
 def train(asr: ASRPipeline, rows: list[dict], args, out: Path) -> WhisperDraft:
     torch.manual_seed(args.seed)
     target = asr.model
-    draft = new_draft(asr.bundle.model, [int(k) for k in args.layers.split(",")])
+    window = None if args.cross_window < 0 else args.cross_window
+    draft = new_draft(asr.bundle.model, [int(k) for k in args.layers.split(",")], window)
     vocab = torch.unique(torch.cat([r["tokens"][r["prompt_len"]:] for r in rows]))      # the shortlist
     draft.vocab = vocab
     dm = draft.decoder_model(target)
-    cross = cross_cache(dm, rows)
+    cross = cross_cache(dm, rows, audio_frames(Path(args.corpus) / "train.jsonl", rows, target.hf.config.max_source_positions))
     weight = target.decoder.embed_tokens.weight[vocab].detach()
     lookup = torch.full((target.vocab_size,), -100, dtype=torch.long)
     lookup[vocab] = torch.arange(len(vocab))
@@ -124,10 +146,10 @@ def train(asr: ASRPipeline, rows: list[dict], args, out: Path) -> WhisperDraft:
 
 
 @torch.no_grad()
-def evaluate(asr: ASRPipeline, draft: WhisperDraft, rows: list[dict]) -> dict:
+def evaluate(asr: ASRPipeline, draft: WhisperDraft, rows: list[dict], manifest: Path) -> dict:
     """Teacher-forced top-1 agreement of the draft (through its shortlist) with the target's tokens."""
     dm = draft.decoder_model(asr.model)
-    cross = cross_cache(dm, rows)
+    cross = cross_cache(dm, rows, audio_frames(manifest, rows, asr.model.hf.config.max_source_positions))
     hits = total = 0
     eot = asr.bundle.tokens.end_of_text
     for idx, tokens, tgt in batches(rows, eot, 16, torch.arange(len(rows))):
@@ -145,6 +167,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-utterances", type=int, default=16)
     p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--cross-window", type=int, default=50,
+                   help="encoder frames after the audio the draft attends to (-1: the whole 30-s window)")
     run = start_run(p, argv, "mmaccel.speech.train.draft", STAGES)
     args, out, asr = run.args, run.out, run.asr
     path = out / "draft.safetensors"
@@ -152,7 +176,8 @@ def main(argv: list[str] | None = None) -> None:
         draft = train(asr, load_rows(run.train_dir, args.limit, KEEP), args, out)
         log(out, f"wrote {save_draft(path, asr.bundle.model, draft, run.info)}")
     if "eval" in run.stages:
-        result = evaluate(asr, load_draft(path, asr.bundle.model), load_rows(run.eval_dir, args.eval_limit, KEEP))
+        result = evaluate(asr, load_draft(path, asr.bundle.model), load_rows(run.eval_dir, args.eval_limit, KEEP),
+                          Path(args.corpus) / "eval.jsonl")
         write_eval(out, result)
 
 

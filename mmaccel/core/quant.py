@@ -1,0 +1,72 @@
+"""Weight-only int8 linear layers, for drafts.
+
+A draft's job is to guess; verification keeps the output exact whatever the draft computes, so a
+draft may run on int8 weights. On a CPU a decoding step reads every weight once per token and is
+bound by memory bandwidth: int8 weights are a quarter of the fp32 bytes. Each output channel has
+one scale (symmetric, max-abs / 127); activations run in bf16 through torch's packed CPU kernel
+(`aten._weight_int8pack_mm`, the one gpt-fast uses; it needs the input width to be a multiple of
+16), elsewhere through a dequantised product.
+
+(torchao's `Int8WeightOnlyConfig` was measured here first: on this CPU it dequantises the whole
+weight at every call and ran 2x slower than fp32, so the kernel is called directly.)
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mmaccel.errors import check
+
+
+def quantize_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """weight [N, K] -> (int8 [N, K], scales [N] fp32) with weight ≈ int8 * scale per row."""
+    w = weight.detach().float()
+    scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0
+    return torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous(), scale
+
+
+def int8_matmul(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
+    """x [..., K] @ (weight int8 [N, K] * scale [N])ᵀ -> [..., N] in x's dtype (a bf16 `scale`
+    saves a conversion per call on the CPU kernel)."""
+    flat = x.reshape(-1, x.shape[-1])
+    if flat.device.type == "cpu" and flat.shape[-1] % 16 == 0:   # the kernel's blocking (others crash)
+        y = torch.ops.aten._weight_int8pack_mm(flat.to(torch.bfloat16), weight, scale.to(torch.bfloat16))
+    else:
+        y = F.linear(flat, weight.to(x.dtype)) * scale.to(x.dtype)
+    return y.to(x.dtype).view(*x.shape[:-1], weight.shape[0])
+
+
+class Int8Linear(nn.Module):
+    """An `nn.Linear` with int8 weights (per-output-channel scales); the bias stays in float."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        check(isinstance(linear, nn.Linear), f"Int8Linear wraps an nn.Linear, got {type(linear).__name__}")
+        q, scale = quantize_rows(linear.weight)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("weight", q)
+        self.register_buffer("scale", scale.to(torch.bfloat16))    # what the CPU kernel reads
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = int8_matmul(x, self.weight, self.scale)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+
+
+def quantize_linears(module: nn.Module) -> nn.Module:
+    """A copy of `module` with every `nn.Linear` inside replaced by an `Int8Linear` (the original
+    is left as it is)."""
+    module = copy.deepcopy(module)
+    targets = [m for m in module.modules() if any(isinstance(c, nn.Linear) for c in m.children())]
+    for parent in targets:
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(parent, name, Int8Linear(child))
+    return module.eval()
