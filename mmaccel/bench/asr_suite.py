@@ -7,8 +7,10 @@ memory before timing. Per method:
 
 - decoder passes per generated token (nfe / new tokens; greedy = 1.0 at batch 1) and mean accepted length;
 - RTFx (Σ audio s / Σ transcription s; feature extraction + encoder + decoding, warm-up excluded) and
-  the end-to-end speed-up over greedy (`speedup`), and the decoder-only speed-up (`decoder_speedup`:
-  the encoder costs the same for every method);
+  the end-to-end speed-up over greedy (`speedup`), the decoder-only speed-up (`decoder_speedup`:
+  the encoder costs the same for every method) and the token-generation speed-up
+  (`generation_speedup`: decoder time minus the target's prefill, i.e. the prompt pass and the
+  cross-attention keys/values of the audio, which also cost the same for every method);
 - corpus WER after the Whisper English normaliser, and the share of transcripts identical to greedy;
 - for early exit (`calm`), the average number of decoder layers run per token.
 
@@ -46,6 +48,7 @@ DEFAULT_METHODS = [
     MethodSpec("early-exit", {"k": 2, "exit_layer": 5}, label="early-exit-k2"),
     MethodSpec("calm", {"threshold": 0.9}, label="calm-0.9"),
     MethodSpec("speculative", {"k": 2}, label="speculative-k2"),
+    MethodSpec("speculative", {"k": 3}, label="speculative-k3"),
     MethodSpec("speculative", {"k": 4}, label="speculative-k4"),
     MethodSpec("tree", {"depth": 3, "width": 2}, label="tree-d3w2"),
     MethodSpec("beam", {"num_beams": 5}),
@@ -130,6 +133,9 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
             dec, base_dec = r["time_s"].get("decode"), base["time_s"].get("decode")
             if dec and base_dec:
                 r["quality"]["decoder_speedup"] = round(base_dec / dec, 3)
+            pre, base_pre = r["time_s"].get("prefill"), base["time_s"].get("prefill")
+            if dec and base_dec and pre is not None and base_pre is not None:
+                r["quality"]["generation_speedup"] = round((base_dec - base_pre) / (dec - pre), 3)
 
     config = {"model": asr.bundle.name, "audio": f"{len(corpus) - tts} real clips + {tts} held-out TTS utterances",
               "audio_s": round(audio_s, 1), "utterances": len(corpus), "batch_sizes": list(sizes),
