@@ -23,4 +23,5 @@ def test_quick_asr_suite_compares_methods_and_peers(tiny_en_asr):
     assert ngram["lossless"] and ngram["quality"]["identical_to_ar"] == 1.0
     assert hf["quality"]["identical_to_ar"] == 1.0 and hf["nfe"] == greedy["nfe"]    # same decoder, same rules
     assert rows["fw-int8", 8]["quality"]["rtfx"] > 0 and "decoder_speedup" in ngram["quality"]
+    assert ngram["quality"]["generation_speedup"] > 0 and greedy["quality"]["generation_speedup"] == 1.0
     assert "| fw-int8 |" in markdown_table(doc)
