@@ -29,15 +29,16 @@ def quantize_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
     return torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous(), scale
 
 
-def int8_matmul(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
-    """x [..., K] @ (weight int8 [N, K] * scale [N])ᵀ -> [..., N] in x's dtype (a bf16 `scale`
-    saves a conversion per call on the CPU kernel)."""
+def int8_matmul(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x [..., K] @ (weight int8 [N, K] * scale [N])ᵀ (+ bias) -> [..., N] in x's dtype (a bf16
+    `scale` and an fp32 `bias` save conversions per call on the CPU kernel)."""
     flat = x.reshape(-1, x.shape[-1])
     if flat.device.type == "cpu" and flat.shape[-1] % 16 == 0:   # the kernel's blocking (others crash)
         y = torch.ops.aten._weight_int8pack_mm(flat.to(torch.bfloat16), weight, scale.to(torch.bfloat16))
     else:
         y = F.linear(flat, weight.to(x.dtype)) * scale.to(x.dtype)
-    return y.to(x.dtype).view(*x.shape[:-1], weight.shape[0])
+    y = y.to(x.dtype) if bias is None else (y + bias).to(x.dtype)   # bf16 + fp32 bias: one op, fp32
+    return y.view(*x.shape[:-1], weight.shape[0])
 
 
 class Int8Linear(nn.Module):
@@ -53,8 +54,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
 
     def forward(self, x: Tensor) -> Tensor:
-        y = int8_matmul(x, self.weight, self.scale)
-        return y if self.bias is None else y + self.bias.to(y.dtype)
+        return int8_matmul(x, self.weight, self.scale, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"

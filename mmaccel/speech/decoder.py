@@ -53,7 +53,7 @@ class LayerStep:
     and the audio (for the cross-attention keys/values)."""
 
     write: CacheWrite
-    mask: Tensor
+    mask: Tensor | None     # None: every used slot is visible
     inputs: EncodedAudio
 
 
@@ -355,14 +355,19 @@ class WhisperDecoderModel:
         check(int(positions.max()) < self.max_positions,
               f"Whisper's decoder has {self.max_positions} positions; this transcript would exceed them")
         dec = self.decoder
-        h = dec.embed_tokens(tokens) * self.embed_scale + dec.embed_positions.weight[positions]
-        return h, step
+        h = dec.embed_tokens(tokens)
+        if self.embed_scale != 1.0:
+            h = h * self.embed_scale
+        return h + dec.embed_positions.weight[positions], step
 
     def begin(self, state: DecodeState, num_new: int, tree_mask: Tensor | None = None) -> tuple["LayerStep", Tensor]:
         """Claim `num_new` cache slots per row; returns the pass's `LayerStep` and the old lengths [B]
         (for layers fed hidden states instead of tokens: the Medusa block)."""
         write, start = state.cache.reserve(num_new)
-        mask = state.cache.attention_mask(start, num_new, tree_mask)
+        if num_new == 1 and tree_mask is None and write.same_start:
+            mask = None             # one new token after rows of equal length sees every used slot
+        else:
+            mask = state.cache.attention_mask(start, num_new, tree_mask)
         return LayerStep(write, mask, state.extras["inputs"]), start
 
     def layer(self, i: int, h: Tensor, step: "LayerStep", rows: Tensor | None = None) -> Tensor:
@@ -382,8 +387,8 @@ class WhisperDecoderModel:
         if rows is not None and rows.numel() == 0:
             return out
         if rows is not None:
-            h, x, k, v, ck, cv, mask = (t.index_select(0, rows) for t in (h, x, k, v, ck, cv, mask))
-            cmask = None if cmask is None else cmask.index_select(0, rows)
+            h, x, k, v, ck, cv = (t.index_select(0, rows) for t in (h, x, k, v, ck, cv))
+            mask, cmask = (None if m is None else m.index_select(0, rows) for m in (mask, cmask))
             B = h.shape[0]
         q = a.q_proj(x).view(B, T, H, Dh).transpose(1, 2)
         x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
