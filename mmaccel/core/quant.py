@@ -42,7 +42,8 @@ def int8_matmul(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None = 
 
 
 class Int8Linear(nn.Module):
-    """An `nn.Linear` with int8 weights (per-output-channel scales); the bias stays in float."""
+    """An `nn.Linear` with int8 weights (per-output-channel scales); the bias stays in float.
+    `Int8Linear.of(weight, bias)` builds one from bare tensors (weight [out, in])."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
@@ -52,6 +53,14 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight", q)
         self.register_buffer("scale", scale.to(torch.bfloat16))    # what the CPU kernel reads
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
+
+    @classmethod
+    def of(cls, weight: Tensor, bias: Tensor | None = None) -> "Int8Linear":
+        linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+        linear.weight = nn.Parameter(weight.detach(), requires_grad=False)
+        if bias is not None:
+            linear.bias = nn.Parameter(bias.detach(), requires_grad=False)
+        return cls(linear)
 
     def forward(self, x: Tensor) -> Tensor:
         return int8_matmul(x, self.weight, self.scale, self.bias)

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmaccel.core.model import CacheWrite, DecodeState, KVCache, check_step_args, default_positions
-from mmaccel.core.quant import int8_matmul, quantize_rows
+from mmaccel.core.quant import Int8Linear
 from mmaccel.errors import check
 
 
@@ -40,11 +40,16 @@ class EncodedAudio:
     features: Tensor | None = field(default=None, repr=False)   # the log-mels (for an assistant's own encoder)
     # [B] encoder frames that hold audio (the rest of the 30-s window is padding), when known
     audio_frames: Tensor | None = None
-    windows: dict = field(default_factory=dict, repr=False)      # cached cross-attention windows (see _cross)
+    windows: dict = field(default_factory=dict, repr=False)      # cached cross-attention windows (see _attended)
 
     @property
     def batch_size(self) -> int:
         return self.encoder_states.shape[0]
+
+
+def audio_frames(seconds: float, window_s: float, encoder_frames: int) -> int:
+    """How many of the `encoder_frames` of a `window_s`-second window hold `seconds` of audio."""
+    return min(encoder_frames, math.ceil(seconds / window_s * encoder_frames))
 
 
 @dataclass
@@ -69,17 +74,13 @@ class ShortlistProjection:
     def __init__(self, weight: Tensor, vocab: Tensor, int8: bool = False):
         self.vocab = vocab.to(weight.device, torch.long)
         rows = weight.detach()[self.vocab]
-        self.weight, self.scale = quantize_rows(rows) if int8 else (rows.clone(), None)
-        if self.scale is not None:
-            self.scale = self.scale.to(torch.bfloat16)                 # what the CPU kernel reads
+        self.int8 = Int8Linear.of(rows) if int8 else None
+        self.weight = rows.clone() if self.int8 is None else None
         self.vocab_size = weight.shape[0]
 
     def __call__(self, hidden: Tensor) -> Tensor:
         out = hidden.new_full((*hidden.shape[:-1], self.vocab_size), float("-inf"))
-        if self.scale is None:
-            out[..., self.vocab] = F.linear(hidden, self.weight)
-        else:
-            out[..., self.vocab] = int8_matmul(hidden, self.weight, self.scale)
+        out[..., self.vocab] = F.linear(hidden, self.weight) if self.int8 is None else self.int8(hidden)
         return out
 
 
@@ -257,7 +258,7 @@ class WhisperDecoderModel:
         if seconds is not None:
             check(len(seconds) == features.shape[0], f"seconds needs one length per row ({features.shape[0]}), got {len(seconds)}")
             window_s = features.shape[-1] / 100                     # 100 mel frames per second
-            frames = torch.tensor([min(states.shape[1], math.ceil(s / window_s * states.shape[1])) for s in seconds])
+            frames = torch.tensor([audio_frames(s, window_s, states.shape[1]) for s in seconds])
         return EncodedAudio(states, prompt_t, features=features, audio_frames=frames)
 
     def _cross(self, inputs: EncodedAudio, i: int) -> tuple[Tensor, Tensor]:

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from mmaccel.core.model import DecodeState
 from mmaccel.speech.data import read_manifest
-from mmaccel.speech.decoder import EncodedAudio, WhisperDecoderModel
+from mmaccel.speech.decoder import EncodedAudio, WhisperDecoderModel, audio_frames
 from mmaccel.speech.draft import WhisperDraft, load_draft, new_draft, save_draft, trainable
 from mmaccel.speech.pipeline import ASRPipeline
 from mmaccel.speech.train.common import log, optimizer_step, warmup_cosine, write_eval
@@ -57,10 +57,10 @@ def cross_cache(model: WhisperDecoderModel, rows: list[dict], frames: list[int] 
     return out
 
 
-def audio_frames(manifest, rows: list[dict], encoder_frames: int, window_s: float = 30.0) -> list[int]:
+def row_frames(manifest, rows: list[dict], encoder_frames: int, window_s: float = 30.0) -> list[int]:
     """Each row's audio frames, from the utterance durations in the corpus `manifest`."""
     seconds = {u.id: u.duration for u in read_manifest(manifest)}
-    return [min(encoder_frames, math.ceil(seconds[r["id"]] / window_s * encoder_frames)) for r in rows]
+    return [audio_frames(seconds[r["id"]], window_s, encoder_frames) for r in rows]
 
 
 def training_state(dm: WhisperDecoderModel, cross: list[dict], length: int) -> DecodeState:
@@ -118,7 +118,7 @@ def train(asr: ASRPipeline, rows: list[dict], args, out: Path) -> WhisperDraft:
     vocab = torch.unique(torch.cat([r["tokens"][r["prompt_len"]:] for r in rows]))      # the shortlist
     draft.vocab = vocab
     dm = draft.decoder_model(target)
-    cross = cross_cache(dm, rows, audio_frames(Path(args.corpus) / "train.jsonl", rows, target.hf.config.max_source_positions))
+    cross = cross_cache(dm, rows, row_frames(Path(args.corpus) / "train.jsonl", rows, target.hf.config.max_source_positions))
     weight = target.decoder.embed_tokens.weight[vocab].detach()
     lookup = torch.full((target.vocab_size,), -100, dtype=torch.long)
     lookup[vocab] = torch.arange(len(vocab))
@@ -149,7 +149,7 @@ def train(asr: ASRPipeline, rows: list[dict], args, out: Path) -> WhisperDraft:
 def evaluate(asr: ASRPipeline, draft: WhisperDraft, rows: list[dict], manifest: Path) -> dict:
     """Teacher-forced top-1 agreement of the draft (through its shortlist) with the target's tokens."""
     dm = draft.decoder_model(asr.model)
-    cross = cross_cache(dm, rows, audio_frames(manifest, rows, asr.model.hf.config.max_source_positions))
+    cross = cross_cache(dm, rows, row_frames(manifest, rows, asr.model.hf.config.max_source_positions))
     hits = total = 0
     eot = asr.bundle.tokens.end_of_text
     for idx, tokens, tgt in batches(rows, eot, 16, torch.arange(len(rows))):
