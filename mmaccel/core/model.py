@@ -35,14 +35,19 @@ class CacheWrite:
     decoder layers write straight into our buffers. Returns the keys/values of all used slots.
     """
 
-    def __init__(self, cache: "KVCache", slots: Tensor, used: int, same_start: bool):
-        self.cache, self.slots, self.used, self.same_start = cache, slots, used, same_start
+    def __init__(self, cache: "KVCache", slots: Tensor, used: int, start: int | None):
+        # start: the first slot when every row writes at the same one (a slice write), else None
+        self.cache, self.slots, self.used, self.start = cache, slots, used, start
+
+    @property
+    def same_start(self) -> bool:
+        return self.start is not None
 
     def update(self, key: Tensor, value: Tensor, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
         # key, value: [B, H, T, D]
         k_buf, v_buf = self.cache.k[layer_idx], self.cache.v[layer_idx]
-        if self.same_start:
-            start = int(self.slots[0, 0])
+        if self.start is not None:
+            start = self.start
             k_buf[:, :, start : start + key.shape[2]] = key
             v_buf[:, :, start : start + key.shape[2]] = value
         else:
@@ -92,17 +97,18 @@ class KVCache:
             check(slots.shape[1] == num_new, f"placed {slots.shape[1]} slots but the step appends {num_new} tokens")
             reps = self.batch_size // slots.shape[0]
             self._placed_mask = visible.repeat(reps, 1, 1)[:, None].to(self.device)
-            return CacheWrite(self, slots.repeat(reps, 1).to(self.device), self.capacity, False), self.lengths.clone()
+            return CacheWrite(self, slots.repeat(reps, 1).to(self.device), self.capacity, None), self.lengths.clone()
         start = self.lengths.clone()
-        if int(start.max()) + num_new > self.capacity:
+        starts = start.tolist()
+        if max(starts) + num_new > self.capacity:
             raise InputError(
-                f"KV cache overflow: {int(start.max())} + {num_new} tokens > capacity {self.capacity}; "
+                f"KV cache overflow: {max(starts)} + {num_new} tokens > capacity {self.capacity}; "
                 "allocate the state with a larger capacity (prompt length + max_new_tokens + draft width)"
             )
         slots = (start[:, None] + torch.arange(num_new)[None, :]).to(self.device)
         self.lengths = start + num_new
-        same = bool((start == start[0]).all())
-        return CacheWrite(self, slots, int(self.lengths.max()), same), start
+        same = starts.count(starts[0]) == len(starts)
+        return CacheWrite(self, slots, max(starts) + num_new, starts[0] if same else None), start
 
     def attention_mask(self, start: Tensor, num_new: int, tree_mask: Tensor | None) -> Tensor:
         """Boolean mask [B, 1, T, S] (True = attend) for T new tokens written at `start` [B].
@@ -230,8 +236,9 @@ def default_positions(start: Tensor, num_new: int, tree_mask: Tensor | None) -> 
     return (start[:, None] + num_new - W) + depth.cpu().expand(start.shape[0], -1)
 
 
-def append_ragged(model: DecoderModel, state: DecodeState, rows: list[Tensor]) -> Tensor:
-    """Append a different number of tokens to each row; returns logits [B, V] after each row's last.
+def append_ragged(model: DecoderModel, state: DecodeState, rows: list[Tensor], step=None) -> Tensor:
+    """Append a different number of tokens to each row; returns logits [B, V] after each row's last
+    (or, with `step` (state, tokens [B, T]) -> [B, T, ...] in place of `model.step`, its output there).
 
     Rows are right-padded to the longest, run as one step, and the padding is rolled back per row;
     padding sits after the real tokens, so causal attention never lets a real token see it.
@@ -242,9 +249,9 @@ def append_ragged(model: DecoderModel, state: DecodeState, rows: list[Tensor]) -
     tokens = torch.zeros(len(rows), T, dtype=torch.long)
     for b, r in enumerate(rows):
         tokens[b, : len(r)] = r
-    logits = model.step(state, tokens.to(state.cache.device))
+    out = (step or model.step)(state, tokens.to(state.cache.device))
     state.rollback(T - lengths)
-    last = (lengths - 1).to(logits.device)
+    last = (lengths - 1).to(out.device)
     if state.hidden is not None:
         state.hidden = state.hidden[torch.arange(len(rows)), last][:, None]
-    return logits[torch.arange(len(rows), device=logits.device), last]
+    return out[torch.arange(len(rows), device=out.device), last]

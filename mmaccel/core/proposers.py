@@ -101,6 +101,8 @@ def grow_tree(root_logprobs: Tensor, expand, depth: int, width: int, root: Tenso
 
 class DraftModelProposer(Proposer):
     """A smaller model with the target's tokenizer drafts autoregressively (Leviathan et al. 2023).
+    Greedy drafts use the model's `greedy_step(state, tokens) -> [B, T]` (the arg-max of `step`)
+    where it offers one.
 
     Its cache is kept in step with the target's: tokens the target emitted but the draft has not
     yet seen wait in `pending` and are fed (ragged, one pass) at the start of the next proposal.
@@ -121,14 +123,23 @@ class DraftModelProposer(Proposer):
         self._passes += 1
         self.pending = [[int(t)] for t in ctx.pending.tolist()]
 
-    def _feed_pending(self) -> Tensor:
+    def _feed_pending(self, step=None) -> Tensor:
         self._fed_pending = torch.tensor([len(p) for p in self.pending])
-        logits = append_ragged(self.draft, self.state, [torch.tensor(p) for p in self.pending])
+        out = append_ragged(self.draft, self.state, [torch.tensor(p) for p in self.pending], step)
         self._passes += 1
-        return logits
+        return out
 
     def propose(self, ctx, k):
         check(k >= 1, f"draft length k must be >= 1, got {k}")
+        if ctx.sampling.greedy:      # arg-max drafts: the model's cheaper path where it has one
+            greedy = getattr(self.draft, "greedy_step", None) or (lambda state, x: self.draft.step(state, x).argmax(-1))
+            tokens = [self._feed_pending(greedy)]
+            for _ in range(k - 1):
+                tokens.append(greedy(self.state, tokens[-1][:, None])[:, 0])
+                self._passes += 1
+            self._fed, self._tree = k - 1, None
+            self._drafts = torch.stack(tokens, 1)
+            return Draft(self._drafts)
         logits = self._feed_pending()
         tokens, probs = [], []
         for j in range(k):
@@ -140,7 +151,7 @@ class DraftModelProposer(Proposer):
                 self._passes += 1
         self._fed, self._tree = k - 1, None
         self._drafts = torch.stack(tokens, 1)
-        return Draft(self._drafts, None if probs[0] is None else torch.stack(probs, 1))
+        return Draft(self._drafts, torch.stack(probs, 1))
 
     def propose_tree(self, ctx, depth, width):
         logits = self._feed_pending()

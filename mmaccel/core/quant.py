@@ -33,11 +33,15 @@ def int8_matmul(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None = 
     """x [..., K] @ (weight int8 [N, K] * scale [N])ᵀ (+ bias) -> [..., N] in x's dtype (a bf16
     `scale` and an fp32 `bias` save conversions per call on the CPU kernel)."""
     flat = x.reshape(-1, x.shape[-1])
-    if flat.device.type == "cpu" and flat.shape[-1] % 16 == 0:   # the kernel's blocking (others crash)
-        y = torch.ops.aten._weight_int8pack_mm(flat.to(torch.bfloat16), weight, scale.to(torch.bfloat16))
+    if flat.is_cpu and flat.shape[-1] % 16 == 0:     # the kernel's blocking (other widths crash)
+        bf16 = torch.bfloat16
+        y = torch.ops.aten._weight_int8pack_mm(flat.to(bf16), weight, scale if scale.dtype == bf16 else scale.to(bf16))
     else:
         y = F.linear(flat, weight.to(x.dtype)) * scale.to(x.dtype)
-    y = y.to(x.dtype) if bias is None else (y + bias).to(x.dtype)   # bf16 + fp32 bias: one op, fp32
+    if bias is not None:
+        y = y + bias                                     # bf16 + fp32 bias: one op, fp32
+    if y.dtype != x.dtype:
+        y = y.to(x.dtype)
     return y.view(*x.shape[:-1], weight.shape[0])
 
 

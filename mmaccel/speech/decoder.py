@@ -62,6 +62,50 @@ class LayerStep:
     inputs: EncodedAudio
 
 
+def _fp32(linear: nn.Linear):
+    return lambda x: F.linear(x, linear.weight, linear.bias)
+
+
+def _int8(*linears: nn.Linear):
+    """One int8 product for `linears` side by side (their outputs concatenated)."""
+    weight = torch.cat([m.weight.detach() for m in linears])
+    bias = None
+    if any(m.bias is not None for m in linears):
+        bias = torch.cat([m.bias.detach() if m.bias is not None else m.weight.new_zeros(m.out_features) for m in linears])
+    return Int8Linear.of(weight, bias).forward
+
+
+class LayerOps:
+    """The products of one decoder layer, ready to call on x [B, T, d]: `qkv` -> (q, k, v),
+    `out`, `cross_q`, `cross_out`, `mlp`.
+
+    By default F.linear on the Hugging Face modules' own weights, looked up at every call (training
+    and `.to()` are seen; logits equal HF's). `int8=True` (drafts) holds int8 copies (a quarter of the
+    bytes, `mmaccel.core.quant`) with the query/key/value products fused into one. Either way these
+    are plain function calls: a draft step is a few dozen small products, where a module call's
+    overhead is a noticeable share of the time.
+    """
+
+    def __init__(self, layer: nn.Module, int8: bool = False):
+        a, c = layer.self_attn, layer.encoder_attn
+        act = getattr(layer.activation_fn, "act", layer.activation_fn)     # HF's GELUActivation wraps F.gelu
+        if int8:
+            fused = _int8(a.q_proj, a.k_proj, a.v_proj)
+            self.qkv = lambda x: fused(x).chunk(3, -1)
+            self.out, self.cross_q, self.cross_out = _int8(a.out_proj), _int8(c.q_proj), _int8(c.out_proj)
+            fc1, fc2 = _int8(layer.fc1), _int8(layer.fc2)
+        else:
+            q, k, v = _fp32(a.q_proj), _fp32(a.k_proj), _fp32(a.v_proj)
+            self.qkv = lambda x: (q(x), k(x), v(x))
+            self.out, self.cross_q, self.cross_out = _fp32(a.out_proj), _fp32(c.q_proj), _fp32(c.out_proj)
+            fc1, fc2 = _fp32(layer.fc1), _fp32(layer.fc2)
+        self.mlp = lambda x: fc2(act(fc1(x)))
+
+
+def _norm(ln: nn.LayerNorm, x: Tensor) -> Tensor:
+    return F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
+
+
 class ShortlistProjection:
     """Logits over the full vocabulary computed from the rows of `vocab` only (-inf elsewhere).
 
@@ -72,15 +116,19 @@ class ShortlistProjection:
     """
 
     def __init__(self, weight: Tensor, vocab: Tensor, int8: bool = False):
-        self.vocab = vocab.to(weight.device, torch.long)
+        self.vocab = vocab.to(weight.device, torch.long).unique()       # ascending: arg-max ties as over V
         rows = weight.detach()[self.vocab]
         self.int8 = Int8Linear.of(rows) if int8 else None
         self.weight = rows.clone() if self.int8 is None else None
         self.vocab_size = weight.shape[0]
 
+    def compact(self, hidden: Tensor) -> Tensor:
+        """Logits of the shortlist tokens only: hidden [..., d] -> [..., len(vocab)]."""
+        return F.linear(hidden, self.weight) if self.int8 is None else self.int8(hidden)
+
     def __call__(self, hidden: Tensor) -> Tensor:
         out = hidden.new_full((*hidden.shape[:-1], self.vocab_size), float("-inf"))
-        out[..., self.vocab] = F.linear(hidden, self.weight) if self.int8 is None else self.int8(hidden)
+        out[..., self.vocab] = self.compact(hidden)
         return out
 
 
@@ -104,8 +152,11 @@ class ArgmaxProjection:
     with native bf16 matrix units a T-token verify pass costs about what one token does). Logit j
     of a row is off by at most U_j = 2^-7 ‖h‖ ‖w_j‖ (operand rounding) + 2^-8 |y_j| (output
     rounding). The fp32 arg-max is at least L = max_j (y_j - U_j), so it lies among the tokens with
-    y_j + U_j >= L (a handful: per-token bounds, not the largest row norm); stage 2 recomputes
-    exactly those in fp32 and writes them in. Every other entry stays a bf16 value below the true
+    y_j + U_j >= L (a handful: per-token bounds, not the largest row norm). Those all lie within 2U
+    of the row's top value, U being a bound of U_j valid for every such token, so the full-vocabulary
+    work is one bf16 product (suppression bias included), a max and a threshold; the per-token
+    bounds are applied to the short list that passes. Stage 2 recomputes the candidates
+    exactly in fp32 and writes them in. Every other entry stays a bf16 value below the true
     maximum. The logits are therefore exact at the arg-max and approximate elsewhere: not for
     sampling, beam scores or typical acceptance, which use the plain projection.
     """
@@ -115,22 +166,29 @@ class ArgmaxProjection:
     def __init__(self, weight: Tensor, bias: Tensor):
         self.weight = weight.detach()
         self.weight_bf16 = self.weight.to(torch.bfloat16)
+        self.bias, self.bias_bf16 = bias, bias.to(torch.bfloat16)                           # 0 or -inf
         self.norms = self.weight.float().norm(dim=-1)                                        # [V]
-        self.bias = bias
+        self.max_norm = float(self.norms.max())
 
     def __call__(self, hidden: Tensor) -> Tensor:
         """hidden [..., d] -> logits [..., V] (suppression bias included)."""
         shape = hidden.shape[:-1]
-        h = hidden.reshape(-1, hidden.shape[-1])
-        y = F.linear(h.to(torch.bfloat16), self.weight_bf16).float()                          # [N, V]
-        reach = h.float().norm(dim=-1, keepdim=True)
-        bound = torch.addcmul(2.0 ** -8 * y.abs(), reach, self.norms, value=2.0 ** -7).mul_(self.SAFETY)
-        y += self.bias                                           # -inf on suppressed tokens: never candidates
-        lower = (y - bound).max(-1, keepdim=True).values
-        rows, cols = (y + bound >= lower).nonzero(as_tuple=True)
-        exact = (h[rows].float() * self.weight[cols].float()).sum(-1) + self.bias[cols]
-        y[rows, cols] = exact
-        return y.view(*shape, -1)
+        h = hidden.reshape(-1, hidden.shape[-1]).float()
+        y = F.linear(h.to(torch.bfloat16), self.weight_bf16, self.bias_bf16)                 # [N, V]
+        top = y.max(-1, keepdim=True).values.float()
+        reach = h.norm(dim=-1, keepdim=True)
+        # U bounds U_j for every token that can be a candidate (those have |y_j| <= |top| + 2U), so the
+        # candidates lie among the tokens within 2U of the top: find those first, then apply U_j to them
+        u = self.SAFETY * (2.0 ** -7 * reach * self.max_norm + 2.0 ** -8 * top.abs()) / (1 - self.SAFETY * 2.0 ** -7)
+        rows, cols = (y >= top - 2 * u).nonzero(as_tuple=True)
+        near = y[rows, cols].float()
+        bound = self.SAFETY * (2.0 ** -7 * reach[rows, 0] * self.norms[cols] + 2.0 ** -8 * near.abs())
+        lower = torch.full((h.shape[0],), float("-inf"), device=h.device).scatter_reduce(0, rows, near - bound, "amax")
+        keep = near + bound >= lower[rows]
+        rows, cols = rows[keep], cols[keep]
+        logits = y.float()
+        logits[rows, cols] = (h[rows] * self.weight[cols].float()).sum(-1) + self.bias[cols]
+        return logits.view(*shape, -1)
 
 
 class ExitHead(nn.Module):
@@ -165,12 +223,14 @@ class WhisperDecoderModel:
     `cross_window` (frames, for drafts) limits cross-attention to each row's audio frames plus that
     many after them, where the audio's length is known (`encode(..., seconds=)`): short clips are
     mostly padding of Whisper's 30-s window, which the full model must attend to and a draft need not.
+    `int8` runs the layers on int8 copies of their weights (`LayerOps`; for drafts).
     """
 
     def __init__(self, hf, suppress_tokens: list[int] | None = None, begin_suppress_tokens: list[int] | None = None,
                  num_layers: int | None = None, exit_head: nn.Module | None = None,
                  cross_layers: list[int] | None = None, projection: ShortlistProjection | None = None,
-                 argmax_readout: ArgmaxProjection | None = None, cross_window: int | None = None):
+                 argmax_readout: ArgmaxProjection | None = None, cross_window: int | None = None,
+                 int8: bool = False):
         decoder = getattr(getattr(hf, "model", None), "decoder", None)
         check(decoder is not None and hasattr(decoder, "layers") and hasattr(decoder, "embed_positions"),
               f"{type(hf).__name__} is not a Whisper encoder-decoder (expected .model.decoder with layers)")
@@ -190,6 +250,7 @@ class WhisperDecoderModel:
         check(cross_window is None or (isinstance(cross_window, int) and cross_window >= 0),
               f"cross_window must be None or an int >= 0 (frames), got {cross_window!r}")
         self.cross_window = cross_window
+        self._ops = [LayerOps(layer, int8) for layer in decoder.layers[: self.num_layers]]
         self.vocab_size = cfg.vocab_size
         self.num_heads = cfg.decoder_attention_heads
         self.head_dim = cfg.d_model // self.num_heads
@@ -202,6 +263,7 @@ class WhisperDecoderModel:
         self.suppress_tokens, self.begin_suppress_tokens = list(suppress_tokens), list(begin_suppress_tokens)
         self._bias = self._suppression(self.suppress_tokens)
         self._begin_bias = self._bias + self._suppression(self.begin_suppress_tokens)
+        self._shortlist_bias = None if self.projection is None else self._bias[self.projection.vocab]
 
     def _suppression(self, ids: list[int]) -> Tensor:
         bias = torch.zeros(self.vocab_size, device=self.device)
@@ -319,6 +381,17 @@ class WhisperDecoderModel:
         return self._forward(state, tokens.to(self.device), positions, tree_mask) + self._bias
 
     @torch.inference_mode()
+    def greedy_step(self, state: DecodeState, tokens: Tensor, positions: Tensor | None = None,
+                    tree_mask: Tensor | None = None) -> Tensor:
+        """`step(...).argmax(-1)` [B, T]; through a shortlist it never builds the full-vocabulary logits."""
+        if self.projection is None:
+            return self.step(state, tokens, positions, tree_mask).argmax(-1)
+        check_step_args(state, tokens, tree_mask, self.vocab_size)
+        vocab, bias = self.projection.vocab, self._shortlist_bias
+        return self._forward(state, tokens.to(self.device), positions, tree_mask,
+                             readout=lambda h: vocab[(self.projection.compact(h) + bias).argmax(-1)])
+
+    @torch.inference_mode()
     def teacher_forced(self, inputs: EncodedAudio, tokens: Tensor) -> tuple[Tensor, list[Tensor]]:
         """One causal pass over prompt + `tokens` [B, T] (right-padded rows are fine: padding comes
         last). Returns the final hidden states [B, P + T, d] and each layer's output [B, P + T, d]
@@ -376,31 +449,25 @@ class WhisperDecoderModel:
         keys/values of every row into the cache. With `rows` (indices), only those rows go on
         through attention and the MLP; the others only get their keys/values written from their
         current h (CALM's state propagation for rows that exited) and come back unchanged."""
-        layer, H, Dh = self.decoder.layers[i], self.num_heads, self.head_dim
-        a = layer.self_attn
-        x = layer.self_attn_layer_norm(h)
+        layer, ops, H, Dh = self.decoder.layers[i], self._ops[i], self.num_heads, self.head_dim
+        x = _norm(layer.self_attn_layer_norm, h)
         B, T, _ = x.shape
-        k = a.k_proj(x).view(B, T, H, Dh).transpose(1, 2)
-        v = a.v_proj(x).view(B, T, H, Dh).transpose(1, 2)
-        k, v = step.write.update(k, v, i)
+        q, k, v = ops.qkv(x)
+        k, v = step.write.update(k.view(B, T, H, Dh).transpose(1, 2), v.view(B, T, H, Dh).transpose(1, 2), i)
         ck, cv, cmask = self._attended(step.inputs, i)
         out, mask = h, step.mask
         if rows is not None and rows.numel() == 0:
             return out
         if rows is not None:
-            h, x, k, v, ck, cv = (t.index_select(0, rows) for t in (h, x, k, v, ck, cv))
+            h, q, k, v, ck, cv = (t.index_select(0, rows) for t in (h, q, k, v, ck, cv))
             mask, cmask = (None if m is None else m.index_select(0, rows) for m in (mask, cmask))
             B = h.shape[0]
-        q = a.q_proj(x).view(B, T, H, Dh).transpose(1, 2)
-        x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        h = h + a.out_proj(x.transpose(1, 2).reshape(B, T, H * Dh))
-        c = layer.encoder_attn
-        x = layer.encoder_attn_layer_norm(h)
-        q = c.q_proj(x).view(B, T, H, Dh).transpose(1, 2)
-        x = F.scaled_dot_product_attention(q, ck, cv, attn_mask=cmask)
-        h = h + c.out_proj(x.transpose(1, 2).reshape(B, T, H * Dh))
-        x = layer.final_layer_norm(h)
-        h = h + layer.fc2(layer.activation_fn(layer.fc1(x)))
+        x = F.scaled_dot_product_attention(q.view(B, T, H, Dh).transpose(1, 2), k, v, attn_mask=mask)
+        h = h + ops.out(x.transpose(1, 2).reshape(B, T, H * Dh))
+        x = _norm(layer.encoder_attn_layer_norm, h)
+        x = F.scaled_dot_product_attention(ops.cross_q(x).view(B, T, H, Dh).transpose(1, 2), ck, cv, attn_mask=cmask)
+        h = h + ops.cross_out(x.transpose(1, 2).reshape(B, T, H * Dh))
+        h = h + ops.mlp(_norm(layer.final_layer_norm, h))
         if rows is None:
             return h
         return out.index_copy(0, rows, h)

@@ -34,7 +34,6 @@ import torch
 from torch import Tensor
 
 from mmaccel.checkpoints import read_checkpoint
-from mmaccel.core.quant import quantize_linears
 from mmaccel.errors import InputError, check
 from mmaccel.speech.decoder import ShortlistProjection, WhisperDecoderModel
 
@@ -56,12 +55,9 @@ class WhisperDraft:
         projection = None
         if self.vocab is not None:
             projection = ShortlistProjection(target.decoder.embed_tokens.weight, self.vocab, int8=int8)
-        hf = self.hf
-        if int8:
-            decoder = hf.model.decoder
-            hf = _assemble(hf.config, target.decoder, quantize_linears(decoder.layers), decoder.layer_norm)
-        return WhisperDecoderModel(hf, target.suppress_tokens, target.begin_suppress_tokens,
-                                   cross_layers=self.layers, projection=projection, cross_window=self.cross_window)
+        return WhisperDecoderModel(self.hf, target.suppress_tokens, target.begin_suppress_tokens,
+                                   cross_layers=self.layers, projection=projection, cross_window=self.cross_window,
+                                   int8=int8)
 
 
 def new_draft(target_hf, layers: list[int] | tuple[int, ...] = (0, -1), cross_window: int | None = None) -> WhisperDraft:

@@ -159,6 +159,8 @@ def test_argmax_projection_has_the_fp32_argmax_even_at_near_ties():
         a, b = top2[r]
         weight2[b] = weight2[a] + 1e-4 * torch.randn(32)
     exact = F.linear(h, weight2) + bias
+    plain_bf16 = F.linear(h.bfloat16(), weight2.bfloat16()).float() + bias
+    assert not torch.equal(plain_bf16.argmax(-1), exact.argmax(-1))          # the ties are real: bf16 alone errs
     fast = ArgmaxProjection(weight2, bias)(h)
     assert torch.equal(fast.argmax(-1), exact.argmax(-1))
     rows = torch.arange(64)

@@ -184,7 +184,6 @@ def test_an_int8_draft_is_close_and_speculative_with_it_equals_greedy(tiny_hf, t
     draft = _perturbed(tiny_hf, std=0.01, layers=(0, 1, 2, 3))
     draft.vocab = SHORTLIST
     exact, int8 = draft.decoder_model(tiny_decoder), draft.decoder_model(tiny_decoder, int8=True)
-    assert type(int8.decoder.layers[0].fc1).__name__ == "Int8Linear"
     assert isinstance(draft.hf.model.decoder.layers[0].fc1, nn.Linear)        # the draft itself is untouched
     x = features(3, seed=11)
     ids = torch.tensor([[5, 12, 17]] * 3)
@@ -192,9 +191,20 @@ def test_an_int8_draft_is_close_and_speculative_with_it_equals_greedy(tiny_hf, t
     b = int8.step(int8.prefill(tiny_decoder.encode(x, PROMPT), 4), ids)
     keep = torch.isfinite(a)
     assert torch.equal(keep, torch.isfinite(b))
-    assert float((a[keep] - b[keep]).norm() / a[keep].norm()) < 0.05
+    assert float((a[keep] - b[keep]).norm() / a[keep].norm()) < 0.05 and not torch.equal(a, b)
     resources = Resources(tiny_decoder, draft=int8)
     greedy = build_asr_method("greedy").run(resources, tiny_decoder.encode(x, PROMPT), max_new_tokens=24, eos_token_id=EOT)
     fast = build_asr_method("speculative", k=3).run(resources, tiny_decoder.encode(x, PROMPT), max_new_tokens=24,
                                                      eos_token_id=EOT)
     assert fast.tokens == greedy.tokens and fast.stats.nfe < greedy.stats.nfe
+
+
+def test_greedy_step_is_the_argmax_of_step_without_full_logits(tiny_hf, tiny_decoder):
+    draft = _perturbed(tiny_hf, std=0.01, layers=(0, 2))
+    draft.vocab = SHORTLIST[torch.randperm(len(SHORTLIST))]          # any order
+    x = features(2, seed=5)
+    ids = torch.tensor([[5, 12, 17], [9, 3, 30]])
+    for model in (draft.decoder_model(tiny_decoder), draft.decoder_model(tiny_decoder, int8=True), tiny_decoder):
+        full = model.step(model.prefill(tiny_decoder.encode(x, PROMPT), 4), ids)
+        fast = model.greedy_step(model.prefill(tiny_decoder.encode(x, PROMPT), 4), ids)
+        assert torch.equal(fast, full.argmax(-1))
