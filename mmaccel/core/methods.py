@@ -105,8 +105,10 @@ def _ar(p):
 def _speculative(p):
     k = _int(p, "k", 4)
     coupled = bool(p.pop("coupled", False))
-    return Method("speculative", f"chain speculative decoding, draft model, k={k}", "draft", True,
-                  lambda r: DraftModelProposer(_need(r, "draft", "speculative")), "coupled" if coupled else "speculative",
+    stop = _float(p, "stop_below", 0.0, 0.0, 0.999)
+    label = f"k={k}" if stop == 0 else f"k <= {k}, greedy chains stop below draft probability {stop}"
+    return Method("speculative", f"chain speculative decoding, draft model, {label}", "draft", True,
+                  lambda r: DraftModelProposer(_need(r, "draft", "speculative"), stop), "coupled" if coupled else "speculative",
                   k=k, coupled=coupled)
 
 

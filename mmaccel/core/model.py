@@ -219,7 +219,8 @@ def check_step_args(state: DecodeState, tokens: Tensor, tree_mask: Tensor | None
     check(tokens.shape[0] == state.batch_size,
           f"tokens batch {tokens.shape[0]} does not match the state's batch {state.batch_size}")
     check(tokens.shape[1] > 0, "tokens must hold at least one token per row")
-    check(bool(((tokens >= 0) & (tokens < vocab_size)).all()), f"token ids must lie in [0, {vocab_size})")
+    low, high = torch.aminmax(tokens)
+    check(int(low) >= 0 and int(high) < vocab_size, f"token ids must lie in [0, {vocab_size})")
     if tree_mask is not None:
         T = tokens.shape[1]
         check(tree_mask.dim() == 3 and tree_mask.shape[1] == T and tree_mask.shape[2] >= T
@@ -243,9 +244,15 @@ def append_ragged(model: DecoderModel, state: DecodeState, rows: list[Tensor], s
     Rows are right-padded to the longest, run as one step, and the padding is rolled back per row;
     padding sits after the real tokens, so causal attention never lets a real token see it.
     """
-    lengths = torch.tensor([len(r) for r in rows])
-    check(bool((lengths > 0).all()), "every row needs at least one token")
-    T = int(lengths.max())
+    sizes = [len(r) for r in rows]
+    check(min(sizes) > 0, "every row needs at least one token")
+    if sizes.count(sizes[0]) == len(sizes):                            # equal rows: one plain step
+        out = (step or model.step)(state, torch.stack(list(rows)).to(state.cache.device))
+        if state.hidden is not None:
+            state.hidden = state.hidden[:, -1:]
+        return out[:, -1]
+    lengths = torch.tensor(sizes)
+    T = max(sizes)
     tokens = torch.zeros(len(rows), T, dtype=torch.long)
     for b, r in enumerate(rows):
         tokens[b, : len(r)] = r

@@ -101,17 +101,20 @@ def grow_tree(root_logprobs: Tensor, expand, depth: int, width: int, root: Tenso
 
 class DraftModelProposer(Proposer):
     """A smaller model with the target's tokenizer drafts autoregressively (Leviathan et al. 2023).
-    Greedy drafts use the model's `greedy_step(state, tokens) -> [B, T]` (the arg-max of `step`)
-    where it offers one.
+    Greedy drafts read out through the model's `shortlist` where it has one (`shortlist_step`
+    returns the logits of those tokens only). With `stop_below` > 0 a greedy chain ends early once
+    no active row's draft token has at least that probability under the draft (dynamic draft
+    length: k is then the most drafted per pass).
 
     Its cache is kept in step with the target's: tokens the target emitted but the draft has not
     yet seen wait in `pending` and are fed (ragged, one pass) at the start of the next proposal.
     """
 
-    def __init__(self, draft: DecoderModel):
+    def __init__(self, draft: DecoderModel, stop_below: float = 0.0):
         check(hasattr(draft, "prefill") and hasattr(draft, "step"),
               f"a draft model must implement prefill/step (the DecoderModel protocol), got {type(draft).__name__}")
-        self.draft = draft
+        check(0.0 <= stop_below < 1.0, f"stop_below (a draft probability) must be in [0, 1), got {stop_below}")
+        self.draft, self.stop_below = draft, stop_below
         self._passes = 0
 
     def passes(self) -> int:
@@ -131,15 +134,8 @@ class DraftModelProposer(Proposer):
 
     def propose(self, ctx, k):
         check(k >= 1, f"draft length k must be >= 1, got {k}")
-        if ctx.sampling.greedy:      # arg-max drafts: the model's cheaper path where it has one
-            greedy = getattr(self.draft, "greedy_step", None) or (lambda state, x: self.draft.step(state, x).argmax(-1))
-            tokens = [self._feed_pending(greedy)]
-            for _ in range(k - 1):
-                tokens.append(greedy(self.state, tokens[-1][:, None])[:, 0])
-                self._passes += 1
-            self._fed, self._tree = k - 1, None
-            self._drafts = torch.stack(tokens, 1)
-            return Draft(self._drafts)
+        if ctx.sampling.greedy:
+            return self._propose_greedy(ctx, k)
         logits = self._feed_pending()
         tokens, probs = [], []
         for j in range(k):
@@ -152,6 +148,28 @@ class DraftModelProposer(Proposer):
         self._fed, self._tree = k - 1, None
         self._drafts = torch.stack(tokens, 1)
         return Draft(self._drafts, torch.stack(probs, 1))
+
+    def _propose_greedy(self, ctx, k):
+        """Arg-max drafts, through the model's shortlist (`shortlist_step`) where it has one; with
+        `stop_below`, drafting ends after a position where no active row's draft is that likely."""
+        shortlist = getattr(self.draft, "shortlist", None)
+        step = self.draft.step if shortlist is None else self.draft.shortlist_step
+        active = ctx.active if ctx.active is not None else torch.ones(len(self.pending), dtype=torch.bool)
+        logits = self._feed_pending(step)                                       # [B, V or S]
+        tokens = []
+        for j in range(k):
+            if self.stop_below > 0:
+                confidence, index = logits.softmax(-1).max(-1)
+            else:
+                confidence, index = None, logits.argmax(-1)
+            tokens.append(index if shortlist is None else shortlist[index])
+            if j == k - 1 or (confidence is not None and not bool((confidence[active] >= self.stop_below).any())):
+                break
+            logits = step(self.state, tokens[-1][:, None])[:, 0]
+            self._passes += 1
+        self._fed, self._tree = len(tokens) - 1, None
+        self._drafts = torch.stack(tokens, 1)
+        return Draft(self._drafts)
 
     def propose_tree(self, ctx, depth, width):
         logits = self._feed_pending()

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmaccel.core.model import CacheWrite, DecodeState, KVCache, check_step_args, default_positions
-from mmaccel.core.quant import Int8Linear
+from mmaccel.core.quant import Int8Linear, fast_bf16_matmul
 from mmaccel.errors import check
 
 
@@ -66,13 +66,18 @@ def _fp32(linear: nn.Linear):
     return lambda x: F.linear(x, linear.weight, linear.bias)
 
 
-def _int8(*linears: nn.Linear):
-    """One int8 product for `linears` side by side (their outputs concatenated)."""
+def _quantized(*linears: nn.Linear):
+    """One int8 product for `linears` side by side (their outputs concatenated); many rows at once
+    run in bf16 where that is native (`Int8Linear`'s `bf16_rows`)."""
     weight = torch.cat([m.weight.detach() for m in linears])
     bias = None
     if any(m.bias is not None for m in linears):
         bias = torch.cat([m.bias.detach() if m.bias is not None else m.weight.new_zeros(m.out_features) for m in linears])
-    return Int8Linear.of(weight, bias).forward
+    return Int8Linear.of(weight, bias, _bf16_rows(weight.device)).forward
+
+
+def _bf16_rows(device: torch.device) -> int | None:
+    return 8 if fast_bf16_matmul(device) else None
 
 
 class LayerOps:
@@ -80,20 +85,20 @@ class LayerOps:
     `out`, `cross_q`, `cross_out`, `mlp`.
 
     By default F.linear on the Hugging Face modules' own weights, looked up at every call (training
-    and `.to()` are seen; logits equal HF's). `int8=True` (drafts) holds int8 copies (a quarter of the
-    bytes, `mmaccel.core.quant`) with the query/key/value products fused into one. Either way these
-    are plain function calls: a draft step is a few dozen small products, where a module call's
-    overhead is a noticeable share of the time.
+    and `.to()` are seen; logits equal HF's). `quantized=True` (drafts) holds int8 copies (a quarter
+    of the bytes, `mmaccel.core.quant`) with the query/key/value products fused into one. Either way
+    these are plain function calls: a draft step is a few dozen small products, where a module
+    call's overhead is a noticeable share of the time.
     """
 
-    def __init__(self, layer: nn.Module, int8: bool = False):
+    def __init__(self, layer: nn.Module, quantized: bool = False):
         a, c = layer.self_attn, layer.encoder_attn
         act = getattr(layer.activation_fn, "act", layer.activation_fn)     # HF's GELUActivation wraps F.gelu
-        if int8:
-            fused = _int8(a.q_proj, a.k_proj, a.v_proj)
+        if quantized:
+            fused = _quantized(a.q_proj, a.k_proj, a.v_proj)
             self.qkv = lambda x: fused(x).chunk(3, -1)
-            self.out, self.cross_q, self.cross_out = _int8(a.out_proj), _int8(c.q_proj), _int8(c.out_proj)
-            fc1, fc2 = _int8(layer.fc1), _int8(layer.fc2)
+            self.out, self.cross_q, self.cross_out = _quantized(a.out_proj), _quantized(c.q_proj), _quantized(c.out_proj)
+            fc1, fc2 = _quantized(layer.fc1), _quantized(layer.fc2)
         else:
             q, k, v = _fp32(a.q_proj), _fp32(a.k_proj), _fp32(a.v_proj)
             self.qkv = lambda x: (q(x), k(x), v(x))
@@ -112,13 +117,13 @@ class ShortlistProjection:
     On a CPU the 51 865-row projection is ~28 % of a Whisper base decoder step; a draft that only
     proposes tokens of a shortlist (those seen in training transcripts) reads a few thousand rows.
     Drafts outside the shortlist are impossible, which costs acceptance, never exactness. With
-    `int8` the rows are stored as int8 (`mmaccel.core.quant`), a quarter of the bytes.
+    `quantized` the rows are stored as int8 (`mmaccel.core.quant`), a quarter of the bytes.
     """
 
-    def __init__(self, weight: Tensor, vocab: Tensor, int8: bool = False):
+    def __init__(self, weight: Tensor, vocab: Tensor, quantized: bool = False):
         self.vocab = vocab.to(weight.device, torch.long).unique()       # ascending: arg-max ties as over V
         rows = weight.detach()[self.vocab]
-        self.int8 = Int8Linear.of(rows) if int8 else None
+        self.int8 = Int8Linear.of(rows, bf16_rows=_bf16_rows(rows.device)) if quantized else None
         self.weight = rows.clone() if self.int8 is None else None
         self.vocab_size = weight.shape[0]
 
@@ -130,18 +135,6 @@ class ShortlistProjection:
         out = hidden.new_full((*hidden.shape[:-1], self.vocab_size), float("-inf"))
         out[..., self.vocab] = self.compact(hidden)
         return out
-
-
-def fast_bf16_matmul(device: torch.device) -> bool:
-    """Whether bf16 matrix products run natively here (CUDA, or a CPU with AVX512-BF16 / AMX)."""
-    if device.type == "cuda":
-        return True
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 class ArgmaxProjection:
@@ -223,14 +216,16 @@ class WhisperDecoderModel:
     `cross_window` (frames, for drafts) limits cross-attention to each row's audio frames plus that
     many after them, where the audio's length is known (`encode(..., seconds=)`): short clips are
     mostly padding of Whisper's 30-s window, which the full model must attend to and a draft need not.
-    `int8` runs the layers on int8 copies of their weights (`LayerOps`; for drafts).
+    `quantized` (for drafts) runs the layers on int8 copies of their weights (`LayerOps`) and keeps
+    the cross-attention window's keys/values in bf16: half the bytes of the reads that dominate a
+    batched draft step.
     """
 
     def __init__(self, hf, suppress_tokens: list[int] | None = None, begin_suppress_tokens: list[int] | None = None,
                  num_layers: int | None = None, exit_head: nn.Module | None = None,
                  cross_layers: list[int] | None = None, projection: ShortlistProjection | None = None,
                  argmax_readout: ArgmaxProjection | None = None, cross_window: int | None = None,
-                 int8: bool = False):
+                 quantized: bool = False):
         decoder = getattr(getattr(hf, "model", None), "decoder", None)
         check(decoder is not None and hasattr(decoder, "layers") and hasattr(decoder, "embed_positions"),
               f"{type(hf).__name__} is not a Whisper encoder-decoder (expected .model.decoder with layers)")
@@ -250,7 +245,8 @@ class WhisperDecoderModel:
         check(cross_window is None or (isinstance(cross_window, int) and cross_window >= 0),
               f"cross_window must be None or an int >= 0 (frames), got {cross_window!r}")
         self.cross_window = cross_window
-        self._ops = [LayerOps(layer, int8) for layer in decoder.layers[: self.num_layers]]
+        self._ops = [LayerOps(layer, quantized) for layer in decoder.layers[: self.num_layers]]
+        self.quantized = quantized
         self.vocab_size = cfg.vocab_size
         self.num_heads = cfg.decoder_attention_heads
         self.head_dim = cfg.d_model // self.num_heads
@@ -342,14 +338,15 @@ class WhisperDecoderModel:
         k, v = self._cross(inputs, i)
         if self.cross_window is None or inputs.audio_frames is None:
             return k, v, None
-        name = (self.cross_layers[i], self.cross_window)
+        dtype = torch.bfloat16 if self.quantized else k.dtype
+        name = (self.cross_layers[i], self.cross_window, dtype)
         if name not in inputs.windows:
             reach = (inputs.audio_frames + self.cross_window).clamp(max=k.shape[2])
             n = int(reach.max())
             mask = None
             if bool((reach < n).any()):
                 mask = (torch.arange(n)[None, :] < reach[:, None])[:, None, None].to(k.device)
-            inputs.windows[name] = (k[:, :, :n].contiguous(), v[:, :, :n].contiguous(), mask)
+            inputs.windows[name] = (k[:, :, :n].to(dtype).contiguous(), v[:, :, :n].to(dtype).contiguous(), mask)
         return inputs.windows[name]
 
     # ---- decoding -----------------------------------------------------------------------------
@@ -380,16 +377,21 @@ class WhisperDecoderModel:
             return self._forward(state, tokens.to(self.device), positions, tree_mask, readout=self.argmax_readout)
         return self._forward(state, tokens.to(self.device), positions, tree_mask) + self._bias
 
+    @property
+    def shortlist(self) -> Tensor | None:
+        """The token ids [S] (ascending) outside which `step`'s logits are -inf, when it reads out
+        through a shortlist; `shortlist_step` computes only those columns."""
+        return None if self.projection is None else self.projection.vocab
+
     @torch.inference_mode()
-    def greedy_step(self, state: DecodeState, tokens: Tensor, positions: Tensor | None = None,
-                    tree_mask: Tensor | None = None) -> Tensor:
-        """`step(...).argmax(-1)` [B, T]; through a shortlist it never builds the full-vocabulary logits."""
-        if self.projection is None:
-            return self.step(state, tokens, positions, tree_mask).argmax(-1)
+    def shortlist_step(self, state: DecodeState, tokens: Tensor, positions: Tensor | None = None,
+                       tree_mask: Tensor | None = None) -> Tensor:
+        """`step(...)[..., self.shortlist]` [B, T, S], without building the full-vocabulary logits."""
+        check(self.projection is not None, "shortlist_step needs a model that reads out through a shortlist")
         check_step_args(state, tokens, tree_mask, self.vocab_size)
-        vocab, bias = self.projection.vocab, self._shortlist_bias
+        bias = self._shortlist_bias
         return self._forward(state, tokens.to(self.device), positions, tree_mask,
-                             readout=lambda h: vocab[(self.projection.compact(h) + bias).argmax(-1)])
+                             readout=lambda h: self.projection.compact(h) + bias)
 
     @torch.inference_mode()
     def teacher_forced(self, inputs: EncodedAudio, tokens: Tensor) -> tuple[Tensor, list[Tensor]]:
@@ -422,17 +424,23 @@ class WhisperDecoderModel:
               tree_mask: Tensor | None = None) -> tuple[Tensor, "LayerStep"]:
         """Claim cache slots for `tokens` [B, T]; returns the input hidden states [B, T, d] and
         what every layer of this pass shares (cache writer, attention mask, audio)."""
-        step, start = self.begin(state, tokens.shape[1], tree_mask)
-        if positions is None:
-            positions = default_positions(start, tokens.shape[1], tree_mask)
-        positions = positions.to(self.device)
-        check(int(positions.max()) < self.max_positions,
+        T = tokens.shape[1]
+        step, start = self.begin(state, T, tree_mask)
+        first = step.write.start if positions is None and tree_mask is None else None
+        last = first + T - 1 if first is not None else None
+        if first is None:
+            if positions is None:
+                positions = default_positions(start, T, tree_mask)
+            positions = positions.to(self.device)
+            last = int(positions.max())
+        check(last < self.max_positions,
               f"Whisper's decoder has {self.max_positions} positions; this transcript would exceed them")
         dec = self.decoder
-        h = dec.embed_tokens(tokens)
+        h = F.embedding(tokens, dec.embed_tokens.weight)
         if self.embed_scale != 1.0:
             h = h * self.embed_scale
-        return h + dec.embed_positions.weight[positions], step
+        # rows at one common start read one slice of position embeddings
+        return h + (dec.embed_positions.weight[first : first + T] if first is not None else dec.embed_positions.weight[positions]), step
 
     def begin(self, state: DecodeState, num_new: int, tree_mask: Tensor | None = None) -> tuple["LayerStep", Tensor]:
         """Claim `num_new` cache slots per row; returns the pass's `LayerStep` and the old lengths [B]
@@ -465,7 +473,8 @@ class WhisperDecoderModel:
         x = F.scaled_dot_product_attention(q.view(B, T, H, Dh).transpose(1, 2), k, v, attn_mask=mask)
         h = h + ops.out(x.transpose(1, 2).reshape(B, T, H * Dh))
         x = _norm(layer.encoder_attn_layer_norm, h)
-        x = F.scaled_dot_product_attention(ops.cross_q(x).view(B, T, H, Dh).transpose(1, 2), ck, cv, attn_mask=cmask)
+        q = ops.cross_q(x).view(B, T, H, Dh).transpose(1, 2).to(ck.dtype)
+        x = F.scaled_dot_product_attention(q, ck, cv, attn_mask=cmask).to(h.dtype)
         h = h + ops.cross_out(x.transpose(1, 2).reshape(B, T, H * Dh))
         h = h + ops.mlp(_norm(layer.final_layer_norm, h))
         if rows is None:

@@ -19,7 +19,7 @@ target (hidden size, vocabulary, decoder layers), the source layers and the cros
 Two things make the draft cheap to run on a CPU, where a decoding step is bound by memory traffic:
 it cross-attends only to the frames that hold audio plus `cross_window` frames after them (it is
 trained that way; Whisper pads every clip to 30 s and the full model attends to all 1 500 frames),
-and for decoding its layers and shortlist run on int8 weights (`decoder_model(int8=True)`).
+and for decoding its layers and shortlist run on int8 weights (`decoder_model(quantized=True)`).
 """
 
 from __future__ import annotations
@@ -47,17 +47,18 @@ class WhisperDraft:
     vocab: Tensor | None = None  # the draft shortlist (token ids)
     cross_window: int | None = None  # frames after the audio it cross-attends to (None: the whole window)
 
-    def decoder_model(self, target: WhisperDecoderModel, int8: bool = False) -> WhisperDecoderModel:
+    def decoder_model(self, target: WhisperDecoderModel, quantized: bool = False) -> WhisperDecoderModel:
         """The draft as a DecoderModel: the target's decoding rules, its cross-attention cache
-        entries, logits through the shortlist. `int8`: a copy whose layers and shortlist hold int8
-        weights (`mmaccel.core.quant`; this draft's own modules stay as they are). A bf16 copy was
-        measured slower here: oneDNN's bf16 products of one row are no faster than fp32 ones."""
+        entries, logits through the shortlist. `quantized`: its layers and shortlist run on int8
+        copies of the weights and its cross-attention window is kept in bf16 (this draft's own
+        modules stay as they are). An all-bf16 copy was measured slower here at one row: oneDNN's
+        bf16 products of one row are no faster than fp32 ones."""
         projection = None
         if self.vocab is not None:
-            projection = ShortlistProjection(target.decoder.embed_tokens.weight, self.vocab, int8=int8)
+            projection = ShortlistProjection(target.decoder.embed_tokens.weight, self.vocab, quantized=quantized)
         return WhisperDecoderModel(self.hf, target.suppress_tokens, target.begin_suppress_tokens,
                                    cross_layers=self.layers, projection=projection, cross_window=self.cross_window,
-                                   int8=int8)
+                                   quantized=quantized)
 
 
 def new_draft(target_hf, layers: list[int] | tuple[int, ...] = (0, -1), cross_window: int | None = None) -> WhisperDraft:

@@ -24,7 +24,8 @@ from mmaccel.errors import InputError, check
 from mmaccel.paths import assets_dir
 from mmaccel.speech.audio import Audio, AudioLike, as_audio, is_silent, log_mel, split_long
 from mmaccel.speech.cross_draft import Assistant, new_assistant
-from mmaccel.speech.decoder import WhisperDecoderModel, fast_bf16_matmul
+from mmaccel.core.quant import fast_bf16_matmul
+from mmaccel.speech.decoder import WhisperDecoderModel
 from mmaccel.speech.draft import WhisperDraft, load_draft
 from mmaccel.speech.heads import WhisperHeads, load_heads
 from mmaccel.speech.methods import build_asr_method
@@ -88,7 +89,7 @@ class ASRPipeline:
         self.draft_source: str | None = None     # the draft decoder file, when loaded from one
         # the draft runs on int8 weights where that is a bandwidth saving (CPU); verification keeps
         # the output exact whatever the draft computes
-        self._draft_model = None if draft is None else draft.decoder_model(self.model, int8=self.model.device.type == "cpu")
+        self._draft_model = None if draft is None else draft.decoder_model(self.model, quantized=self.model.device.type == "cpu")
         self.assistant: Assistant | None = None  # another Whisper, for speculative-cross
 
     @classmethod

@@ -1,11 +1,12 @@
 """Weight-only int8 linears: the rounding bound, the CPU kernel against a dequantised reference,
-and replacing the linears of a copy only."""
+and the bf16 copy for products of many rows."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from mmaccel.core.quant import Int8Linear, int8_matmul, quantize_linears, quantize_rows
+from mmaccel.core.quant import Int8Linear, int8_matmul, quantize_rows
 from mmaccel.errors import InputError
 
 
@@ -44,15 +45,16 @@ def test_int8_linear_stays_close_to_the_float_layer():
         Int8Linear(nn.Conv1d(2, 2, 1))
 
 
-def test_quantize_linears_changes_a_copy_only():
+def test_many_rows_run_on_the_bf16_copy_and_few_on_int8():
     torch.manual_seed(3)
-    net = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Sequential(nn.Linear(16, 4, bias=False)))
-    before = {n: p.clone() for n, p in net.state_dict().items()}
-    q = quantize_linears(net)
-    assert isinstance(q[0], Int8Linear) and isinstance(q[2][0], Int8Linear) and q[2][0].bias is None
-    assert isinstance(net[0], nn.Linear)                                   # the original is untouched
-    for n, p in net.state_dict().items():
-        torch.testing.assert_close(p, before[n], atol=0, rtol=0)
-    x = torch.randn(3, 8)
-    ref = net(x)
-    assert float((q(x) - ref).norm() / ref.norm()) < 0.03
+    lin = nn.Linear(64, 32)
+    q = Int8Linear(lin, bf16_rows=4)
+    few, many = torch.randn(3, 64), torch.randn(2, 2, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(q(few), int8_matmul(few, q.weight, q.scale, q.bias))
+        bf16 = (F.linear(many.bfloat16(), lin.weight.bfloat16()) + lin.bias).float()
+        torch.testing.assert_close(q(many), bf16)
+        assert float((q(many) - lin(many)).norm() / lin(many).norm()) < 0.02
+    assert Int8Linear(lin).weight_bf16 is None                             # no copy unless asked
+    with pytest.raises(InputError, match="bf16_rows must be None or an int >= 1"):
+        Int8Linear(lin, bf16_rows=0)

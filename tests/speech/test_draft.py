@@ -183,7 +183,7 @@ def test_cross_window_attends_to_each_rows_audio_frames_only(tiny_hf, tiny_decod
 def test_an_int8_draft_is_close_and_speculative_with_it_equals_greedy(tiny_hf, tiny_decoder):
     draft = _perturbed(tiny_hf, std=0.01, layers=(0, 1, 2, 3))
     draft.vocab = SHORTLIST
-    exact, int8 = draft.decoder_model(tiny_decoder), draft.decoder_model(tiny_decoder, int8=True)
+    exact, int8 = draft.decoder_model(tiny_decoder), draft.decoder_model(tiny_decoder, quantized=True)
     assert isinstance(draft.hf.model.decoder.layers[0].fc1, nn.Linear)        # the draft itself is untouched
     x = features(3, seed=11)
     ids = torch.tensor([[5, 12, 17]] * 3)
@@ -199,12 +199,34 @@ def test_an_int8_draft_is_close_and_speculative_with_it_equals_greedy(tiny_hf, t
     assert fast.tokens == greedy.tokens and fast.stats.nfe < greedy.stats.nfe
 
 
-def test_greedy_step_is_the_argmax_of_step_without_full_logits(tiny_hf, tiny_decoder):
+def test_shortlist_step_is_step_at_the_shortlist_columns(tiny_hf, tiny_decoder):
     draft = _perturbed(tiny_hf, std=0.01, layers=(0, 2))
     draft.vocab = SHORTLIST[torch.randperm(len(SHORTLIST))]          # any order
     x = features(2, seed=5)
     ids = torch.tensor([[5, 12, 17], [9, 3, 30]])
-    for model in (draft.decoder_model(tiny_decoder), draft.decoder_model(tiny_decoder, int8=True), tiny_decoder):
+    for model in (draft.decoder_model(tiny_decoder), draft.decoder_model(tiny_decoder, quantized=True)):
+        assert torch.equal(model.shortlist, SHORTLIST.sort().values)
         full = model.step(model.prefill(tiny_decoder.encode(x, PROMPT), 4), ids)
-        fast = model.greedy_step(model.prefill(tiny_decoder.encode(x, PROMPT), 4), ids)
-        assert torch.equal(fast, full.argmax(-1))
+        short = model.shortlist_step(model.prefill(tiny_decoder.encode(x, PROMPT), 4), ids)
+        assert torch.equal(short, full[..., model.shortlist])
+        outside = torch.ones(full.shape[-1], dtype=torch.bool)
+        outside[model.shortlist] = False
+        assert torch.isinf(full[..., outside]).all()
+    assert tiny_decoder.shortlist is None
+    with pytest.raises(InputError, match="needs a model that reads out through a shortlist"):
+        tiny_decoder.shortlist_step(tiny_decoder.prefill(tiny_decoder.encode(x, PROMPT), 4), ids)
+
+
+def test_a_confidence_stop_drafts_less_and_still_equals_greedy(tiny_hf, tiny_decoder):
+    draft = _perturbed(tiny_hf, std=0.02, layers=(0, 1, 2))
+    draft.vocab = SHORTLIST
+    resources = Resources(tiny_decoder, draft=draft.decoder_model(tiny_decoder))
+    x = features(3, seed=4)
+    greedy = build_asr_method("greedy").run(resources, tiny_decoder.encode(x, PROMPT), max_new_tokens=24, eos_token_id=EOT)
+    runs = {c: build_asr_method("speculative", k=6, stop_below=c).run(resources, tiny_decoder.encode(x, PROMPT),
+                                                                      max_new_tokens=24, eos_token_id=EOT)
+            for c in (0.0, 0.9)}
+    assert all(r.tokens == greedy.tokens for r in runs.values())
+    assert runs[0.9].stats.draft_passes < runs[0.0].stats.draft_passes
+    with pytest.raises(InputError, match="stop_below must be in"):
+        build_asr_method("speculative", stop_below=1.0)
