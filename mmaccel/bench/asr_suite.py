@@ -17,7 +17,9 @@ memory before timing. Per method:
 Peers on the same weights and audio: Hugging Face `generate` (greedy, the model's own suppression
 rules, encoder timed separately), HF assisted generation with our draft decoder as the assistant
 (batch 1 only in HF: a batch runs row by row) and faster-whisper / CTranslate2 on the original `model.bin`
-(int8 and float32, greedy, no VAD, no timestamps; batch 8 through its BatchedInferencePipeline).
+(int8 and float32, greedy, no VAD, no timestamps; batch 8 through its BatchedInferencePipeline),
+run and timed in a child process: a CTranslate2 model loaded here would slow every torch method of
+this process by ~1.6x (`FasterWhisperProcess`).
 """
 
 from __future__ import annotations
@@ -100,8 +102,8 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
         if spec.name == "faster-whisper":
             key = spec.params.get("compute_type", "int8")
             if key not in peers:
-                peers[key] = _faster_whisper(asr.bundle.name, key)
-            return _run_faster_whisper(peers[key], audios)
+                peers[key] = FasterWhisperProcess(asr.bundle.name, key, torch.get_num_threads())
+            return peers[key].transcribe(audios)
         out = asr.transcribe(audios, spec.name, batch_size=len(audios), **spec.params)
         stats = out.stats
         stats.time_s["total"] = out.wall_s
@@ -206,14 +208,58 @@ def _prompt_kwargs(bundle) -> dict:
     return {"language": "en", "task": "transcribe"} if bundle.tokens.multilingual else {}
 
 
-def _faster_whisper(name: str, compute_type: str) -> Any:
+def _faster_whisper(name: str, compute_type: str, threads: int) -> Any:
     from faster_whisper import BatchedInferencePipeline, WhisperModel
 
     from mmaccel.speech.whisper import ct2_model_dir
 
     model = WhisperModel(str(ct2_model_dir(name)), device="cpu", compute_type=compute_type,
-                         cpu_threads=torch.get_num_threads(), num_workers=1)
+                         cpu_threads=threads, num_workers=1)
     return model, BatchedInferencePipeline(model)
+
+
+class FasterWhisperProcess:
+    """faster-whisper in a child process, timed there.
+
+    A loaded CTranslate2 model slows the memory-bound torch products of its process while it exists
+    (measured here: a fp32 matrix-vector pass over 40 weights 6.0 → 9.8 ms, Whisper base's decoder
+    step 11.9 → 19.0 ms; back to 6.2 ms once the model is deleted), so it must not share the
+    process with the methods it is compared to.
+    """
+
+    def __init__(self, name: str, compute_type: str, threads: int):
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_faster_whisper_worker, args=(child, name, compute_type, threads), daemon=True)
+        self.process.start()
+        ready = self.conn.recv()
+        if ready != "ready":
+            raise InputError(f"faster-whisper ({compute_type}) could not start: {ready}")
+
+    def transcribe(self, audios: list[Audio]) -> tuple[list[str], DecodeStats]:
+        self.conn.send(audios)
+        texts, seconds = self.conn.recv()
+        stats = DecodeStats()
+        stats.time_s = {"total": seconds}
+        return texts, stats
+
+
+def _faster_whisper_worker(conn, name: str, compute_type: str, threads: int) -> None:
+    try:
+        peer = _faster_whisper(name, compute_type, threads)
+    except Exception as err:                      # reported to the parent, which raises it
+        conn.send(f"{type(err).__name__}: {err}")
+        return
+    conn.send("ready")
+    while True:
+        try:
+            audios = conn.recv()
+        except EOFError:                          # the parent is gone
+            return
+        texts, stats = _run_faster_whisper(peer, audios)
+        conn.send((texts, stats.time_s["total"]))
 
 
 FW_OPTIONS = dict(language="en", task="transcribe", beam_size=1, temperature=0.0, without_timestamps=True,
