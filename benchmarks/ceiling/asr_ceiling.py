@@ -2,7 +2,7 @@
 greedy's own next tokens for free (every draft accepted, no draft cost), against greedy and the
 shipped draft decoder, on the first N benchmark utterances at batch 1.
 
-    python benchmarks/asr_ceiling.py [N] > benchmarks/asr_ceiling.json
+    python benchmarks/ceiling/asr_ceiling.py [N] > benchmarks/ceiling/asr_base.json
 
 What it shows: how much of greedy's decoding time any lossless drafting can remove here at all
 (only the target's verify passes remain), and how much of that the real draft gets.
@@ -72,7 +72,7 @@ def main(n: int) -> dict:
     spec = asr.resources().draft
     add("speculative-k8-s0.8", lambda i: LoopConfig(proposer=DraftModelProposer(spec, 0.8), k=8))
     return {"utterances": n, "tokens": n_tokens, "batch": 1, "threads": 2,
-            "command": f"python benchmarks/asr_ceiling.py {n}", "results": rows}
+            "command": f"python benchmarks/ceiling/asr_ceiling.py {n}", "results": rows}
 
 
 if __name__ == "__main__":
