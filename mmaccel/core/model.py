@@ -200,6 +200,10 @@ class DecoderModel(Protocol):
       positions for a causal LM, image-token indices for LlamaGen) and default to the next free
       positions (for a tree, to the prefix length + depth read off `tree_mask`);
     - `state.rollback(n)` drops the last n entries in O(1).
+
+    Optional: a model whose logits are -inf outside a fixed token list offers `shortlist` (those ids
+    [S], ascending) and `shortlist_step` (`step`'s logits at those ids only, [B, T, S]); greedy
+    drafting (`DraftModelProposer`) then never builds full-vocabulary logits.
     """
 
     vocab_size: int

@@ -426,21 +426,21 @@ class WhisperDecoderModel:
         what every layer of this pass shares (cache writer, attention mask, audio)."""
         T = tokens.shape[1]
         step, start = self.begin(state, T, tree_mask)
-        first = step.write.start if positions is None and tree_mask is None else None
-        last = first + T - 1 if first is not None else None
-        if first is None:
+        table = self.decoder.embed_positions.weight
+        if positions is None and tree_mask is None and step.write.start is not None:
+            first = step.write.start                  # rows at one common start: one slice of the table
+            last, pos = first + T - 1, table[first : first + T]
+        else:
             if positions is None:
                 positions = default_positions(start, T, tree_mask)
             positions = positions.to(self.device)
-            last = int(positions.max())
+            last, pos = int(positions.max()), table[positions]
         check(last < self.max_positions,
               f"Whisper's decoder has {self.max_positions} positions; this transcript would exceed them")
-        dec = self.decoder
-        h = F.embedding(tokens, dec.embed_tokens.weight)
+        h = F.embedding(tokens, self.decoder.embed_tokens.weight)
         if self.embed_scale != 1.0:
             h = h * self.embed_scale
-        # rows at one common start read one slice of position embeddings
-        return h + (dec.embed_positions.weight[first : first + T] if first is not None else dec.embed_positions.weight[positions]), step
+        return h + pos, step
 
     def begin(self, state: DecodeState, num_new: int, tree_mask: Tensor | None = None) -> tuple["LayerStep", Tensor]:
         """Claim `num_new` cache slots per row; returns the pass's `LayerStep` and the old lengths [B]
