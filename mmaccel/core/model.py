@@ -203,7 +203,9 @@ class DecoderModel(Protocol):
 
     Optional: a model whose logits are -inf outside a fixed token list offers `shortlist` (those ids
     [S], ascending) and `shortlist_step` (`step`'s logits at those ids only, [B, T, S]); greedy
-    drafting (`DraftModelProposer`) then never builds full-vocabulary logits.
+    drafting (`DraftModelProposer`) then never builds full-vocabulary logits. A model offering
+    `prefill_with(inputs, room, tokens [B, T]) -> (state, logits [B, 1 + T, V])` (prefill and a step
+    over `tokens` in one pass) has greedy drafts of its first tokens verified by its prefill pass.
     """
 
     vocab_size: int

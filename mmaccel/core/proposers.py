@@ -126,16 +126,34 @@ class DraftModelProposer(Proposer):
         self._passes += 1
         self.pending = [[int(t)] for t in ctx.pending.tolist()]
 
+    def start_drafting(self, inputs: Any, room: int, k: int) -> Tensor:
+        """`start` ahead of the target: greedy drafts [B, <= k] of the first tokens from the prompt
+        alone, for a target that scores its prompt and these drafts in one pass (`prefill_with`)."""
+        check(k >= 1, f"draft length k must be >= 1, got {k}")
+        self.state = self.draft.prefill(inputs, room)
+        self._passes += 1
+        B = self.state.logits.shape[0]
+        self.pending = [[] for _ in range(B)]
+        self._fed_pending = torch.zeros(B, dtype=torch.long)
+        return self._chain(self.state.logits, None, torch.ones(B, dtype=torch.bool), k).tokens
+
     def _feed_pending(self, step=None) -> Tensor:
         self._fed_pending = torch.tensor([len(p) for p in self.pending])
         out = append_ragged(self.draft, self.state, [torch.tensor(p) for p in self.pending], step)
         self._passes += 1
         return out
 
+    def _greedy_step(self) -> tuple[Callable, Tensor | None]:
+        """The draft's step for greedy drafting and the token ids of its logit columns (None: all)."""
+        shortlist = getattr(self.draft, "shortlist", None)
+        return (self.draft.step, None) if shortlist is None else (self.draft.shortlist_step, shortlist)
+
     def propose(self, ctx, k):
         check(k >= 1, f"draft length k must be >= 1, got {k}")
         if ctx.sampling.greedy:
-            return self._propose_greedy(ctx, k)
+            step, ids = self._greedy_step()
+            active = ctx.active if ctx.active is not None else torch.ones(len(self.pending), dtype=torch.bool)
+            return self._chain(self._feed_pending(step), ids, active, k)
         logits = self._feed_pending()
         tokens, probs = [], []
         for j in range(k):
@@ -149,23 +167,21 @@ class DraftModelProposer(Proposer):
         self._drafts = torch.stack(tokens, 1)
         return Draft(self._drafts, torch.stack(probs, 1))
 
-    def _propose_greedy(self, ctx, k):
-        """Arg-max drafts, through the model's shortlist (`shortlist_step`) where it has one; with
+    def _chain(self, logits: Tensor, ids: Tensor | None, active: Tensor, k: int) -> Draft:
+        """Arg-max drafts from the next token's `logits` [B, V or S] (column j is token `ids[j]`, or
+        j itself), through the model's shortlist (`shortlist_step`) where it has one; with
         `stop_below`, drafting ends after a position where no active row's draft is that likely."""
-        shortlist = getattr(self.draft, "shortlist", None)
-        step = self.draft.step if shortlist is None else self.draft.shortlist_step
-        active = ctx.active if ctx.active is not None else torch.ones(len(self.pending), dtype=torch.bool)
-        logits = self._feed_pending(step)                                       # [B, V or S]
+        step, shortlist = self._greedy_step()
         tokens = []
         for j in range(k):
             if self.stop_below > 0:
                 confidence, index = logits.softmax(-1).max(-1)
             else:
                 confidence, index = None, logits.argmax(-1)
-            tokens.append(index if shortlist is None else shortlist[index])
+            tokens.append(index if ids is None else ids[index])
             if j == k - 1 or (confidence is not None and not bool((confidence[active] >= self.stop_below).any())):
                 break
-            logits = step(self.state, tokens[-1][:, None])[:, 0]
+            logits, ids = step(self.state, tokens[-1][:, None])[:, 0], shortlist
             self._passes += 1
         self._fed, self._tree = len(tokens) - 1, None
         self._drafts = torch.stack(tokens, 1)

@@ -72,20 +72,35 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
     # more fed block (width + 1) before it is rolled back
     room = max_new_tokens + 2 * (width + 1)
 
+    proposer = config.proposer
+    ahead = _drafts_ahead(model, config, rule_name)
     with torch.inference_mode(), track_peak_memory(stats, device), stats.timed("total"):
+        block = None            # (drafts, logits) of a prefill that also scored the first drafts
+        if ahead:
+            with stats.timed("draft"):
+                drafts = proposer.start_drafting(inputs, room, config.k)
+            stats.draft_passes += proposer.passes()
         with stats.timed("prefill"):
-            state = model.prefill(inputs, room)
+            if ahead:
+                state, logits = model.prefill_with(inputs, room, drafts)
+                block = drafts, logits
+            else:
+                state = model.prefill(inputs, room)
+                logits = state.logits
             stats.nfe += 1
-        B, V = state.logits.shape
+        B, V = logits.shape[0], logits.shape[-1]
         stats.deviation_per_row = [0.0] * B
-        sampler = TokenSampler(seed, B, V, coupled=config.coupled, device=state.logits.device)
-        first = _sample_first(state.logits, sampling, sampler)
-        history = [list(p) + [t] for p, t in zip(prompt_tokens or [[]] * B, first.tolist())]
-        out = [[t] for t in first.tolist()]
-        done = torch.tensor([r[-1] == eos_token_id or max_new_tokens <= 1 for r in out])
+        sampler = TokenSampler(seed, B, V, coupled=config.coupled, device=logits.device)
+        if ahead:               # nothing is emitted before the first block (pending -1: no token yet)
+            pending = torch.full((B,), -1, device=logits.device)
+            out = [[] for _ in range(B)]
+        else:
+            pending = _sample_first(logits, sampling, sampler)
+            out = [[t] for t in pending.tolist()]
+        history = [list(p) + r for p, r in zip(prompt_tokens or [[]] * B, out)]
+        done = torch.tensor([bool(r) and (r[-1] == eos_token_id or max_new_tokens <= 1) for r in out])
         hidden = None if state.hidden is None else state.hidden[:, -1]
-        committed = None if state.hidden is None else (state.hidden, torch.full((B,), state.hidden.shape[1]))
-        pending = first
+        committed = None if state.hidden is None or ahead else (state.hidden, torch.full((B,), state.hidden.shape[1]))
 
         def context() -> DraftContext:
             return DraftContext(pending=pending, history=history,
@@ -95,8 +110,7 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
                                 committed_hidden=None if committed is None else committed[0],
                                 committed_counts=None if committed is None else committed[1])
 
-        proposer = config.proposer
-        if proposer is not None:
+        if proposer is not None and not ahead:
             with stats.timed("draft"):
                 proposer.start(inputs, room, context())
             stats.draft_passes += proposer.passes()
@@ -104,7 +118,9 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
         while not bool(done.all()):
             ctx = context()
             with stats.timed("draft"):
-                if proposer is None:
+                if block is not None:
+                    (drafts, logits), draft_probs, tree = block, None, None
+                elif proposer is None:
                     drafts, draft_probs, tree = pending.new_zeros(B, 0), None, None
                 elif config.tree is None:
                     d = proposer.propose(ctx, config.k)
@@ -116,13 +132,16 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
                 stats.draft_passes += proposer.passes()
 
             with stats.timed("verify"):
-                if tree is None:
+                if block is not None:
+                    fed, block = drafts, None                                       # scored by the prefill
+                elif tree is None:
                     fed = torch.cat([pending[:, None], drafts], 1)
                     logits = model.step(state, fed)                                 # [B, K+1, V]
+                    stats.nfe += 1
                 else:
                     fed = tree.tokens
                     logits = model.step(state, fed, tree_mask=tree.mask())          # [B, N, V]
-                stats.nfe += 1
+                    stats.nfe += 1
                 verdict, path, target_probs = _verify(rule_name, params, logits, drafts,
                                                       draft_probs, tree, sampling, sampler, ctx)
 
@@ -171,6 +190,14 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
     tokens = [r[:max_new_tokens] for r in out]
     stats.new_tokens = sum(len(r) for r in tokens)
     return Generation(tokens, stats)
+
+
+def _drafts_ahead(model: DecoderModel, config: LoopConfig, rule_name: str) -> bool:
+    """Whether the first drafts come before the target's prefill and are verified by it (one target
+    pass fewer per call): greedy chains from a proposer that drafts from the prompt alone
+    (`start_drafting`) for a target that scores prompt and drafts in one pass (`prefill_with`)."""
+    return (rule_name == "greedy" and config.tree is None and hasattr(config.proposer, "start_drafting")
+            and hasattr(model, "prefill_with"))
 
 
 def _sample_first(logits: Tensor, sampling: Sampling, sampler: TokenSampler) -> Tensor:

@@ -163,11 +163,17 @@ class ArgmaxProjection:
         self.norms = self.weight.float().norm(dim=-1)                                        # [V]
         self.max_norm = float(self.norms.max())
 
-    def __call__(self, hidden: Tensor) -> Tensor:
-        """hidden [..., d] -> logits [..., V] (suppression bias included)."""
+    def __call__(self, hidden: Tensor, bias: Tensor | None = None) -> Tensor:
+        """hidden [..., d] -> logits [..., V] (suppression bias included). `bias` (0 or -inf entries,
+        broadcastable to the logits) replaces the constructor's, e.g. one row per position."""
         shape = hidden.shape[:-1]
         h = hidden.reshape(-1, hidden.shape[-1]).float()
-        y = F.linear(h.to(torch.bfloat16), self.weight_bf16, self.bias_bf16)                 # [N, V]
+        if bias is None:
+            y = F.linear(h.to(torch.bfloat16), self.weight_bf16, self.bias_bf16)             # [N, V]
+            bias = self.bias.expand(h.shape[0], -1)
+        else:
+            bias = bias.expand(*shape, bias.shape[-1]).reshape(h.shape[0], -1)
+            y = F.linear(h.to(torch.bfloat16), self.weight_bf16) + bias.to(torch.bfloat16)
         top = y.max(-1, keepdim=True).values.float()
         reach = h.norm(dim=-1, keepdim=True)
         # U bounds U_j for every token that can be a candidate (those have |y_j| <= |top| + 2U), so the
@@ -180,7 +186,7 @@ class ArgmaxProjection:
         keep = near + bound >= lower[rows]
         rows, cols = rows[keep], cols[keep]
         logits = y.float()
-        logits[rows, cols] = (h[rows] * self.weight[cols].float()).sum(-1) + self.bias[cols]
+        logits[rows, cols] = (h[rows] * self.weight[cols].float()).sum(-1) + bias[rows, cols]
         return logits.view(*shape, -1)
 
 
@@ -356,17 +362,41 @@ class WhisperDecoderModel:
                                    dtype=self.dtype, device=self.device))
 
     @torch.inference_mode()
-    def prefill(self, inputs: EncodedAudio, room: int) -> DecodeState:
-        """Run the prompt; `state.logits` [B, V] give the first transcript token (begin-suppressed)."""
+    def prefill(self, inputs: EncodedAudio, room: int, run: bool = True) -> DecodeState:
+        """Run the prompt; `state.logits` [B, V] give the first transcript token (begin-suppressed).
+        `run=False` only sets up the state (an empty cache with room for the prompt and `room` more)."""
         check(isinstance(inputs, EncodedAudio), f"prefill takes EncodedAudio (from .encode), got {type(inputs).__name__}")
         check(isinstance(room, int) and room >= 0, f"room must be an int >= 0, got {room!r}")
         P = inputs.prompt.shape[1]
         capacity = min(P + room, self.max_positions)
         state = self.new_state(inputs.batch_size, capacity)
         state.extras["inputs"] = inputs
+        if not run:
+            return state
         logits = self._forward(state, inputs.prompt.to(self.device), None, None, last_only=True)
         state.logits = logits[:, -1] + self._begin_bias
         return state
+
+    @torch.inference_mode()
+    def prefill_with(self, inputs: EncodedAudio, room: int, tokens: Tensor) -> tuple[DecodeState, Tensor]:
+        """`prefill` and `step(state, tokens)` in one pass: the prompt, then `tokens` [B, T] (drafts of
+        the first transcript tokens). Returns the state (`room` counts from the prompt's end, as in
+        `prefill`) and logits [B, 1 + T, V]: row 0 is `prefill`'s (begin-suppressed), row t + 1 what
+        `step` returns after tokens[:, t] (exact only at the arg-max in an arg-max view)."""
+        check(isinstance(inputs, EncodedAudio), f"prefill_with takes EncodedAudio (from .encode), got {type(inputs).__name__}")
+        P = inputs.prompt.shape[1]
+        state = self.prefill(inputs, room, run=False)
+        check_step_args(state, tokens, None, self.vocab_size)
+        check(tokens.shape[1] <= room, f"{tokens.shape[1]} tokens do not fit the room of {room}")
+        bias = torch.cat([self._begin_bias[None], self._bias.expand(tokens.shape[1], -1)])      # [1 + T, V]
+        seq = torch.cat([inputs.prompt, tokens.cpu()], 1).to(self.device)
+        def scores(h: Tensor) -> Tensor:
+            h = h[:, P - 1:]
+            return self._project(h) + bias if self.argmax_readout is None else self.argmax_readout(h, bias)
+
+        logits = self._forward(state, seq, None, None, readout=scores)
+        state.hidden = state.hidden[:, P - 1:]
+        return state, logits
 
     @torch.inference_mode()
     def step(self, state: DecodeState, tokens: Tensor, positions: Tensor | None = None,
@@ -484,8 +514,9 @@ class WhisperDecoderModel:
     def readout(self, state: DecodeState, h: Tensor, last_only: bool = False) -> Tensor:
         """Normalised hidden states [B, T, d] -> logits [B, T (or 1), V] (kept in `state.hidden`)."""
         state.hidden = h
-        if last_only:
-            h = h[:, -1:]
+        return self._project(h[:, -1:] if last_only else h)
+
+    def _project(self, h: Tensor) -> Tensor:
         if self.projection is not None:
             return self.projection(h).float()
         return F.linear(h, self.decoder.embed_tokens.weight).float()

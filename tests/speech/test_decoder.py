@@ -181,3 +181,37 @@ def test_argmax_view_decodes_exactly_like_the_model(tiny_decoder):
         assert fast.tokens == greedy.tokens, name
     with pytest.raises(InputError, match="arg-max view is for the full model"):
         tiny_decoder.early_exit(2, exits[2]).argmax_view()
+
+
+@pytest.mark.parametrize("view", ["model", "argmax"])
+def test_prefill_with_scores_the_prompt_and_tokens_like_prefill_then_step(tiny_decoder, view):
+    model = tiny_decoder if view == "model" else tiny_decoder.argmax_view()
+    x = features(3, seed=5)
+    tokens = torch.tensor([[5, 12, 0], [40, 41, 50], [17, 23, 33]])
+    state, logits = model.prefill_with(tiny_decoder.encode(x, PROMPT), 6, tokens)
+    ref = tiny_decoder.prefill(tiny_decoder.encode(x, PROMPT), 6)
+    ref_steps = tiny_decoder.step(ref, tokens)
+    assert logits.shape == (3, 4, tiny_decoder.vocab_size) and state.lengths.tolist() == [len(PROMPT) + 3] * 3
+    assert torch.equal(logits.argmax(-1), torch.cat([ref.logits[:, None], ref_steps], 1).argmax(-1))
+    assert torch.isinf(logits[:, 0, EOT]).all() and not torch.isinf(logits[:, 1:, EOT]).any()   # begin-suppressed row 0
+    if view == "model":
+        torch.testing.assert_close(logits[:, 0], ref.logits, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(logits[:, 1:], ref_steps, atol=1e-5, rtol=1e-5)
+    state.rollback(2)                                      # then decodes on like any state
+    torch.testing.assert_close(model.step(state, tokens[:, 1:2]).argmax(-1), ref_steps[:, 1:2].argmax(-1))
+    with pytest.raises(InputError, match="token ids must lie in"):
+        model.prefill_with(tiny_decoder.encode(x, PROMPT), 6, tokens + 100)
+    with pytest.raises(InputError, match="do not fit the room"):
+        model.prefill_with(tiny_decoder.encode(x, PROMPT), 2, tokens)
+
+
+def test_argmax_projection_takes_a_bias_per_position():
+    torch.manual_seed(1)
+    weight, h = torch.randn(300, 32) * 0.2, torch.randn(2, 3, 32) * 4
+    bias = torch.zeros(3, 300)
+    top = (F.linear(h, weight)).argmax(-1)
+    bias[0, top[:, 0]] = float("-inf")                     # suppress position 0's arg-max in both rows
+    exact = F.linear(h, weight) + bias
+    fast = ArgmaxProjection(weight, torch.zeros(300))(h, bias)
+    assert torch.equal(fast.argmax(-1), exact.argmax(-1)) and not torch.equal(fast.argmax(-1)[:, 0], top[:, 0])
+    assert torch.isinf(fast[:, 0, top[:, 0]]).all()

@@ -230,3 +230,16 @@ def test_a_confidence_stop_drafts_less_and_still_equals_greedy(tiny_hf, tiny_dec
     assert runs[0.9].stats.draft_passes < runs[0.0].stats.draft_passes
     with pytest.raises(InputError, match="stop_below must be in"):
         build_asr_method("speculative", stop_below=1.0)
+
+
+def test_the_first_drafts_are_verified_by_the_prefill_pass(tiny_hf, tiny_decoder):
+    """A draft equal to the target has every draft accepted: k drafts from the prompt, scored by the
+    prefill, give k + 1 tokens in one target pass (one pass per k + 1 tokens after that)."""
+    same = new_draft(tiny_hf, (0, 1, 2, 3))
+    for model in (tiny_decoder, tiny_decoder.argmax_view()):
+        resources = Resources(model, draft=same.decoder_model(tiny_decoder))
+        x = features(2, seed=11)
+        greedy = build_asr_method("greedy").run(resources, tiny_decoder.encode(x, PROMPT), max_new_tokens=8)
+        fast = build_asr_method("speculative", k=3).run(resources, tiny_decoder.encode(x, PROMPT), max_new_tokens=8)
+        assert fast.tokens == greedy.tokens and all(len(t) == 8 for t in greedy.tokens)
+        assert fast.stats.nfe == 2 and fast.stats.accepted_hist == {4: 4}

@@ -9,7 +9,9 @@ Stages (`--stages` picks some):
    embeddings and cross-attention keys/values frozen (shared with the target), everything else
    trained with cross-entropy on the target's greedy transcripts (hard distillation: greedy
    verification only needs the arg-max to agree) over the shortlist of transcript tokens the draft
-   also drafts from; AdamW, warm-up then cosine. The draft cross-attends to each utterance's audio
+   also drafts from, mixed with `--kd` of KL divergence to the target's own distribution over that
+   shortlist (soft distillation from the stored final hidden states, which generalises beyond the
+   training sentences better than hard labels alone); AdamW, warm-up then cosine. The draft cross-attends to each utterance's audio
    frames plus `--cross-window` frames (lengths from the corpus manifest), as it will when decoding.
    Those cross-attention keys/values are computed once (frozen projections) and kept in memory
    (fp16; ~1 MB for a 4-s utterance of Whisper base, 6 MB for a whole window). Writes
@@ -28,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mmaccel.core.model import DecodeState
+from mmaccel.errors import check
 from mmaccel.speech.data import read_manifest
 from mmaccel.speech.decoder import EncodedAudio, WhisperDecoderModel, audio_frames
 from mmaccel.speech.draft import WhisperDraft, load_draft, new_draft, save_draft, trainable
@@ -37,6 +40,7 @@ from mmaccel.speech.train.data import load_rows, start_run
 
 STAGES = ("data", "train", "eval")
 KEEP = ("id", "tokens", "prompt_len", "encoder")
+KEEP_KD = KEEP + ("final",)         # the target's final hidden states: its logits for soft targets
 
 
 @torch.no_grad()
@@ -136,7 +140,12 @@ def train(asr: ASRPipeline, rows: list[dict], args, out: Path) -> WhisperDraft:
         for idx, tokens, tgt in batches(rows, eot, args.batch_utterances, torch.randperm(len(rows))):
             hidden = draft_hidden(dm, [cross[i] for i in idx], tokens)
             keep = tgt >= 0
-            loss = F.cross_entropy(F.linear(hidden[keep], weight), lookup[tgt[keep]])
+            logits = F.linear(hidden[keep], weight)
+            loss = F.cross_entropy(logits, lookup[tgt[keep]])
+            if args.kd > 0:
+                teacher = F.linear(torch.cat([rows[i]["final"] for i in idx]).float(), weight)
+                kl = F.kl_div(logits.log_softmax(-1), teacher.log_softmax(-1), log_target=True, reduction="batchmean")
+                loss = (1 - args.kd) * loss + args.kd * kl
             optimizer_step(opt, sched, loss, params)
             step += 1
             if step % 25 == 0 or step == steps:
@@ -167,13 +176,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-utterances", type=int, default=16)
     p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--kd", type=float, default=0.0,
+                   help="weight in [0, 1] of the KL divergence to the target's distribution (the rest: cross-entropy)")
     p.add_argument("--cross-window", type=int, default=50,
                    help="encoder frames after the audio the draft attends to (-1: the whole 30-s window)")
     run = start_run(p, argv, "mmaccel.speech.train.draft", STAGES)
     args, out, asr = run.args, run.out, run.asr
     path = out / "draft.safetensors"
     if "train" in run.stages:
-        draft = train(asr, load_rows(run.train_dir, args.limit, KEEP), args, out)
+        check(0.0 <= args.kd <= 1.0, f"--kd must be in [0, 1], got {args.kd}")
+        draft = train(asr, load_rows(run.train_dir, args.limit, KEEP_KD if args.kd > 0 else KEEP), args, out)
         log(out, f"wrote {save_draft(path, asr.bundle.model, draft, run.info)}")
     if "eval" in run.stages:
         result = evaluate(asr, load_draft(path, asr.bundle.model), load_rows(run.eval_dir, args.eval_limit, KEEP),
