@@ -185,7 +185,8 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
                 spent = torch.where(active, verdict.deviation.cpu(), 0.0)
                 stats.deviation += float(spent.sum())
                 stats.deviation_per_row = [a + b for a, b in zip(stats.deviation_per_row, spent.tolist())]
-            pending = torch.where(done.to(nxt.device), pending, nxt)
+            # rows that ended keep their last fed token (after the prefill block, that is none yet)
+            pending = torch.where(done.to(nxt.device) & (pending >= 0), pending, nxt)
 
     tokens = [r[:max_new_tokens] for r in out]
     stats.new_tokens = sum(len(r) for r in tokens)

@@ -145,7 +145,7 @@ class ASRPipeline:
         items = audio if many else [audio]
         check(len(items) > 0, "no audio given: pass a file path, an array, or a non-empty list of them")
         stats = DecodeStats()
-        transcripts, windows = [], []       # windows: (transcript index, Audio chunk)
+        transcripts, windows = [], []       # windows: (transcript index, chunk index, Audio chunk)
         for i, item in enumerate(items):
             try:
                 clip = as_audio(item, sample_rate)
@@ -157,26 +157,30 @@ class ASRPipeline:
                 transcripts.append(Transcript("", _name(item), 0.0, error=str(err)))
                 continue
             transcripts.append(Transcript("", clip.source, clip.duration))
-            windows += [(i, chunk) for chunk in split_long(clip)]
-        texts: dict[int, list[str]] = {}
+            windows += [(i, c, chunk) for c, chunk in enumerate(split_long(clip))]
+        # windows of similar length share a batch (longest first), so rows finish close together;
+        # each transcript is stitched from its windows in their own order
+        parts: dict[int, dict[int, tuple[list[int], str]]] = {}
+        windows.sort(key=lambda w: -w[2].duration)
         resources = self.resources(spec)
         for start in range(0, len(windows), batch_size):
             batch = windows[start : start + batch_size]
             with stats.timed("features"):
-                features = log_mel(self.bundle.feature_extractor, [w for _, w in batch])
+                features = log_mel(self.bundle.feature_extractor, [w for _, _, w in batch])
             with stats.timed("encoder"):
-                inputs = self.model.encode(features, prompt, [w.duration for _, w in batch])
+                inputs = self.model.encode(features, prompt, [w.duration for _, _, w in batch])
             t0 = time.perf_counter()
             gen = spec.run(resources, inputs, max_new_tokens=max_new_tokens, sampling=Sampling(),
                            eos_token_id=self.bundle.tokens.end_of_text, prompt_tokens=[prompt] * len(batch))
             decode_s = time.perf_counter() - t0
             stats = stats + gen.stats
             stats.time_s["decode"] = stats.time_s.get("decode", 0.0) + decode_s
-            for (i, _), tokens in zip(batch, gen.tokens):
-                transcripts[i].tokens += tokens
-                texts.setdefault(i, []).append(self.bundle.tokenizer.decode(tokens, skip_special_tokens=True).strip())
-        for i, parts in texts.items():
-            transcripts[i].text = " ".join(p for p in parts if p)
+            for (i, c, _), tokens in zip(batch, gen.tokens):
+                parts.setdefault(i, {})[c] = tokens, self.bundle.tokenizer.decode(tokens, skip_special_tokens=True).strip()
+        for i, chunks in parts.items():
+            ordered = [chunks[c] for c in sorted(chunks)]
+            transcripts[i].tokens = [t for tokens, _ in ordered for t in tokens]
+            transcripts[i].text = " ".join(text for _, text in ordered if text)
         return ASROutput(transcripts, stats, spec.name)
 
 

@@ -243,3 +243,15 @@ def test_the_first_drafts_are_verified_by_the_prefill_pass(tiny_hf, tiny_decoder
         fast = build_asr_method("speculative", k=3).run(resources, tiny_decoder.encode(x, PROMPT), max_new_tokens=8)
         assert fast.tokens == greedy.tokens and all(len(t) == 8 for t in greedy.tokens)
         assert fast.stats.nfe == 2 and fast.stats.accepted_hist == {4: 4}
+
+
+def test_rows_that_end_in_the_prefill_block_wait_while_the_others_decode(tiny_hf, tiny_decoder):
+    same = new_draft(tiny_hf, (0, 1, 2, 3))
+    resources = Resources(tiny_decoder, draft=same.decoder_model(tiny_decoder))
+    x = features(4, seed=0)
+    run = lambda name, **kw: build_asr_method(name, **kw).run(resources, tiny_decoder.encode(x, PROMPT),
+                                                              max_new_tokens=12, eos_token_id=17)
+    greedy, fast = run("greedy"), run("speculative", k=4)
+    lengths = [len(t) for t in greedy.tokens]
+    assert max(lengths[2:]) <= 5 < min(lengths[:2])           # rows 2, 3 end within the first block (5 tokens)
+    assert fast.tokens == greedy.tokens

@@ -44,6 +44,10 @@ def test_long_audio_is_chunked_and_joined(tiny_en_asr, files):
     text = tiny_en_asr.transcribe((long, 16000)).texts[0]
     assert text.startswith("And Mr. John Dashwood") and text.count("John Dashwood") == 2
     assert text.endswith("He might even have been made amiable himself.")
+    # in a list, windows are batched longest first; every transcript still gets its own, in order
+    many = tiny_en_asr.transcribe([files[1], (long, 16000), files[0]], batch_size=2)
+    assert many.texts[1] == text and many.texts[0] == tiny_en_asr.transcribe(files[1]).texts[0]
+    assert many.texts[2] == tiny_en_asr.transcribe(files[0]).texts[0]
 
 
 def test_a_bad_file_in_a_batch_is_reported_and_the_rest_transcribed(tiny_en_asr, files, tmp_path):
