@@ -10,7 +10,7 @@ from mmaccel.core.methods import Resources
 from mmaccel.errors import InputError, ModelNotFoundError
 from mmaccel.speech.draft import load_draft, new_draft, save_draft, trainable
 from mmaccel.speech.methods import build_asr_method
-from mmaccel.speech.train.draft import batches, cross_cache, draft_hidden, training_parameters
+from mmaccel.speech.train.draft import batches, cross_cache, distillation_loss, draft_hidden, training_parameters
 from tests.speech.conftest import EOT, PROMPT, SUPPRESS, features, tiny_whisper
 
 SHORTLIST = torch.tensor([0, 5, 12, 17, 23, 33, 40, 41, 50, EOT])
@@ -95,18 +95,22 @@ def test_training_steps_raise_agreement_with_the_target(tiny_hf, tiny_decoder):
         keep = target >= 0
         return float((torch.nn.functional.linear(hidden[keep], weight).argmax(-1) == target[keep]).float().mean())
 
+    final, _ = tiny_decoder.teacher_forced(inputs, tokens[:, len(PROMPT):])
+    keep = target >= 0
+    teacher = nn.functional.linear(final[keep], weight)          # the target's own logits: soft targets
     params = training_parameters(draft)
     opt = torch.optim.Adam(params, lr=3e-3)
     start = agreement()
     for _ in range(60):
         hidden = draft_hidden(dm, cross, tokens)
-        keep = target >= 0
-        loss = nn.functional.cross_entropy(nn.functional.linear(hidden[keep], weight), target[keep])
+        loss = distillation_loss(nn.functional.linear(hidden[keep], weight), target[keep], teacher, kd=0.5)
         opt.zero_grad()
         loss.backward()
         opt.step()
     assert tiny_decoder.decoder.embed_tokens.weight.grad is None          # the shared embedding stays frozen
     assert agreement() > max(start, 0.9)
+    assert float(distillation_loss(teacher, target[keep], teacher, kd=1.0)) < 1e-5    # no divergence from itself
+    torch.testing.assert_close(distillation_loss(teacher, target[keep]), nn.functional.cross_entropy(teacher, target[keep]))
 
 
 def test_draft_file_round_trip_and_bad_files(tiny_hf, tmp_path):

@@ -114,6 +114,16 @@ def batches(rows: list[dict], eot: int, size: int, order: Tensor):
         yield idx, tokens, target
 
 
+def distillation_loss(logits: Tensor, labels: Tensor, teacher: Tensor | None = None, kd: float = 0.0) -> Tensor:
+    """(1 - kd) x cross-entropy with the target's tokens `labels` [N] + kd x KL(target || draft), where
+    `teacher` [N, S] are the target's logits over the same columns as the draft's `logits` [N, S]."""
+    loss = F.cross_entropy(logits, labels)
+    if kd == 0:
+        return loss
+    kl = F.kl_div(logits.log_softmax(-1), teacher.log_softmax(-1), log_target=True, reduction="batchmean")
+    return (1 - kd) * loss + kd * kl
+
+
 def train(asr: ASRPipeline, rows: list[dict], args, out: Path) -> WhisperDraft:
     torch.manual_seed(args.seed)
     target = asr.model
@@ -140,12 +150,8 @@ def train(asr: ASRPipeline, rows: list[dict], args, out: Path) -> WhisperDraft:
         for idx, tokens, tgt in batches(rows, eot, args.batch_utterances, torch.randperm(len(rows))):
             hidden = draft_hidden(dm, [cross[i] for i in idx], tokens)
             keep = tgt >= 0
-            logits = F.linear(hidden[keep], weight)
-            loss = F.cross_entropy(logits, lookup[tgt[keep]])
-            if args.kd > 0:
-                teacher = F.linear(torch.cat([rows[i]["final"] for i in idx]).float(), weight)
-                kl = F.kl_div(logits.log_softmax(-1), teacher.log_softmax(-1), log_target=True, reduction="batchmean")
-                loss = (1 - args.kd) * loss + args.kd * kl
+            teacher = None if args.kd == 0 else F.linear(torch.cat([rows[i]["final"] for i in idx]).float(), weight)
+            loss = distillation_loss(F.linear(hidden[keep], weight), lookup[tgt[keep]], teacher, args.kd)
             optimizer_step(opt, sched, loss, params)
             step += 1
             if step % 25 == 0 or step == steps:
