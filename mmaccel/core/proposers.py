@@ -28,7 +28,8 @@ class Draft:
 
 @dataclass
 class DraftContext:
-    pending: Tensor             # [B] last emitted token, not yet in the target's cache
+    pending: Tensor             # [B] last emitted token, not yet in the target's cache (-1: none yet, when
+                                # the target's prefill verifies the first drafts: `start_drafting`)
     history: list[list[int]]    # per row: prompt tokens (if any) + every emitted token, pending last
     num_generated: Tensor       # [B] tokens emitted so far (pending included)
     sampling: Sampling
