@@ -390,6 +390,7 @@ class WhisperDecoderModel:
         check(tokens.shape[1] <= room, f"{tokens.shape[1]} tokens do not fit the room of {room}")
         bias = torch.cat([self._begin_bias[None], self._bias.expand(tokens.shape[1], -1)])      # [1 + T, V]
         seq = torch.cat([inputs.prompt, tokens.cpu()], 1).to(self.device)
+
         def scores(h: Tensor) -> Tensor:
             h = h[:, P - 1:]
             return self._project(h) + bias if self.argmax_readout is None else self.argmax_readout(h, bias)
