@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmaccel.core.model import CacheWrite, DecodeState, KVCache, check_step_args, default_positions
-from mmaccel.core.quant import Int8Linear, fast_bf16_matmul
+from mmaccel.core.quant import Int8Linear
 from mmaccel.errors import check
 
 
@@ -67,17 +67,12 @@ def _fp32(linear: nn.Linear):
 
 
 def _quantized(*linears: nn.Linear):
-    """One int8 product for `linears` side by side (their outputs concatenated); many rows at once
-    run in bf16 where that is native (`Int8Linear`'s `bf16_rows`)."""
+    """One int8 product for `linears` side by side (their outputs concatenated)."""
     weight = torch.cat([m.weight.detach() for m in linears])
     bias = None
     if any(m.bias is not None for m in linears):
         bias = torch.cat([m.bias.detach() if m.bias is not None else m.weight.new_zeros(m.out_features) for m in linears])
-    return Int8Linear.of(weight, bias, _bf16_rows(weight.device)).forward
-
-
-def _bf16_rows(device: torch.device) -> int | None:
-    return 8 if fast_bf16_matmul(device) else None
+    return Int8Linear.of(weight, bias).forward
 
 
 class LayerOps:
@@ -123,7 +118,7 @@ class ShortlistProjection:
     def __init__(self, weight: Tensor, vocab: Tensor, quantized: bool = False):
         self.vocab = vocab.to(weight.device, torch.long).unique()       # ascending: arg-max ties as over V
         rows = weight.detach()[self.vocab]
-        self.int8 = Int8Linear.of(rows, bf16_rows=_bf16_rows(rows.device)) if quantized else None
+        self.int8 = Int8Linear.of(rows) if quantized else None
         self.weight = rows.clone() if self.int8 is None else None
         self.vocab_size = weight.shape[0]
 

@@ -1,13 +1,15 @@
-"""Weight-only int8 linears: the rounding bound, the CPU kernel against a dequantised reference,
-and the bf16 copy for products of many rows."""
+"""Int8 linears: the rounding bound, the dequantised product, and the dynamically quantised CPU
+operator against both the float layer and the dequantised product."""
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from mmaccel.core import quant
 from mmaccel.core.quant import Int8Linear, int8_matmul, quantize_rows
 from mmaccel.errors import InputError
+
+DYNAMIC = torch.backends.quantized.engine in quant.DYNAMIC_ENGINES
 
 
 def test_rows_round_trip_within_half_a_step():
@@ -20,41 +22,41 @@ def test_rows_round_trip_within_half_a_step():
     assert bool((err <= scale[:, None] / 2 + 1e-7).all())
 
 
-@pytest.mark.parametrize("width", [64, 40, 8])      # the CPU kernel takes multiples of 16; the rest dequantise
-def test_the_product_equals_the_dequantised_one(width):
+def test_the_product_equals_the_dequantised_one():
     g = torch.Generator().manual_seed(1)
-    w, x = torch.randn(96, width, generator=g), torch.randn(2, 3, width, generator=g)
+    w, x, b = torch.randn(96, 40, generator=g), torch.randn(2, 3, 40, generator=g), torch.randn(96, generator=g)
     q, scale = quantize_rows(w)
-    got = int8_matmul(x, q, scale)
+    got = int8_matmul(x, q, scale, b)
     assert got.shape == (2, 3, 96) and got.dtype == x.dtype
-    # bf16 activations and scales: within bf16 rounding of the dequantised product
-    ref = x.bfloat16().float() @ (q.float() * scale.bfloat16().float()[:, None]).T
-    torch.testing.assert_close(got, ref, atol=0.05, rtol=0.02)
+    torch.testing.assert_close(got, x @ (q.float() * scale[:, None]).T + b)
 
 
-def test_int8_linear_stays_close_to_the_float_layer():
+@pytest.mark.parametrize("rows", [1, 5, 70])
+def test_int8_linear_stays_close_to_the_float_layer(rows, monkeypatch):
     torch.manual_seed(2)
     lin = nn.Linear(64, 32)
-    x = torch.randn(5, 64)
+    x = torch.randn(rows, 2, 64)
+    keep = x.clone()
     q = Int8Linear(lin)
-    ref = lin(x)
-    rel = (q(x) - ref).norm() / ref.norm()
-    assert float(rel) < 0.02
+    with torch.inference_mode():
+        ref, got = lin(x), q(x)
+        assert got.shape == ref.shape and got.dtype == x.dtype
+        assert float((got - ref).norm() / ref.norm()) < 0.02
+        assert (q.packed is not None) == DYNAMIC              # the operator ran where the engine has it
+        monkeypatch.setattr(quant, "DYNAMIC_ENGINES", ())      # elsewhere: the dequantised product
+        dequantised = q(x)
+    torch.testing.assert_close(dequantised, int8_matmul(x, q.weight, q.scale, q.bias))
+    # the dynamic operator only adds its activation rounding (7 bits) to the weights'
+    assert float((got - dequantised).norm() / dequantised.norm()) < 0.02
+    torch.testing.assert_close(x, keep, rtol=0, atol=0)
     assert "int8" in repr(q)
+
+
+def test_int8_linear_keeps_the_input_dtype_and_rejects_other_modules():
+    lin = nn.Linear(32, 16, bias=False)
+    q = Int8Linear(lin)
+    with torch.inference_mode():
+        y = q(torch.randn(3, 32, dtype=torch.bfloat16))
+    assert y.dtype == torch.bfloat16 and y.shape == (3, 16)
     with pytest.raises(InputError, match="wraps an nn.Linear"):
         Int8Linear(nn.Conv1d(2, 2, 1))
-
-
-def test_many_rows_run_on_the_bf16_copy_and_few_on_int8():
-    torch.manual_seed(3)
-    lin = nn.Linear(64, 32)
-    q = Int8Linear(lin, bf16_rows=4)
-    few, many = torch.randn(3, 64), torch.randn(2, 2, 64)
-    with torch.no_grad():
-        torch.testing.assert_close(q(few), int8_matmul(few, q.weight, q.scale, q.bias))
-        bf16 = (F.linear(many.bfloat16(), lin.weight.bfloat16()) + lin.bias).float()
-        torch.testing.assert_close(q(many), bf16)
-        assert float((q(many) - lin(many)).norm() / lin(many).norm()) < 0.02
-    assert Int8Linear(lin).weight_bf16 is None                             # no copy unless asked
-    with pytest.raises(InputError, match="bf16_rows must be None or an int >= 1"):
-        Int8Linear(lin, bf16_rows=0)
