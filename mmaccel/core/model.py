@@ -206,6 +206,10 @@ class DecoderModel(Protocol):
     drafting (`DraftModelProposer`) then never builds full-vocabulary logits. A model offering
     `prefill_with(inputs, room, tokens [B, T]) -> (state, logits [B, 1 + T, V])` (prefill and a step
     over `tokens` in one pass) has greedy drafts of its first tokens verified by its prefill pass.
+    A model with `skips_filler = True` takes `step(..., valid=[B])`: only the first valid[b] tokens
+    of row b need logits, and it may leave the rest out of its products (their logits and cache
+    entries are arbitrary; the loop rolls them back). Greedy chains then skip finished rows and the
+    drafts a proposer marks as filler (`Draft.lengths`), which batched verify passes otherwise compute.
     """
 
     vocab_size: int

@@ -24,6 +24,9 @@ from mmaccel.errors import check
 class Draft:
     tokens: Tensor              # [B, K]
     probs: Tensor | None = None  # [B, K, V] distributions the tokens were drawn from; None = point masses
+    # [B] drafts worth verifying per row (its chain would have stopped there; the later ones are
+    # filler, drafted because other rows went on); None: all K
+    lengths: Tensor | None = None
 
 
 @dataclass
@@ -105,7 +108,8 @@ class DraftModelProposer(Proposer):
     Greedy drafts read out through the model's `shortlist` where it has one (`shortlist_step`
     returns the logits of those tokens only). With `stop_below` > 0 a greedy chain ends early once
     no active row's draft token has at least that probability under the draft (dynamic draft
-    length: k is then the most drafted per pass).
+    length: k is then the most drafted per pass); each row's drafts after its own first unsure one
+    are marked as filler (`Draft.lengths`), which a verify pass need not compute.
 
     Its cache is kept in step with the target's: tokens the target emitted but the draft has not
     yet seen wait in `pending` and are fed (ragged, one pass) at the start of the next proposal.
@@ -174,9 +178,12 @@ class DraftModelProposer(Proposer):
         `stop_below`, drafting ends after a position where no active row's draft is that likely."""
         step, shortlist = self._greedy_step()
         tokens = []
+        lengths = torch.full((logits.shape[0],), k) if self.stop_below > 0 else None
         for j in range(k):
             if self.stop_below > 0:
                 confidence, index = logits.softmax(-1).max(-1)
+                unsure = (confidence < self.stop_below).cpu()
+                lengths = torch.where(unsure & (lengths == k), j + 1, lengths)
             else:
                 confidence, index = None, logits.argmax(-1)
             tokens.append(index if ids is None else ids[index])
@@ -186,7 +193,7 @@ class DraftModelProposer(Proposer):
             self._passes += 1
         self._fed, self._tree = len(tokens) - 1, None
         self._drafts = torch.stack(tokens, 1)
-        return Draft(self._drafts)
+        return Draft(self._drafts, lengths=None if lengths is None else lengths.clamp(max=len(tokens)))
 
     def propose_tree(self, ctx, depth, width):
         logits = self._feed_pending()

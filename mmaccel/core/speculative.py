@@ -74,6 +74,7 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
 
     proposer = config.proposer
     ahead = _drafts_ahead(model, config, rule_name)
+    skip_filler = rule_name == "greedy" and getattr(model, "skips_filler", False)
     with torch.inference_mode(), track_peak_memory(stats, device), stats.timed("total"):
         block = None            # (drafts, logits) of a prefill that also scored the first drafts
         if ahead:
@@ -117,6 +118,7 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
 
         while not bool(done.all()):
             ctx = context()
+            lengths = None      # [B] drafts per row before the filler (chains that say so)
             with stats.timed("draft"):
                 if block is not None:
                     (drafts, logits), draft_probs, tree = block, None, None
@@ -124,7 +126,7 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
                     drafts, draft_probs, tree = pending.new_zeros(B, 0), None, None
                 elif config.tree is None:
                     d = proposer.propose(ctx, config.k)
-                    drafts, draft_probs, tree = d.tokens, d.probs, None
+                    drafts, draft_probs, tree, lengths = d.tokens, d.probs, None, d.lengths
                 else:
                     drafts, draft_probs = None, None
                     tree = proposer.propose_tree(ctx, *config.tree)
@@ -136,7 +138,16 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
                     fed, block = drafts, None                                       # scored by the prefill
                 elif tree is None:
                     fed = torch.cat([pending[:, None], drafts], 1)
-                    logits = model.step(state, fed)                                 # [B, K+1, V]
+                    if skip_filler and drafts.shape[1] > 0:
+                        # finished rows and the filler after a row's own drafts need no logits;
+                        # filler drafts become -1 for verification, so no row can accept them
+                        own = torch.full((B,), drafts.shape[1]) if lengths is None else lengths.cpu()
+                        valid = torch.where(done, 0, own + 1)
+                        logits = model.step(state, fed, valid=valid)               # [B, K+1, V]
+                        drafts = drafts.masked_fill(torch.arange(drafts.shape[1])[None, :].to(drafts.device)
+                                                    >= own[:, None].to(drafts.device), -1)
+                    else:
+                        logits = model.step(state, fed)                             # [B, K+1, V]
                     stats.nfe += 1
                 else:
                     fed = tree.tokens

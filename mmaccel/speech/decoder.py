@@ -55,11 +55,28 @@ def audio_frames(seconds: float, window_s: float, encoder_frames: int) -> int:
 @dataclass
 class LayerStep:
     """What the layers of one decoder pass share: the cache writer, the attention mask [B, 1, T, S]
-    and the audio (for the cross-attention keys/values)."""
+    and the audio (for the cross-attention keys/values). With `keep` (flat indices b * T + t of the
+    positions that need outputs) the products run on those positions only: hidden states are [N, d]
+    between layers and each attention scatters them into [B, H, T, Dh] (zeros elsewhere)."""
 
     write: CacheWrite
     mask: Tensor | None     # None: every used slot is visible
     inputs: EncodedAudio
+    num_heads: int
+    keep: Tensor | None = None
+    shape: tuple[int, int] = (0, 0)     # (B, T) of the pass, when `keep` is set
+
+    def heads(self, t: Tensor) -> Tensor:
+        """[B, T, d] (or [N, d] with `keep`) -> [B, H, T, Dh]."""
+        if self.keep is not None:
+            B, T = self.shape
+            t = t.new_zeros(B * T, t.shape[-1]).index_copy_(0, self.keep, t).view(B, T, -1)
+        return t.view(t.shape[0], t.shape[1], self.num_heads, -1).transpose(1, 2)
+
+    def merge(self, x: Tensor) -> Tensor:
+        """[B, H, T, Dh] -> [B, T, d] (or [N, d] with `keep`)."""
+        x = x.transpose(1, 2).reshape(x.shape[0], x.shape[2], -1)
+        return x if self.keep is None else x.reshape(-1, x.shape[-1]).index_select(0, self.keep)
 
 
 def _fp32(linear: nn.Linear):
@@ -396,12 +413,32 @@ class WhisperDecoderModel:
 
     @torch.inference_mode()
     def step(self, state: DecodeState, tokens: Tensor, positions: Tensor | None = None,
-             tree_mask: Tensor | None = None) -> Tensor:
-        """Append tokens [B, T]; returns suppressed logits [B, T, V] (row t predicts the token after t)."""
+             tree_mask: Tensor | None = None, valid: Tensor | None = None) -> Tensor:
+        """Append tokens [B, T]; returns suppressed logits [B, T, V] (row t predicts the token after t).
+        `valid` [B]: only the first valid[b] tokens of row b need logits; the products skip the
+        rest, whose logits are zeros (plus the suppression) and whose cache entries the caller rolls
+        back (`skips_filler`)."""
         check_step_args(state, tokens, tree_mask, self.vocab_size)
+        keep = self._kept(tokens.shape, valid, tree_mask)
         if self.argmax_readout is not None:
-            return self._forward(state, tokens.to(self.device), positions, tree_mask, readout=self.argmax_readout)
-        return self._forward(state, tokens.to(self.device), positions, tree_mask) + self._bias
+            return self._forward(state, tokens.to(self.device), positions, tree_mask, readout=self.argmax_readout, keep=keep)
+        return self._forward(state, tokens.to(self.device), positions, tree_mask, keep=keep) + self._bias
+
+    skips_filler = True     # `step` takes `valid` (the DecoderModel protocol's optional filler skipping)
+
+    def _kept(self, shape: torch.Size, valid: Tensor | None, tree_mask: Tensor | None) -> Tensor | None:
+        """Flat indices b * T + t of the positions `valid` asks for; None when that is all of them."""
+        if valid is None:
+            return None
+        B, T = shape
+        check(tree_mask is None, "valid (filler skipping) is for chains, not token trees")
+        check(isinstance(valid, Tensor) and valid.shape == (B,), f"valid must be a tensor [{B}], got "
+              f"{tuple(valid.shape) if isinstance(valid, Tensor) else type(valid).__name__}")
+        valid = valid.cpu()
+        check(bool(((valid >= 0) & (valid <= T)).all()), f"valid counts must lie in [0, {T}], got {valid.tolist()}")
+        if int(valid.sum()) == B * T:
+            return None
+        return (torch.arange(T)[None, :] < valid[:, None]).flatten().nonzero()[:, 0].to(self.device)
 
     @property
     def shortlist(self) -> Tensor | None:
@@ -432,13 +469,25 @@ class WhisperDecoderModel:
         return state.hidden, layers
 
     def _forward(self, state: DecodeState, tokens: Tensor, positions: Tensor | None, tree_mask: Tensor | None,
-                 last_only: bool = False, layer_outputs: list | None = None, readout=None) -> Tensor:
+                 last_only: bool = False, layer_outputs: list | None = None, readout=None,
+                 keep: Tensor | None = None) -> Tensor:
         h, step = self.embed(state, tokens, positions, tree_mask)
+        if keep is not None:                # the kept positions only, packed [N, d] (see LayerStep)
+            B, T = tokens.shape
+            step.keep, step.shape = keep, (B, T)
+            h = h.reshape(B * T, -1).index_select(0, keep)
         for i in range(self.num_layers):
             h = self.layer(i, h, step)
             if layer_outputs is not None:
                 layer_outputs.append(h)
         h = self.exit_head(h) if self.exit_head is not None else self.decoder.layer_norm(h)
+        if keep is not None:
+            def unpack(t: Tensor) -> Tensor:
+                return t.new_zeros(B * T, t.shape[-1]).index_copy_(0, keep, t).view(B, T, -1)
+
+            logits = (readout or self._project)(h)
+            state.hidden = unpack(h)
+            return unpack(logits)
         if readout is not None:
             state.hidden = h
             return readout(h[:, -1:] if last_only else h)
@@ -476,18 +525,18 @@ class WhisperDecoderModel:
             mask = None             # one new token after rows of equal length sees every used slot
         else:
             mask = state.cache.attention_mask(start, num_new, tree_mask)
-        return LayerStep(write, mask, state.extras["inputs"]), start
+        return LayerStep(write, mask, state.extras["inputs"], self.num_heads), start
 
     def layer(self, i: int, h: Tensor, step: "LayerStep", rows: Tensor | None = None) -> Tensor:
         """Decoder layer i on h [B, T, d] (un-normalised residual stream); writes this position's
         keys/values of every row into the cache. With `rows` (indices), only those rows go on
         through attention and the MLP; the others only get their keys/values written from their
         current h (CALM's state propagation for rows that exited) and come back unchanged."""
-        layer, ops, H, Dh = self.decoder.layers[i], self._ops[i], self.num_heads, self.head_dim
+        layer, ops = self.decoder.layers[i], self._ops[i]
+        check(rows is None or step.keep is None, "a pass runs either selected rows or kept positions, not both")
         x = _norm(layer.self_attn_layer_norm, h)
-        B, T, _ = x.shape
         q, k, v = ops.qkv(x)
-        k, v = step.write.update(k.view(B, T, H, Dh).transpose(1, 2), v.view(B, T, H, Dh).transpose(1, 2), i)
+        k, v = step.write.update(step.heads(k), step.heads(v), i)
         ck, cv, cmask = self._attended(step.inputs, i)
         out, mask = h, step.mask
         if rows is not None and rows.numel() == 0:
@@ -495,13 +544,11 @@ class WhisperDecoderModel:
         if rows is not None:
             h, q, k, v, ck, cv = (t.index_select(0, rows) for t in (h, q, k, v, ck, cv))
             mask, cmask = (None if m is None else m.index_select(0, rows) for m in (mask, cmask))
-            B = h.shape[0]
-        x = F.scaled_dot_product_attention(q.view(B, T, H, Dh).transpose(1, 2), k, v, attn_mask=mask)
-        h = h + ops.out(x.transpose(1, 2).reshape(B, T, H * Dh))
+        x = F.scaled_dot_product_attention(step.heads(q), k, v, attn_mask=mask)
+        h = h + ops.out(step.merge(x))
         x = _norm(layer.encoder_attn_layer_norm, h)
-        q = ops.cross_q(x).view(B, T, H, Dh).transpose(1, 2).to(ck.dtype)
-        x = F.scaled_dot_product_attention(q, ck, cv, attn_mask=cmask).to(h.dtype)
-        h = h + ops.cross_out(x.transpose(1, 2).reshape(B, T, H * Dh))
+        x = F.scaled_dot_product_attention(step.heads(ops.cross_q(x)).to(ck.dtype), ck, cv, attn_mask=cmask).to(h.dtype)
+        h = h + ops.cross_out(step.merge(x))
         h = h + ops.mlp(_norm(layer.final_layer_norm, h))
         if rows is None:
             return h

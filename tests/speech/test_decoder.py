@@ -215,3 +215,37 @@ def test_argmax_projection_takes_a_bias_per_position():
     fast = ArgmaxProjection(weight, torch.zeros(300))(h, bias)
     assert torch.equal(fast.argmax(-1), exact.argmax(-1)) and not torch.equal(fast.argmax(-1)[:, 0], top[:, 0])
     assert torch.isinf(fast[:, 0, top[:, 0]]).all()
+
+
+@pytest.mark.parametrize("view", ["model", "argmax"])
+def test_a_step_with_valid_counts_computes_only_those_positions(tiny_decoder, view):
+    model = tiny_decoder if view == "model" else tiny_decoder.argmax_view()
+    x = features(3, seed=2)
+    tokens = torch.tensor([[5, 12, 17, 23], [40, 41, 50, 0], [17, 23, 33, 5]])
+    full_state = model.prefill(tiny_decoder.encode(x, PROMPT), 8)
+    full = model.step(full_state, tokens)
+    state = model.prefill(tiny_decoder.encode(x, PROMPT), 8)
+    valid = torch.tensor([4, 0, 2])
+    kept = model.step(state, tokens, valid=valid)
+    assert kept.shape == full.shape and state.lengths.tolist() == full_state.lengths.tolist()
+    for b, n in enumerate(valid.tolist()):
+        torch.testing.assert_close(kept[b, :n], full[b, :n], atol=1e-5, rtol=1e-5)
+        assert torch.equal(kept[b, :n].argmax(-1), full[b, :n].argmax(-1))
+        filler = kept[b, n:]
+        assert not filler[torch.isfinite(filler)].any()              # filler: no logits (zeros + suppression)
+    # after rolling the filler back, the state decodes on like the full one
+    state.rollback(4 - valid)
+    full_state.rollback(4 - valid)
+    nxt = torch.tensor([[7], [9], [11]])
+    torch.testing.assert_close(model.step(state, nxt), model.step(full_state, nxt), atol=1e-5, rtol=1e-5)
+
+
+def test_bad_valid_counts_are_named(tiny_decoder):
+    state = tiny_decoder.prefill(tiny_decoder.encode(features(2), PROMPT), 8)
+    tokens = torch.tensor([[5, 12], [40, 41]])
+    with pytest.raises(InputError, match=r"valid must be a tensor \[2\]"):
+        tiny_decoder.step(state, tokens, valid=torch.tensor([1]))
+    with pytest.raises(InputError, match=r"valid counts must lie in \[0, 2\]"):
+        tiny_decoder.step(state, tokens, valid=torch.tensor([3, 1]))
+    with pytest.raises(InputError, match="not token trees"):
+        tiny_decoder.step(state, tokens, tree_mask=torch.ones(1, 2, 2, dtype=torch.bool).tril(), valid=torch.tensor([1, 1]))
