@@ -138,14 +138,14 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
                     fed, block = drafts, None                                       # scored by the prefill
                 elif tree is None:
                     fed = torch.cat([pending[:, None], drafts], 1)
-                    if skip_filler and drafts.shape[1] > 0:
+                    if skip_filler:
                         # finished rows and the filler after a row's own drafts need no logits;
                         # filler drafts become -1 for verification, so no row can accept them
                         own = torch.full((B,), drafts.shape[1]) if lengths is None else lengths.cpu()
-                        valid = torch.where(done, 0, own + 1)
-                        logits = model.step(state, fed, valid=valid)               # [B, K+1, V]
-                        drafts = drafts.masked_fill(torch.arange(drafts.shape[1])[None, :].to(drafts.device)
-                                                    >= own[:, None].to(drafts.device), -1)
+                        logits = model.step(state, fed, valid=torch.where(done, 0, own + 1))   # [B, K+1, V]
+                        if lengths is not None:
+                            drafts = drafts.masked_fill(torch.arange(drafts.shape[1])[None, :].to(drafts.device)
+                                                        >= own[:, None].to(drafts.device), -1)
                     else:
                         logits = model.step(state, fed)                             # [B, K+1, V]
                     stats.nfe += 1
