@@ -7,12 +7,13 @@ one scale (symmetric, max-abs / 127).
 
 On x86 CPUs the product is PyTorch's dynamically quantised linear (`quantized::linear_dynamic`,
 FBGEMM): each call quantises its activations to int8 (one scale per call) and multiplies int8 by
-int8 into fp32, with the bias fused, in one operator. Measured here on the 13 products of a Whisper
-base draft step: 0.31 ms at one row, against 0.58 ms for bf16 activations through the weight-only
-kernel `aten._weight_int8pack_mm` (what gpt-fast uses) and 1.1 ms for bf16 weights; it stays the
-fastest up to 64 rows (2.0 ms, bf16 2.4 ms), where the weight-only kernel grows with the rows. It
-costs the draft nothing measurable in acceptance (0.305 target passes per token against 0.306 on
-the speech benchmark). Elsewhere (CUDA, other CPUs) the product runs on the dequantised weight.
+int8 into fp32, with the bias fused, in one operator. Measured here on the 13 product shapes of a
+Whisper base draft step, in isolation with warm caches: 0.31 ms at one row, against 0.58 ms for
+bf16 activations through the weight-only kernel `aten._weight_int8pack_mm` (what gpt-fast uses)
+and 1.1 ms for bf16 weights; it stays the fastest up to 64 rows (2.0 ms, bf16 2.4 ms), where the
+weight-only kernel grows with the rows. It costs the draft nothing measurable in acceptance (0.305
+target passes per token against 0.306 on the speech benchmark). Elsewhere (CUDA, other CPUs) the
+product runs on the dequantised weight.
 
 (torchao's `Int8WeightOnlyConfig` was measured here first: on this CPU it dequantises the whole
 weight at every call and ran 2x slower than fp32, so the operators are called directly.)
