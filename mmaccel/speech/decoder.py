@@ -66,11 +66,15 @@ class LayerStep:
     keep: Tensor | None = None
     shape: tuple[int, int] = (0, 0)     # (B, T) of the pass, when `keep` is set
 
+    def unpack(self, t: Tensor) -> Tensor:
+        """Kept positions [N, e] -> [B, T, e], zeros elsewhere."""
+        B, T = self.shape
+        return t.new_zeros(B * T, t.shape[-1]).index_copy_(0, self.keep, t).view(B, T, -1)
+
     def heads(self, t: Tensor) -> Tensor:
         """[B, T, d] (or [N, d] with `keep`) -> [B, H, T, Dh]."""
         if self.keep is not None:
-            B, T = self.shape
-            t = t.new_zeros(B * T, t.shape[-1]).index_copy_(0, self.keep, t).view(B, T, -1)
+            t = self.unpack(t)
         return t.view(t.shape[0], t.shape[1], self.num_heads, -1).transpose(1, 2)
 
     def merge(self, x: Tensor) -> Tensor:
@@ -482,12 +486,9 @@ class WhisperDecoderModel:
                 layer_outputs.append(h)
         h = self.exit_head(h) if self.exit_head is not None else self.decoder.layer_norm(h)
         if keep is not None:
-            def unpack(t: Tensor) -> Tensor:
-                return t.new_zeros(B * T, t.shape[-1]).index_copy_(0, keep, t).view(B, T, -1)
-
             logits = (readout or self._project)(h)
-            state.hidden = unpack(h)
-            return unpack(logits)
+            state.hidden = step.unpack(h)
+            return step.unpack(logits)
         if readout is not None:
             state.hidden = h
             return readout(h[:, -1:] if last_only else h)
