@@ -53,6 +53,7 @@ DEFAULT_METHODS = [
     MethodSpec("speculative", {"k": 4}, label="speculative-k4"),
     MethodSpec("speculative", {"k": 4, "stop_below": 0.8}, label="speculative-k4-s0.8"),
     MethodSpec("speculative", {"k": 8, "stop_below": 0.8}, label="speculative-k8-s0.8"),
+    MethodSpec("speculative", {"k": 8, "stop_below": 0.8, "siblings": 2}, label="speculative-k8-s0.8-sib2"),
     MethodSpec("tree", {"depth": 3, "width": 2}, label="tree-d3w2"),
     MethodSpec("beam", {"num_beams": 5}),
     MethodSpec("hf-generate"),

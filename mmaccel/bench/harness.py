@@ -106,7 +106,20 @@ def run_suite(suite: Suite, seed: int = 0, log: Callable[[str], None] = print) -
 def _device_name() -> str:
     if torch.cuda.is_available():
         return torch.cuda.get_device_name(0)
-    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    return f"cpu ({_cpu_model()}, {torch.get_num_threads()} threads)"
+
+
+def _cpu_model() -> str:
+    """The CPU's model name and architecture, with its native bf16 units (AMX, AVX512-BF16), which
+    decide how fast the bf16 paths run: CPU results are only comparable on the same model."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = f.read()
+    except OSError:
+        return platform.processor() or platform.machine()
+    names = [line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")]
+    units = [flag for flag in ("amx_bf16", "avx512_bf16") if flag in info.split()]
+    return ", ".join([names[0] if names else platform.machine(), platform.machine(), *units])
 
 
 COLUMNS = ["method", "batch", "nfe", "nfe_ratio", "mean_accepted", "latency_s", "speedup", "peak_mem_mb", "quality", "lossless"]

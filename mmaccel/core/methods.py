@@ -106,10 +106,14 @@ def _speculative(p):
     k = _int(p, "k", 4)
     coupled = bool(p.pop("coupled", False))
     stop = _float(p, "stop_below", 0.0, 0.0, 0.999)
+    siblings = _int(p, "siblings", 0, low=0, high=15)
+    check(siblings == 0 or stop > 0, "siblings are the runner-ups of an unsure draft: they need stop_below > 0")
     label = f"k={k}" if stop == 0 else f"k <= {k}, greedy chains stop below draft probability {stop}"
+    if siblings:
+        label += f", {siblings} runner-up siblings of the unsure draft"
     return Method("speculative", f"chain speculative decoding, draft model, {label}", "draft", True,
-                  lambda r: DraftModelProposer(_need(r, "draft", "speculative"), stop), "coupled" if coupled else "speculative",
-                  k=k, coupled=coupled)
+                  lambda r: DraftModelProposer(_need(r, "draft", "speculative"), stop, siblings),
+                  "coupled" if coupled else "speculative", k=k, coupled=coupled)
 
 
 def _tree(p):

@@ -155,14 +155,22 @@ class KVCache:
         """
         start = self.lengths - appended
         counts = as_row_counts(counts, self.batch_size, "counts")
-        L = offsets.shape[1]
-        src = (start[:, None] + offsets.cpu().clamp(0, appended - 1)).to(self.device)
-        dst = (start[:, None] + torch.arange(L)[None, :]).to(self.device)
+        offsets = offsets.cpu().clamp(0, appended - 1)
+        # entries already in place (a chain-shaped path) stay: only the columns from the first one
+        # out of place on, which is none for a chain and one for a path that ends on a sibling
+        places = torch.arange(offsets.shape[1])[None, :]
+        moved = (offsets != places) & (places < counts[:, None])
+        self.lengths = start + counts
+        if not bool(moved.any()):
+            return
+        first = int(moved.any(0).nonzero()[0, 0])
+        L = offsets.shape[1] - first
+        src = (start[:, None] + offsets[:, first:]).to(self.device)
+        dst = (start[:, None] + first + torch.arange(L)[None, :]).to(self.device)
         for buf in (*self.k, *self.v):
             H, D = buf.shape[1], buf.shape[3]
-            moved = buf.gather(2, src[:, None, :, None].expand(-1, H, -1, D))
-            buf.scatter_(2, dst[:, None, :, None].expand(-1, H, -1, D), moved)
-        self.lengths = start + counts
+            entries = buf.gather(2, src[:, None, :, None].expand(-1, H, -1, D))
+            buf.scatter_(2, dst[:, None, :, None].expand(-1, H, -1, D), entries)
 
 
 @dataclass
@@ -207,9 +215,10 @@ class DecoderModel(Protocol):
     `prefill_with(inputs, room, tokens [B, T]) -> (state, logits [B, 1 + T, V])` (prefill and a step
     over `tokens` in one pass) has greedy drafts of its first tokens verified by its prefill pass.
     A model with `skips_filler = True` takes `step(..., valid=[B])`: only the first valid[b] tokens
-    of row b need logits, and it may leave the rest out of its products (their logits and cache
-    entries are arbitrary; the loop rolls them back). Greedy chains then skip finished rows and the
-    drafts a proposer marks as filler (`Draft.lengths`), which batched verify passes otherwise compute.
+    (tree nodes) of row b need logits, and it may leave the rest out of its products (their logits
+    and cache entries are arbitrary; the loop rolls them back). Greedy verification then skips
+    finished rows and the drafts a proposer marks as filler (`Draft.lengths`), which batched verify
+    passes otherwise compute.
     """
 
     vocab_size: int

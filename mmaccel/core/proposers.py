@@ -27,6 +27,9 @@ class Draft:
     # [B] drafts worth verifying per row (its chain would have stopped there; the later ones are
     # filler, drafted because other rows went on); None: all K
     lengths: Tensor | None = None
+    # [B, M] runner-up tokens for each row's last own draft, verified beside it as siblings (a token
+    # tree, `tree.chain_tree`); -1: none
+    alternatives: Tensor | None = None
 
 
 @dataclass
@@ -109,18 +112,24 @@ class DraftModelProposer(Proposer):
     returns the logits of those tokens only). With `stop_below` > 0 a greedy chain ends early once
     no active row's draft token has at least that probability under the draft (dynamic draft
     length: k is then the most drafted per pass); each row's drafts after its own first unsure one
-    are marked as filler (`Draft.lengths`), which a verify pass need not compute.
+    are marked as filler (`Draft.lengths`), which a verify pass need not compute. With `siblings`
+    = M > 0 as well, a row whose chain ended on an unsure draft also offers the draft's M next-best
+    tokens for that position (`Draft.alternatives`): when the unsure draft is wrong, the target's
+    token is often among them, and the pass then gains one more token.
 
     Its cache is kept in step with the target's: tokens the target emitted but the draft has not
     yet seen wait in `pending` and are fed (ragged, one pass) at the start of the next proposal.
     """
 
-    def __init__(self, draft: DecoderModel, stop_below: float = 0.0):
+    def __init__(self, draft: DecoderModel, stop_below: float = 0.0, siblings: int = 0):
         check(hasattr(draft, "prefill") and hasattr(draft, "step"),
               f"a draft model must implement prefill/step (the DecoderModel protocol), got {type(draft).__name__}")
         check(0.0 <= stop_below < 1.0, f"stop_below (a draft probability) must be in [0, 1), got {stop_below}")
-        self.draft, self.stop_below = draft, stop_below
+        check(isinstance(siblings, int) and siblings >= 0, f"siblings must be an int >= 0, got {siblings!r}")
+        check(siblings == 0 or stop_below > 0, "siblings are offered for unsure drafts: they need stop_below > 0")
+        self.draft, self.stop_below, self.siblings = draft, stop_below, siblings
         self._passes = 0
+        self._branched = False      # the last chain offered alternatives
 
     def passes(self) -> int:
         n, self._passes = self._passes, 0
@@ -168,7 +177,7 @@ class DraftModelProposer(Proposer):
             if j < k - 1:
                 logits = self.draft.step(self.state, x[:, None])[:, 0]
                 self._passes += 1
-        self._fed, self._tree = k - 1, None
+        self._fed, self._tree, self._branched = k - 1, None, False
         self._drafts = torch.stack(tokens, 1)
         return Draft(self._drafts, torch.stack(probs, 1))
 
@@ -178,12 +187,18 @@ class DraftModelProposer(Proposer):
         `stop_below`, drafting ends after a position where no active row's draft is that likely."""
         step, shortlist = self._greedy_step()
         tokens = []
-        lengths = torch.full((logits.shape[0],), k) if self.stop_below > 0 else None
+        B = logits.shape[0]
+        lengths = torch.full((B,), k) if self.stop_below > 0 else None
+        alternatives = torch.full((B, self.siblings), -1) if self.siblings else None
         for j in range(k):
             if self.stop_below > 0:
                 confidence, index = logits.softmax(-1).max(-1)
-                unsure = (confidence < self.stop_below).cpu()
-                lengths = torch.where(unsure & (lengths == k), j + 1, lengths)
+                first = (confidence < self.stop_below).cpu() & (lengths == k)
+                lengths = torch.where(first, j + 1, lengths)
+                if alternatives is not None and bool(first.any()):
+                    runners = logits.topk(1 + self.siblings, dim=-1).indices[:, 1:].cpu()
+                    runners = runners if ids is None else ids.cpu()[runners]
+                    alternatives = torch.where(first[:, None], runners, alternatives)
             else:
                 confidence, index = None, logits.argmax(-1)
             tokens.append(index if ids is None else ids[index])
@@ -193,7 +208,9 @@ class DraftModelProposer(Proposer):
             self._passes += 1
         self._fed, self._tree = len(tokens) - 1, None
         self._drafts = torch.stack(tokens, 1)
-        return Draft(self._drafts, lengths=None if lengths is None else lengths.clamp(max=len(tokens)))
+        self._branched = alternatives is not None and bool((alternatives >= 0).any())
+        return Draft(self._drafts, lengths=None if lengths is None else lengths.clamp(max=len(tokens)),
+                     alternatives=alternatives if self._branched else None)
 
     def propose_tree(self, ctx, depth, width):
         logits = self._feed_pending()
@@ -206,11 +223,18 @@ class DraftModelProposer(Proposer):
             return warp(out).log_softmax(-1)
 
         tree = grow_tree(warp(logits).log_softmax(-1), expand, depth, width, ctx.pending)
-        self._fed, self._tree = (depth - 1) * width, tree
+        self._fed, self._tree, self._branched = (depth - 1) * width, tree, False
         return tree
 
     def observe(self, ctx, num_accepted, next_token, target_probs, accepted_tokens):
-        keep = torch.zeros_like(num_accepted) if self._tree is not None else num_accepted.clamp(max=self._fed)
+        if self._tree is not None:
+            keep = torch.zeros_like(num_accepted)
+        elif self._branched:        # an accepted sibling ends the part of the chain kept
+            drafts = self._drafts.tolist()
+            keep = torch.tensor([next((i for i, (a, d) in enumerate(zip(acc, row)) if a != d), len(acc))
+                                 for acc, row in zip(accepted_tokens, drafts)]).clamp(max=self._fed)
+        else:
+            keep = num_accepted.clamp(max=self._fed)
         active = ctx.active if ctx.active is not None else torch.ones_like(num_accepted, dtype=torch.bool)
         fed_pending = self._fed_pending
         # inactive rows drop everything fed this round and keep their pending tokens

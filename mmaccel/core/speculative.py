@@ -17,7 +17,7 @@ from mmaccel.core.model import DecoderModel
 from mmaccel.core.proposers import DraftContext, Proposer
 from mmaccel.core.sampling import Sampling, TokenSampler
 from mmaccel.core.stats import DecodeStats, track_peak_memory
-from mmaccel.core.tree import verify_tree_greedy, verify_tree_sampled
+from mmaccel.core.tree import chain_tree, verify_tree_greedy, verify_tree_sampled
 from mmaccel.errors import check
 
 
@@ -118,7 +118,7 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
 
         while not bool(done.all()):
             ctx = context()
-            lengths = None      # [B] drafts per row before the filler (chains that say so)
+            lengths = None      # [B] drafts (chain) or nodes (tree) per row before the filler, where known
             with stats.timed("draft"):
                 if block is not None:
                     (drafts, logits), draft_probs, tree = block, None, None
@@ -127,6 +127,8 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
                 elif config.tree is None:
                     d = proposer.propose(ctx, config.k)
                     drafts, draft_probs, tree, lengths = d.tokens, d.probs, None, d.lengths
+                    if d.alternatives is not None:      # the chain with runner-up siblings: a tree
+                        tree, lengths = chain_tree(pending, d.tokens, d.lengths, d.alternatives)
                 else:
                     drafts, draft_probs = None, None
                     tree = proposer.propose_tree(ctx, *config.tree)
@@ -150,8 +152,12 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
                         logits = model.step(state, fed)                             # [B, K+1, V]
                     stats.nfe += 1
                 else:
-                    fed = tree.tokens
-                    logits = model.step(state, fed, tree_mask=tree.mask())          # [B, N, V]
+                    fed = tree.tokens.clamp(min=0)          # filler nodes (-1, never accepted) as any id
+                    if skip_filler:                         # finished rows and filler nodes need no logits
+                        nodes = torch.full((B,), fed.shape[1]) if lengths is None else lengths
+                        logits = model.step(state, fed, tree_mask=tree.mask(), valid=torch.where(done, 0, nodes))
+                    else:
+                        logits = model.step(state, fed, tree_mask=tree.mask())      # [B, N, V]
                     stats.nfe += 1
                 verdict, path, target_probs = _verify(rule_name, params, logits, drafts,
                                                       draft_probs, tree, sampling, sampler, ctx)

@@ -7,7 +7,7 @@ Medusa mask construction, reference video_core.md B.12).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -20,6 +20,7 @@ from mmaccel.errors import check
 class TokenTree:
     tokens: Tensor    # [B, N] node tokens, node 0 = root
     parents: Tensor   # [B, N] parent index per node, -1 for the root; parents[:, i] < i
+    _mask: Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         check(self.tokens.shape == self.parents.shape and self.tokens.dim() == 2,
@@ -34,15 +35,46 @@ class TokenTree:
         return self.tokens.shape[1]
 
     def mask(self) -> Tensor:
-        """Ancestor-or-self mask [B, N, N]: node i may attend to node j."""
-        B, N = self.parents.shape
-        m = torch.eye(N, dtype=torch.bool, device=self.parents.device).expand(B, N, N).clone()
-        for i in range(1, N):
-            m[:, i] |= m[torch.arange(B), self.parents[:, i]]
-        return m
+        """Ancestor-or-self mask [B, N, N]: node i may attend to node j (computed once)."""
+        if self._mask is None:
+            B, N = self.parents.shape
+            m = torch.eye(N, dtype=torch.bool, device=self.parents.device).expand(B, N, N).clone()
+            for i in range(1, N):
+                m[:, i] |= m[torch.arange(B), self.parents[:, i]]
+            self._mask = m
+        return self._mask
 
     def depth(self) -> Tensor:
         return self.mask().sum(-1) - 1
+
+
+def chain_tree(root: Tensor, drafts: Tensor, lengths: Tensor, alternatives: Tensor) -> tuple[TokenTree, Tensor]:
+    """A draft chain plus runner-up siblings of each row's last own draft, as one token tree.
+
+    root [B] (the pending token), drafts [B, K] (a chain; row b's own drafts are its first
+    lengths[b], the rest filler), alternatives [B, M] (runner-up tokens for row b's draft at position
+    lengths[b] - 1; -1: none). Row b's nodes: 0 the root, 1..L_b its own drafts, then its
+    alternatives as siblings of node L_b (children of node L_b - 1), then filler. Filler nodes carry
+    token -1, so verification never accepts them (feed them as any valid id). Returns the tree and
+    the number of nodes worth computing per row [B] (1 + L_b + its alternatives).
+    """
+    B, K = drafts.shape
+    M = alternatives.shape[1]
+    check(K >= 1 and M >= 1 and alternatives.shape[0] == B, f"chain_tree needs drafts [B, K >= 1] and alternatives "
+          f"[B, M >= 1], got {tuple(drafts.shape)} and {tuple(alternatives.shape)}")
+    lengths = lengths.to(drafts.device)[:, None]
+    alternatives = alternatives.to(drafts.device)
+    n_alt = (alternatives >= 0).sum(-1, keepdim=True)            # valid alternatives come first
+    N = 1 + K + M
+    node = torch.arange(1, N, device=drafts.device)[None, :]      # [1, N - 1]
+    own = node <= lengths
+    sibling = (node > lengths) & (node <= lengths + n_alt)
+    chain_at = (node - 1).clamp(max=K - 1).expand(B, -1)
+    alt_at = (node - 1 - lengths).clamp(0, M - 1)
+    tokens = torch.where(own, drafts.gather(1, chain_at), torch.where(sibling, alternatives.gather(1, alt_at), -1))
+    parents = torch.where(sibling, lengths - 1, node - 1)
+    tree = TokenTree(torch.cat([root[:, None], tokens], 1), torch.cat([torch.full((B, 1), -1, device=drafts.device), parents], 1))
+    return tree, (1 + lengths + n_alt)[:, 0].cpu()
 
 
 def _path_to(mask: Tensor, node: Tensor, max_depth: int) -> tuple[Tensor, Tensor]:
@@ -66,13 +98,12 @@ def verify_tree_greedy(tree: TokenTree, target_logits: Tensor) -> tuple[Tensor, 
     """
     B, N = tree.tokens.shape
     pred = target_logits.argmax(-1)                                    # [B, N]
-    ok = torch.zeros(B, N, dtype=torch.bool, device=pred.device)
-    ok[:, 0] = True
     rows = torch.arange(B, device=pred.device)
-    for i in range(1, N):
-        par = tree.parents[:, i]
-        ok[:, i] = ok[rows, par] & (tree.tokens[:, i] == pred[rows, par])
+    # node i is on an accepted path iff every node on its root path is what the target predicts after its parent
+    match = tree.tokens == pred.gather(1, tree.parents.clamp(min=0))
+    match[:, 0] = True
     mask = tree.mask()
+    ok = ~(mask & ~match[:, None, :]).any(-1)
     depth = mask.sum(-1) - 1
     score = torch.where(ok, depth * N - torch.arange(N, device=pred.device), -1)  # deepest, then first
     best = score.argmax(-1)

@@ -419,23 +419,22 @@ class WhisperDecoderModel:
     def step(self, state: DecodeState, tokens: Tensor, positions: Tensor | None = None,
              tree_mask: Tensor | None = None, valid: Tensor | None = None) -> Tensor:
         """Append tokens [B, T]; returns suppressed logits [B, T, V] (row t predicts the token after t).
-        `valid` [B]: only the first valid[b] tokens of row b need logits; the products skip the
+        `valid` [B]: only the first valid[b] tokens (tree nodes) of row b need logits; the products skip the
         rest, whose logits are zeros (plus the suppression) and whose cache entries the caller rolls
         back (`skips_filler`)."""
         check_step_args(state, tokens, tree_mask, self.vocab_size)
-        keep = self._kept(tokens.shape, valid, tree_mask)
+        keep = self._kept(tokens.shape, valid)
         if self.argmax_readout is not None:
             return self._forward(state, tokens.to(self.device), positions, tree_mask, readout=self.argmax_readout, keep=keep)
         return self._forward(state, tokens.to(self.device), positions, tree_mask, keep=keep) + self._bias
 
     skips_filler = True     # `step` takes `valid` (the DecoderModel protocol's optional filler skipping)
 
-    def _kept(self, shape: torch.Size, valid: Tensor | None, tree_mask: Tensor | None) -> Tensor | None:
+    def _kept(self, shape: torch.Size, valid: Tensor | None) -> Tensor | None:
         """Flat indices b * T + t of the positions `valid` asks for; None when that is all of them."""
         if valid is None:
             return None
         B, T = shape
-        check(tree_mask is None, "valid (filler skipping) is for chains, not token trees")
         check(isinstance(valid, Tensor) and valid.shape == (B,), f"valid must be a tensor [{B}], got "
               f"{tuple(valid.shape) if isinstance(valid, Tensor) else type(valid).__name__}")
         valid = valid.cpu()

@@ -51,6 +51,23 @@ def test_tree_step_scores_every_path_like_a_chain(target):
     torch.testing.assert_close(nxt[0, 0], fresh_logits(target, prompt + [10, 21, 31, 44]), atol=1e-5, rtol=1e-5)
 
 
+def test_keep_appended_moves_only_entries_out_of_place():
+    cache = KVCache(2, 2, 2, 4, capacity=16)
+    cache.reserve(3)
+    cache.reserve(5)
+    for buf in (*cache.k, *cache.v):
+        buf.copy_(torch.arange(16.0)[None, None, :, None].expand_as(buf))
+    before = [buf.clone() for buf in (*cache.k, *cache.v)]
+    # row 0 keeps a chain-shaped path (nothing moves); row 1 a path ending on node 4 (one entry moves)
+    cache.keep_appended(torch.tensor([[0, 1, 2], [0, 1, 4]]), torch.tensor([3, 3]), appended=5)
+    assert cache.lengths.tolist() == [6, 6]
+    for buf, old in zip((*cache.k, *cache.v), before):
+        assert torch.equal(buf[0], old[0])
+        assert buf[1, 0, :6, 0].tolist() == [0, 1, 2, 3, 4, 7]
+    cache.keep_appended(torch.tensor([[0, 1], [0, 1]]), torch.tensor([1, 2]), appended=3)    # all in place
+    assert cache.lengths.tolist() == [4, 5]
+
+
 def test_rollback_is_a_pointer_move():
     cache = KVCache(2, 3, 2, 4, capacity=16)
     cache.reserve(10)

@@ -12,7 +12,8 @@ from tests.conftest import tiny_llama
 from mmaccel.lm.hf import HFCausalLM
 
 GREEDY_METHODS = [
-    ("speculative", {"k": 3}), ("speculative", {"k": 1}), ("tree", {"depth": 3, "width": 2}), ("ngram", {"k": 3}),
+    ("speculative", {"k": 3}), ("speculative", {"k": 1}), ("speculative", {"k": 4, "stop_below": 0.9, "siblings": 2}),
+    ("tree", {"depth": 3, "width": 2}), ("ngram", {"k": 3}),
     ("sjd", {"window": 4}), ("sjd-coupled", {"window": 4}), ("early-exit", {"k": 3, "exit_layer": 1}),
     ("medusa", {"depth": 3, "width": 2}), ("medusa-typical", {"depth": 2}),
 ]
@@ -168,6 +169,7 @@ def test_negative_control_always_accept_fails(small_vocab, monkeypatch):
     ("nope", {}, "unknown method"), ("speculative", {"k": 0}, "k must be"), ("speculative", {"k": -2}, "k must be"),
     ("tree", {"depth": 0}, "depth"), ("sjd", {"window": 0}, "window"), ("ngram", {"foo": 1}, "does not take"),
     ("medusa-typical", {"epsilon": 2.0}, "epsilon"), ("sjd", {"init": "zeros"}, "init"),
+    ("speculative", {"siblings": 2}, "need stop_below"), ("speculative", {"siblings": -1, "stop_below": 0.5}, "siblings must be"),
 ])
 def test_bad_method_arguments(resources, prompts, name, params, message):
     with pytest.raises(InputError, match=message):

@@ -247,5 +247,3 @@ def test_bad_valid_counts_are_named(tiny_decoder):
         tiny_decoder.step(state, tokens, valid=torch.tensor([1]))
     with pytest.raises(InputError, match=r"valid counts must lie in \[0, 2\]"):
         tiny_decoder.step(state, tokens, valid=torch.tensor([3, 1]))
-    with pytest.raises(InputError, match="not token trees"):
-        tiny_decoder.step(state, tokens, tree_mask=torch.ones(1, 2, 2, dtype=torch.bool).tril(), valid=torch.tensor([1, 1]))

@@ -288,3 +288,40 @@ def test_finished_rows_and_filler_drafts_are_skipped_and_output_equals_greedy(ti
     assert any(0 in valid for _, valid in seen)                   # a finished row rode along, uncomputed
     lengths = [len(t) for t in greedy.tokens]
     assert len(set(lengths)) > 1
+
+
+def test_runner_up_siblings_of_unsure_drafts_are_verified_and_output_equals_greedy(tiny_hf, tiny_decoder, monkeypatch):
+    """With `siblings`, a chain that ended on an unsure draft is verified as a tree with that
+    draft's runner-ups beside it; a pass that accepts one gains a token. Filler nodes and finished
+    rows are still left out of the products, and the transcripts equal greedy's."""
+    import mmaccel.core.speculative as loop
+
+    draft = _perturbed(tiny_hf, std=0.01, layers=(0, 1, 2, 3))
+    resources = Resources(tiny_decoder, draft=draft.decoder_model(tiny_decoder))
+    x = features(4, seed=0)
+    through_sibling, valid_seen = [], []
+    verify, step = loop.verify_tree_greedy, tiny_decoder.step
+
+    def spy_verify(tree, logits):
+        path, n, nxt = verify(tree, logits)
+        last = path.gather(1, n[:, None])[:, 0]
+        through_sibling.extend((last > 0) & (tree.parents.gather(1, last[:, None])[:, 0] != last - 1))
+        return path, n, nxt
+
+    def spy_step(state, tokens, positions=None, tree_mask=None, valid=None):
+        if tree_mask is not None and valid is not None:
+            valid_seen.append((tokens.shape[1], valid.tolist()))
+        return step(state, tokens, positions, tree_mask, valid)
+
+    monkeypatch.setattr(loop, "verify_tree_greedy", spy_verify)
+    monkeypatch.setattr(tiny_decoder, "step", spy_step)
+    run = lambda name, **kw: build_asr_method(name, **kw).run(resources, tiny_decoder.encode(x, PROMPT),
+                                                              max_new_tokens=16, eos_token_id=17)
+    greedy = run("greedy")
+    chain = run("speculative", k=5, stop_below=0.033)
+    fast = run("speculative", k=5, stop_below=0.033, siblings=3)
+    assert fast.tokens == greedy.tokens
+    assert any(through_sibling)                                     # a runner-up was the target's token
+    assert fast.stats.nfe < chain.stats.nfe
+    assert any(0 < v < T for T, valid in valid_seen for v in valid)  # filler nodes left out
+    assert any(0 in valid for _, valid in valid_seen)                # a finished row rode along, uncomputed
