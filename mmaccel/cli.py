@@ -183,7 +183,7 @@ def _demo_speech() -> None:
     asr = ASRPipeline.from_pretrained("builtin:base")
     utts = [u for u in real_utterances() if u.id.startswith("librivox")]
     # the fastest lossless setting at batch 1 in benchmarks/asr_base.json
-    method, params = ("speculative", {"k": 8, "stop_below": 0.8}) if asr.draft is not None else ("ngram", {"k": 3})
+    method, params = ("speculative", {"k": 8, "stop_below": 0.8, "siblings": 2}) if asr.draft is not None else ("ngram", {"k": 3})
     runs = {}
     for name, kw in (("greedy", {}), (method, params)):
         asr.transcribe([utts[0].audio_filepath], name, **kw)                      # warm-up
