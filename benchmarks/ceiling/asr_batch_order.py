@@ -13,9 +13,10 @@ import sys
 import torch
 
 from mmaccel.bench.asr_suite import load_corpus
+from mmaccel.bench.harness import device_name
 from mmaccel.speech.pipeline import ASRPipeline
 
-METHODS = [("greedy", {}), ("speculative", {"k": 3}), ("speculative", {"k": 4, "stop_below": 0.8})]
+METHODS = [("greedy", {}), ("speculative", {"k": 4}), ("speculative", {"k": 4, "stop_below": 0.8})]
 
 
 def run(asr: ASRPipeline, batches: list[list], method: str, params: dict) -> tuple[float, int, list[str]]:
@@ -47,7 +48,8 @@ def main() -> None:
                              "passes": passes, "decoder_speedup": round(greedy_s / s, 3),
                              "identical_to_greedy": texts == greedy_texts})
                 print(rows[-1], file=sys.stderr, flush=True)
-    print(json.dumps({"command": "python benchmarks/ceiling/asr_batch_order.py", "batch": 8, "rows": rows}, indent=1))
+    print(json.dumps({"command": "python benchmarks/ceiling/asr_batch_order.py", "batch": 8, "device": device_name(),
+                      "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The ceiling of draft-and-verify for Whisper base on this machine: an oracle draft that proposes
 greedy's own next tokens for free (every draft accepted, no draft cost), against greedy and the
-shipped draft decoder, on the first N benchmark utterances at batch 1.
+shipped draft decoder, on the first N benchmark utterances at batch 1, interleaved per utterance.
 
     python benchmarks/ceiling/asr_ceiling.py [N] > benchmarks/ceiling/asr_base.json
 
@@ -17,6 +17,7 @@ import time
 import torch
 
 from mmaccel.bench.asr_suite import load_corpus
+from mmaccel.bench.harness import device_name
 from mmaccel.core.proposers import Draft, DraftModelProposer, Proposer
 from mmaccel.core.speculative import LoopConfig, decode
 from mmaccel.speech.audio import log_mel
@@ -43,35 +44,35 @@ def main(n: int) -> dict:
     inputs = [asr.model.encode(log_mel(asr.bundle.feature_extractor, [a]), prompt, [a.duration]) for _, a, _ in corpus]
     target = asr.argmax_model
 
-    def run(config_for):
-        decode_s, passes, tokens = 0.0, 0, []
-        for i, inp in enumerate(inputs):
-            inp.cross_kv.clear()
-            inp.windows.clear()
-            t0 = time.perf_counter()
-            g = decode(target, inp, config_for(i), max_new_tokens=MAX_NEW_TOKENS, eos_token_id=eot,
-                       prompt_tokens=[prompt])
-            decode_s += time.perf_counter() - t0
-            passes += g.stats.nfe
-            tokens.append(g.tokens[0])
-        return decode_s, passes, tokens
+    def once(inp, config) -> tuple[float, object]:
+        inp.cross_kv.clear()
+        inp.windows.clear()
+        t0 = time.perf_counter()
+        g = decode(target, inp, config, max_new_tokens=MAX_NEW_TOKENS, eos_token_id=eot, prompt_tokens=[prompt])
+        return time.perf_counter() - t0, g
 
-    run(lambda i: LoopConfig())                                             # warm-up
-    base_s, base_passes, greedy = run(lambda i: LoopConfig())
-    rows = [{"method": "greedy", "decode_s": round(base_s, 3), "passes_per_token": 1.0, "decoder_speedup": 1.0}]
-    n_tokens = sum(len(t) for t in greedy)
-
-    def add(name, config_for):
-        s, passes, tokens = run(config_for)
-        assert tokens == greedy, name
-        rows.append({"method": name, "decode_s": round(s, 3), "passes_per_token": round(passes / n_tokens, 3),
-                     "decoder_speedup": round(base_s / s, 3)})
-
-    for k in (2, 4, 8):
-        add(f"oracle-k{k}", lambda i, k=k: LoopConfig(proposer=Oracle(greedy[i], len(prompt), eot), k=k))
+    greedy = [once(inp, LoopConfig())[1].tokens[0] for inp in inputs]
     spec = asr.resources().draft
-    add("speculative-k8-s0.8", lambda i: LoopConfig(proposer=DraftModelProposer(spec, 0.8), k=8))
-    return {"utterances": n, "tokens": n_tokens, "batch": 1, "threads": 2,
+    configs = {"greedy": lambda i: LoopConfig()}
+    for k in (2, 4, 8):
+        configs[f"oracle-k{k}"] = lambda i, k=k: LoopConfig(proposer=Oracle(greedy[i], len(prompt), eot), k=k)
+    configs["speculative-k8-s0.8"] = lambda i: LoopConfig(proposer=DraftModelProposer(spec, 0.8), k=8)
+    configs["speculative-k8-s0.8-sib2"] = lambda i: LoopConfig(proposer=DraftModelProposer(spec, 0.8, 2), k=8)
+    # interleaved per utterance, in rotating order: this machine's speed drifts between whole passes
+    seconds, passes = dict.fromkeys(configs, 0.0), dict.fromkeys(configs, 0)
+    names = list(configs)
+    for name in names:                                                      # warm-up
+        once(inputs[0], configs[name](0))
+    for i, inp in enumerate(inputs):
+        for name in names[i % len(names):] + names[: i % len(names)]:
+            s, g = once(inp, configs[name](i))
+            assert g.tokens[0] == greedy[i], name
+            seconds[name] += s
+            passes[name] += g.stats.nfe
+    n_tokens = sum(len(t) for t in greedy)
+    rows = [{"method": name, "decode_s": round(seconds[name], 3), "passes_per_token": round(passes[name] / n_tokens, 3),
+             "decoder_speedup": round(seconds["greedy"] / seconds[name], 3)} for name in names]
+    return {"utterances": n, "tokens": n_tokens, "batch": 1, "device": device_name(),
             "command": f"python benchmarks/ceiling/asr_ceiling.py {n}", "results": rows}
 
 

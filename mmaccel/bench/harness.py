@@ -94,7 +94,7 @@ def run_suite(suite: Suite, seed: int = 0, log: Callable[[str], None] = print) -
                 **({"mean_exit_layer": round(st.mean_exit_layer, 3)} if st.exit_hist else {}),
             })
     doc = {
-        "suite": suite.name, "device": _device_name(), "torch": torch.__version__,
+        "suite": suite.name, "device": device_name(), "torch": torch.__version__,
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "config": suite.config, "baseline": baseline, "results": results,
     }
@@ -103,7 +103,8 @@ def run_suite(suite: Suite, seed: int = 0, log: Callable[[str], None] = print) -
     return doc
 
 
-def _device_name() -> str:
+def device_name() -> str:
+    """The device results were measured on (GPU name, or CPU model and threads)."""
     if torch.cuda.is_available():
         return torch.cuda.get_device_name(0)
     return f"cpu ({_cpu_model()}, {torch.get_num_threads()} threads)"
