@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import torch
 
+from mmaccel.core.quant import cpu_bf16_units
 from mmaccel.core.stats import DecodeStats
 from mmaccel.errors import check
 
@@ -115,12 +116,11 @@ def _cpu_model() -> str:
     decide how fast the bf16 paths run: CPU results are only comparable on the same model."""
     try:
         with open("/proc/cpuinfo") as f:
-            info = f.read()
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
     except OSError:
-        return platform.processor() or platform.machine()
-    names = [line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")]
-    units = [flag for flag in ("amx_bf16", "avx512_bf16") if flag in info.split()]
-    return ", ".join([names[0] if names else platform.machine(), platform.machine(), *units])
+        names = []
+    return ", ".join([names[0] if names else platform.processor() or platform.machine(), platform.machine(),
+                      *cpu_bf16_units()])
 
 
 COLUMNS = ["method", "batch", "nfe", "nfe_ratio", "mean_accepted", "latency_s", "speedup", "peak_mem_mb", "quality", "lossless"]

@@ -32,14 +32,17 @@ DYNAMIC_ENGINES = ("x86", "fbgemm")     # quantized engines whose dynamic linear
 
 def fast_bf16_matmul(device: torch.device) -> bool:
     """Whether bf16 matrix products run natively here (CUDA, or a CPU with AVX512-BF16 / AMX)."""
-    if device.type == "cuda":
-        return True
+    return device.type == "cuda" or bool(cpu_bf16_units())
+
+
+def cpu_bf16_units() -> list[str]:
+    """This CPU's native bf16 units among AMX and AVX512-BF16 (/proc/cpuinfo flags; none where unreadable)."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = f.read()
+            flags = set(f.read().split())
     except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+        return []
+    return [unit for unit in ("amx_bf16", "avx512_bf16") if unit in flags]
 
 
 def quantize_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
