@@ -75,6 +75,7 @@ class Method:
 
 _NEEDS = {"draft": "a draft model", "heads": "trained Medusa heads", "latents": "token latents (a codebook)",
           "exit_heads": "trained early-exit heads", "medusa_block": "a trained Medusa block",
+          "eagle": "a trained EAGLE head",
           "assistant": "an assistant model (another tokenizer)"}
 
 

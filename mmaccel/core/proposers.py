@@ -53,6 +53,7 @@ class Proposer:
 
     needs_hidden = False            # reads DraftContext.target_hidden
     needs_committed_hidden = False  # reads DraftContext.committed_hidden (all newly committed positions)
+    drafts_from_prompt = False      # offers `start_drafting`: greedy drafts before the target's prefill
 
     def start(self, inputs: Any, room: int, ctx: DraftContext) -> None:
         """Called once after the target's prefill and first token."""
@@ -120,6 +121,8 @@ class DraftModelProposer(Proposer):
     Its cache is kept in step with the target's: tokens the target emitted but the draft has not
     yet seen wait in `pending` and are fed (ragged, one pass) at the start of the next proposal.
     """
+
+    drafts_from_prompt = True
 
     def __init__(self, draft: DecoderModel, stop_below: float = 0.0, siblings: int = 0):
         check(hasattr(draft, "prefill") and hasattr(draft, "step"),

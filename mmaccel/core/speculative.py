@@ -214,7 +214,7 @@ def _drafts_ahead(model: DecoderModel, config: LoopConfig, rule_name: str) -> bo
     """Whether the first drafts come before the target's prefill and are verified by it (one target
     pass fewer per call): greedy chains from a proposer that drafts from the prompt alone
     (`start_drafting`) for a target that scores prompt and drafts in one pass (`prefill_with`)."""
-    return (rule_name == "greedy" and config.tree is None and hasattr(config.proposer, "start_drafting")
+    return (rule_name == "greedy" and config.tree is None and getattr(config.proposer, "drafts_from_prompt", False)
             and hasattr(model, "prefill_with"))
 
 

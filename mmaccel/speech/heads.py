@@ -31,6 +31,7 @@ from mmaccel.checkpoints import read_checkpoint
 from mmaccel.errors import InputError, check
 from mmaccel.speech.decoder import ExitHead, ShortlistProjection, WhisperDecoderModel
 from mmaccel.speech.draft import trainable
+from mmaccel.speech.eagle import EagleHead, new_eagle_head
 from mmaccel.speech.medusa_block import MedusaBlock, new_medusa_block
 
 
@@ -41,6 +42,7 @@ class WhisperHeads:
     exits: dict[int, ExitHead] | None = None     # exit layer -> head
     vocab: Tensor | None = None                  # the draft shortlist (token ids) the heads project onto
     block: MedusaBlock | None = None           # Medusa-Block heads (mmaccel.speech.medusa_block)
+    eagle: EagleHead | None = None             # an EAGLE head (mmaccel.speech.eagle)
 
 
 def head_projection(model: WhisperDecoderModel, vocab: Tensor | None = None):
@@ -90,6 +92,14 @@ def save_heads(path: str | os.PathLike, model: WhisperDecoderModel, heads: Whisp
             tensors[f"block.layer.{name}"] = t.detach().half().contiguous()
         for name, t in heads.block.heads.state_dict().items():
             tensors[f"block.heads.{name}"] = t.detach().half().contiguous()
+    if heads.eagle is not None:
+        meta["eagle"] = {"cross_window": heads.eagle.layer.cross_window}
+        for name, t in trainable(heads.eagle.layer).items():
+            tensors[f"eagle.layer.{name}"] = t.detach().half().contiguous()
+        for name, t in heads.eagle.fc.state_dict().items():
+            tensors[f"eagle.fc.{name}"] = t.detach().half().contiguous()
+        if heads.eagle.layer.vocab is not None:            # its own shortlist (from its training transcripts)
+            tensors["eagle.vocab"] = heads.eagle.layer.vocab.to(torch.int64).clone()
     if heads.exits:
         meta["exit_layers"] = sorted(heads.exits)
         for k, head in heads.exits.items():
@@ -128,18 +138,31 @@ def load_heads(path: str | os.PathLike, model: WhisperDecoderModel) -> WhisperHe
         heads.block = new_medusa_block(model, new_medusa_heads(model, m["num_heads"], m["num_layers"], heads.vocab))
         heads.block.layer.vocab = heads.vocab
         _load_part(heads.block.heads, tensors, "block.heads.", path)
-        own = trainable(heads.block.layer)
-        part = {k[len("block.layer."):]: v for k, v in tensors.items() if k.startswith("block.layer.")}
-        check(set(part) == set(own) and all(own[k].shape == part[k].shape for k in own),
-              f"{path}: the Medusa block's tensors do not match a copy of this model's last decoder layer")
-        with torch.no_grad():
-            for k, p in own.items():
-                p.copy_(part[k])
+        _load_layer(heads.block.layer, tensors, "block.layer.", path, "the Medusa block")
+    if "eagle" in meta:
+        heads.eagle = new_eagle_head(model, meta["eagle"]["cross_window"])
+        heads.eagle.layer.vocab = tensors.pop("eagle.vocab", None)
+        _load_layer(heads.eagle.layer, tensors, "eagle.layer.", path, "the EAGLE head")
+        _load_part(heads.eagle.fc, tensors, "eagle.fc.", path)
     for module in [*(heads.medusa or []), *(heads.exits or {}).values(), *(heads.block.heads if heads.block else [])]:
         module.to(model.device, model.dtype).eval().requires_grad_(False)
-    if heads.block is not None:
-        heads.block.layer.hf.requires_grad_(False)
+    for layer in (heads.block.layer if heads.block else None, heads.eagle.layer if heads.eagle else None):
+        if layer is not None:
+            layer.hf.requires_grad_(False)
+    if heads.eagle is not None:
+        heads.eagle.fc.to(model.device, model.dtype).eval().requires_grad_(False)
     return heads
+
+
+def _load_layer(draft, tensors: dict, prefix: str, path: Path, what: str) -> None:
+    """Copy the `prefix` tensors into a one-layer draft's own parameters (a copy of the last layer)."""
+    own = trainable(draft)
+    part = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+    check(set(part) == set(own) and all(own[k].shape == part[k].shape for k in own),
+          f"{path}: {what}'s tensors do not match a copy of this model's last decoder layer")
+    with torch.no_grad():
+        for k, p in own.items():
+            p.copy_(part[k])
 
 
 def _load_part(module: nn.Module, tensors: dict, prefix: str, path: Path) -> None:

@@ -1,9 +1,11 @@
 """The speech decoding methods, by name, over the shared core.
 
 `greedy` is the baseline (core AR decoding); `beam` is length-normalised beam search on the same
-decoder and cache. The multi-token methods verify drafts against the full model greedily, so their
-transcripts are bit-identical to `greedy`; `medusa-typical` and `calm` (confident early exit below
-threshold 1) are the explicit lossy options.
+decoder and cache. Drafts come from heads on the target (`medusa`, `medusa-block`, `early-exit`,
+`eagle`), a separate draft decoder (`speculative`, `tree`), another tokenizer's model
+(`speculative-cross`) or the transcript itself (`ngram`). The multi-token methods verify drafts
+against the full model greedily, so their transcripts are bit-identical to `greedy`;
+`medusa-typical` and `calm` (confident early exit below threshold 1) are the explicit lossy options.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from mmaccel.core.methods import Method, Resources, _float, _int, _need
 from mmaccel.errors import check
 from mmaccel.speech.calm import calm_decode
 from mmaccel.speech.cross_draft import CrossTokenizerProposer
+from mmaccel.speech.eagle import EagleProposer
 from mmaccel.speech.medusa_block import BlockHeadsProposer
 
 
@@ -55,6 +58,22 @@ def _medusa_block(p: dict) -> Method:
                   lambda r: BlockHeadsProposer(_need(r, "medusa_block", "medusa-block"), r.model), tree=(depth, width))
 
 
+def _eagle(p: dict) -> Method:
+    k = _int(p, "k", 8)
+    stop = _float(p, "stop_below", 0.8, 0.0, 0.999)
+    siblings = _int(p, "siblings", 0, low=0, high=15)
+    check(siblings == 0 or stop > 0, "siblings are the runner-ups of an unsure draft: they need stop_below > 0")
+    label = f"k <= {k}" + (f", chains stop below draft probability {stop}" if stop else "")
+    if siblings:
+        label += f", {siblings} runner-up siblings of the unsure draft"
+
+    def proposer(r: Resources) -> EagleProposer:
+        target = r.model
+        return EagleProposer(_need(r, "eagle", "eagle"), target, target.device.type == "cpu", stop, siblings)
+
+    return Method("eagle", f"EAGLE head on the target's features, {label}", "eagle", True, proposer, k=k)
+
+
 def _speculative_cross(p: dict) -> Method:
     k = _int(p, "k", 4)
     return Method("speculative-cross", f"chain speculative decoding, assistant of another tokenizer, k={k}",
@@ -70,6 +89,7 @@ ASR_REGISTRY: dict[str, Callable[[dict], Method]] = {
     "medusa": core.REGISTRY["medusa"],
     "medusa-typical": core.REGISTRY["medusa-typical"],
     "medusa-block": _medusa_block,
+    "eagle": _eagle,
     "early-exit": core.REGISTRY["early-exit"],
     "calm": _calm,
     "ngram": core.REGISTRY["ngram"],

@@ -115,6 +115,8 @@ def test_shipped_base_heads_and_draft_decoder_draft_losslessly(files):
     methods = [("medusa", {"depth": 2, "width": 2}), ("early-exit", {"k": 2, "exit_layer": 5})]
     if asr.heads.block is not None:
         methods.append(("medusa-block", {"depth": 3, "width": 2}))
+    if asr.heads.eagle is not None:
+        methods += [("eagle", {"k": 4, "stop_below": 0.0}), ("eagle", {"k": 8, "siblings": 2})]
     if asr.draft is not None:
         methods += [("speculative", {"k": 4}), ("tree", {"depth": 4, "width": 2})]
     for method, params in methods:

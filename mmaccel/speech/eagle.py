@@ -1,0 +1,162 @@
+"""An EAGLE head for Whisper: a one-layer feature-level draft on the target's own hidden states.
+
+EAGLE (Li et al. 2024) drafts at the level of the target's features. The head reads, at target
+position t, the target's final hidden state f_t (what predicted token t + 1) and the embedding of
+that token x_{t+1}. It mixes them (`fc`: [embedding; feature] -> d), runs one Whisper decoder layer
+(self-attention over its own cache, cross-attention to the audio, MLP; initialised from the target's
+last layer, whose cross-attention keys/values it shares), and its final norm gives g_t, trained to
+be f_{t+1}. Read out through the tied embedding (a shortlist), g_t guesses x_{t+2}.
+
+Drafting: after each verification the head takes the (feature, token) pairs of every position the
+target committed; its output at the newest one guesses the first draft. Each further draft feeds the
+head its own output g in place of the target's feature, with the draft token: autoregression at the
+feature level, one layer per draft token. The drafted entries are dropped after verification (their
+features are the head's guesses) and the committed positions' real features replace them.
+
+Unlike the draft decoder (`mmaccel.speech.draft`) this is no second model: it lives on the target's
+features and shares its embeddings, vocabulary projection and cross-attention keys/values, like the
+Medusa block (`mmaccel.speech.medusa_block`), which reads the same features but guesses several
+tokens ahead without seeing the token in between. The target is untouched and verification is
+greedy match, so transcripts are greedy's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mmaccel.core.model import DecodeState
+from mmaccel.core.proposers import Draft, DraftContext, DraftModelProposer
+from mmaccel.core.quant import Int8Linear
+from mmaccel.errors import check
+from mmaccel.speech.decoder import EncodedAudio, ShortlistProjection, WhisperDecoderModel
+from mmaccel.speech.draft import WhisperDraft, new_draft
+
+
+@dataclass
+class EagleHead:
+    layer: WhisperDraft          # one decoder layer (from the target's last) and its final norm
+    fc: nn.Linear                # [token embedding; feature] (2d) -> the layer's input (d)
+
+
+def new_eagle_head(target: WhisperDecoderModel, cross_window: int | None = None) -> EagleHead:
+    """A head whose layer starts as a copy of the target's last layer and whose `fc` starts as the
+    sum of the token embedding and the feature, the latter scaled down by the final norm's gain (the
+    final hidden states are ~20x larger than the residual stream the layer was trained on)."""
+    d = target.hidden_size
+    fc = nn.Linear(2 * d, d)
+    gain = target.decoder.layer_norm.weight.detach().float().pow(2).mean().sqrt()
+    with torch.no_grad():
+        fc.weight.copy_(torch.cat([torch.eye(d), torch.eye(d) * (0.5 / gain)], 1))
+        fc.bias.zero_()
+    return EagleHead(new_draft(target.hf, (-1,), cross_window), fc.to(target.device, target.dtype))
+
+
+class EagleDecoder:
+    """The head as the draft a `DraftModelProposer` drives: `prefill` sets up an empty cache (the
+    head sees nothing before the target's features), `feed` appends (feature, token) pairs, and
+    `step` / `shortlist_step` append draft tokens with the head's own newest output as their
+    feature (`state.extras["feature"]`, [B, 1, d]). `quantized`: int8 layer, `fc` and shortlist,
+    bf16 cross-attention window (as for the draft decoder on a CPU)."""
+
+    def __init__(self, head: EagleHead, target: WhisperDecoderModel, quantized: bool = False):
+        self.block = head.layer.decoder_model(target, quantized=quantized)
+        self.embedding = target.decoder.embed_tokens.weight
+        self.embed_scale = target.embed_scale
+        fc = head.fc
+        self.fc = Int8Linear.of(fc.weight, fc.bias).forward if quantized else (lambda x: F.linear(x, fc.weight, fc.bias))
+        self.vocab_size = target.vocab_size
+
+    @property
+    def shortlist(self) -> Tensor | None:
+        return self.block.shortlist
+
+    @property
+    def projection(self) -> ShortlistProjection | None:
+        return self.block.projection
+
+    def prefill(self, inputs: EncodedAudio, room: int) -> DecodeState:
+        state = self.block.prefill(inputs, room, run=False)
+        state.extras["feature"] = None
+        return state
+
+    def outputs(self, state: DecodeState, features: Tensor, tokens: Tensor) -> Tensor:
+        """Append pairs (features [B, T, d], tokens [B, T]); the head's outputs g [B, T, d] (causal)."""
+        emb = F.embedding(tokens.to(self.embedding.device), self.embedding) * self.embed_scale
+        x = self.fc(torch.cat([emb, features.to(emb.dtype)], -1))
+        step, _ = self.block.begin(state, tokens.shape[1])
+        return self.block.decoder.layer_norm(self.block.layer(0, x, step))
+
+    def _readout(self, g: Tensor, compact: bool) -> Tensor:
+        if compact:
+            return self.block.projection.compact(g) + self.block._shortlist_bias
+        return self.block._project(g) + self.block.suppression
+
+    @torch.inference_mode()
+    def feed(self, state: DecodeState, features: Tensor, tokens: Tensor, counts: Tensor) -> Tensor:
+        """Append row b's first counts[b] pairs (right-padded [B, L, ...]; the padding is rolled
+        back); returns the logits after each row's last pair, [B, S] over the shortlist (or [B, V])."""
+        g = self.outputs(state, features, tokens)
+        state.rollback(tokens.shape[1] - counts)
+        last = (counts - 1).clamp(min=0).to(g.device)
+        g = g[torch.arange(g.shape[0], device=g.device), last][:, None]
+        state.extras["feature"] = g
+        return self._readout(g, self.shortlist is not None)[:, 0]
+
+    def _step(self, state: DecodeState, tokens: Tensor, compact: bool) -> Tensor:
+        check(tokens.shape[1] == 1, "the EAGLE head drafts one token per step")
+        feature = state.extras["feature"]
+        check(feature is not None, "the EAGLE head needs the target's features first (feed)")
+        g = self.outputs(state, feature, tokens)
+        state.extras["feature"] = g
+        return self._readout(g, compact)
+
+    @torch.inference_mode()
+    def step(self, state: DecodeState, tokens: Tensor) -> Tensor:
+        """Append draft tokens [B, 1] with the head's newest output as their feature; logits [B, 1, V]."""
+        return self._step(state, tokens, compact=False)
+
+    @torch.inference_mode()
+    def shortlist_step(self, state: DecodeState, tokens: Tensor) -> Tensor:
+        """`step(...)[..., self.shortlist]` [B, 1, S]."""
+        return self._step(state, tokens, compact=True)
+
+
+class EagleProposer(DraftModelProposer):
+    """Greedy EAGLE drafting (chains; with `stop_below` and `siblings` as for a draft model). Each
+    proposal first feeds the head the target's features of the positions committed since the last
+    one, paired with the tokens that followed them; every drafted entry is dropped afterwards."""
+
+    needs_committed_hidden = True
+    drafts_from_prompt = False      # it drafts from the target's features, so only after the prefill
+
+    def __init__(self, head: EagleHead, target: WhisperDecoderModel, quantized: bool = False,
+                 stop_below: float = 0.0, siblings: int = 0):
+        super().__init__(EagleDecoder(head, target, quantized), stop_below, siblings)
+
+    def start(self, inputs, room, ctx):
+        check(ctx.committed_hidden is not None, "EAGLE needs the target's hidden states; the model returned none")
+        self.state = self.draft.prefill(inputs, room + 1)
+        self.first = True
+
+    def propose(self, ctx: DraftContext, k: int) -> Draft:
+        check(k >= 1, f"draft length k must be >= 1, got {k}")
+        check(ctx.sampling.greedy, "EAGLE drafts are verified by greedy match here; it takes no temperature")
+        hidden, counts = ctx.committed_hidden, ctx.committed_counts.cpu()
+        if self.first:            # the head's sequence starts at the last prompt position
+            hidden, counts, self.first = hidden[:, -1:], counts.clamp(max=1), False
+        L = hidden.shape[1]
+        tokens = torch.zeros(len(ctx.history), L, dtype=torch.long)
+        for b, (h, c) in enumerate(zip(ctx.history, counts.tolist())):
+            if c:                 # position t's feature goes with the token that followed it
+                tokens[b, :c] = torch.tensor(h[len(h) - c:])
+        logits = self.draft.feed(self.state, hidden, tokens, counts)
+        self._passes += 1
+        active = ctx.active if ctx.active is not None else torch.ones(len(ctx.history), dtype=torch.bool)
+        return self._chain(logits, self.draft.shortlist, active, k)
+
+    def observe(self, ctx, num_accepted, next_token, target_probs, accepted_tokens):
+        self.state.rollback(self._fed)        # drafted entries hold the head's guessed features

@@ -1,0 +1,216 @@
+"""Train an EAGLE head (`mmaccel.speech.eagle`) for a Whisper model by self-distillation.
+
+    python -m mmaccel.speech.train.eagle --model builtin:base --data runs/whisper_base_data \
+        --heads mmaccel/assets/whisper_base_heads.safetensors --out runs/whisper_base_eagle
+
+Stages (`--stages` picks some):
+1. `data`: the self-labelled corpus of `mmaccel.speech.train.data` (the target's greedy transcripts of
+   the TTS corpus, every position's final hidden state, the encoder states), shareable (`--data`).
+2. `train`: the target stays frozen. At transcript position t the head reads the target's feature
+   f_t and the token x_{t+1}. It learns x_{t+2} and f_{t+1}:
+   - x_{t+2}: cross-entropy on the greedy transcript mixed with `--kd` of KL divergence to the
+     target's own distribution, both over the shortlist of the training transcripts' tokens (which
+     the head drafts from);
+   - f_{t+1}: smooth L1 in units of the features' RMS, weight `--reg`.
+   Training-time test (`--unroll` S, as in EAGLE-3): pass s feeds the head its own outputs of pass
+   s - 1 in place of the features, each position attending to the real entries before its draft
+   began and to its own earlier drafts, exactly as when drafting s tokens ahead; the losses of all
+   passes are summed. Pass 1's features get uniform noise of half-width `--noise` (EAGLE). The head
+   cross-attends to the audio frames plus `--cross-window`. Writes `<out>/heads.safetensors`: the
+   `--heads` file with this head (and its shortlist) added, what
+   `ASRPipeline.from_pretrained(heads=...)` loads.
+3. `eval`: teacher-forced top-1 agreement on held-out utterances for drafts 1.. S ahead (draft s
+   given the s - 1 before it were right: the acceptance rate of each step of a chain).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from mmaccel.errors import check
+from mmaccel.speech.decoder import LayerStep, WhisperDecoderModel
+from mmaccel.speech.eagle import EagleHead, new_eagle_head
+from mmaccel.speech.heads import load_heads, save_heads
+from mmaccel.speech.train.common import log, optimizer_step, warmup_cosine, write_eval
+from mmaccel.speech.train.data import load_rows, start_run
+from mmaccel.speech.train.draft import cross_cache, distillation_loss, row_frames, training_parameters, training_state
+
+STAGES = ("data", "train", "eval")
+KEEP = ("id", "tokens", "prompt_len", "final", "encoder")
+
+
+class _Passes:
+    """The head's keys/values of every pass so far, concatenated (the cache writer of a training
+    pass: nothing is written in place, so every pass keeps its gradient)."""
+
+    def __init__(self):
+        self.k: list[Tensor] = []
+        self.v: list[Tensor] = []
+
+    def update(self, key: Tensor, value: Tensor, layer_idx: int, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        self.k.append(key)
+        self.v.append(value)
+        return torch.cat(self.k, 2), torch.cat(self.v, 2)
+
+
+def unroll_mask(T: int, s: int) -> Tensor:
+    """[1, 1, T, s*T] (True = attend): in pass s (from 1), entry j sees pass 1's entries up to
+    j - s + 1 (the real features before its draft began) and pass r's entry j - s + r for r = 2.. s
+    (its own earlier drafts, itself last)."""
+    j = torch.arange(T)[:, None]
+    i = torch.arange(T)[None, :]
+    blocks = [i <= j - s + 1] + [i == j - s + r for r in range(2, s + 1)]
+    return torch.cat(blocks, 1)[None, None]
+
+
+def batch(rows: list[dict], idx: list[int], lookup: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Right-padded features f_t [B, T, d], tokens x_{t+1} [B, T], targets x_{t+2} as shortlist
+    columns [B, T] (-100: padding or outside the shortlist) and target features f_{t+1} [B, T, d]."""
+    T = max(rows[i]["final"].shape[0] - 1 for i in idx)
+    d = rows[idx[0]]["final"].shape[1]
+    feats, nxt = torch.zeros(len(idx), T, d), torch.zeros(len(idx), T, d)
+    tokens = torch.zeros(len(idx), T, dtype=torch.long)
+    target = torch.full((len(idx), T), -100, dtype=torch.long)
+    for b, i in enumerate(idx):
+        f, seq, P = rows[i]["final"].float(), rows[i]["tokens"], rows[i]["prompt_len"]
+        n = f.shape[0] - 1                     # entry j: feature at P-1+j, token at P+j, target at P+j+1
+        feats[b, :n], nxt[b, :n] = f[:n], f[1:]
+        tokens[b, :n] = seq[P : P + n]
+        target[b, :n] = lookup[seq[P + 1 : P + 1 + n]]
+    return feats, tokens, target, nxt
+
+
+def unrolled(head: EagleHead, dm: WhisperDecoderModel, inputs, feats: Tensor, tokens: Tensor, passes: int,
+             noise: float = 0.0) -> list[Tensor]:
+    """The head's outputs g [B, T, d] of passes 1.. `passes` (training-time test, see `unroll_mask`)."""
+    writer = _Passes()
+    emb = F.embedding(tokens, dm.decoder.embed_tokens.weight.detach()) * dm.embed_scale     # the target's: frozen
+    out, T = [], tokens.shape[1]
+    x = feats + (torch.empty_like(feats).uniform_(-noise, noise) if noise > 0 else 0)
+    for s in range(1, passes + 1):
+        if s > 1:                              # entry j reads the previous pass's output at j - 1
+            x = F.pad(out[-1][:, :-1], (0, 0, 1, 0))
+        step = LayerStep(writer, unroll_mask(T, s), inputs, dm.num_heads)
+        h = dm.layer(0, head.fc(torch.cat([emb, x], -1)), step)
+        out.append(dm.decoder.layer_norm(h))
+    return out
+
+
+def train(asr, rows: list[dict], vocab: Tensor, args, out: Path) -> EagleHead:
+    torch.manual_seed(args.seed)
+    target = asr.model
+    head = new_eagle_head(target, None if args.cross_window < 0 else args.cross_window)
+    head.layer.vocab = vocab
+    dm = head.layer.decoder_model(target)
+    cross = cross_cache(dm, rows, row_frames(Path(args.corpus) / "train.jsonl", rows, target.hf.config.max_source_positions))
+    weight = target.decoder.embed_tokens.weight[vocab].detach()
+    lookup = torch.full((target.vocab_size,), -100, dtype=torch.long)
+    lookup[vocab] = torch.arange(len(vocab))
+    params = training_parameters(head.layer) + list(head.fc.parameters())
+    for p in head.fc.parameters():
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    steps = math.ceil(len(rows) / args.batch_utterances) * args.epochs
+    sched = warmup_cosine(opt, steps, warmup=30)
+    positions = sum(r["final"].shape[0] - 1 for r in rows)
+    log(out, f"train an EAGLE head on {len(rows)} utterances, {positions} positions, shortlist {len(vocab)}, "
+             f"unroll {args.unroll}, {steps} steps")
+    head.layer.hf.train()
+    step = 0
+    for epoch in range(args.epochs):
+        order = torch.randperm(len(rows)).tolist()
+        for start in range(0, len(rows), args.batch_utterances):
+            idx = order[start : start + args.batch_utterances]
+            feats, tokens, tgt, nxt = batch(rows, idx, lookup)
+            inputs = training_state(dm, [cross[i] for i in idx], tokens.shape[1]).extras["inputs"]
+            losses = []
+            for s, g in enumerate(unrolled(head, dm, inputs, feats, tokens, args.unroll, args.noise)):
+                keep = tgt >= 0
+                keep[:, :s] = False            # pass s + 1 starts at entry s
+                teacher = F.linear(nxt[keep], weight) if args.kd > 0 else None
+                loss = distillation_loss(F.linear(g[keep], weight), tgt[keep], teacher, args.kd)
+                scale = nxt[keep].pow(2).mean().sqrt()          # the regression in units of the features' RMS
+                losses.append(loss + args.reg * F.smooth_l1_loss(g[keep] / scale, nxt[keep] / scale))
+            loss = torch.stack(losses).sum()
+            optimizer_step(opt, sched, loss, params)
+            step += 1
+            if step % 25 == 0 or step == steps:
+                log(out, f"step {step}/{steps} epoch {epoch} loss per pass {[round(x.item(), 3) for x in losses]}")
+    head.layer.hf.eval().requires_grad_(False)
+    head.fc.eval().requires_grad_(False)
+    return head
+
+
+@torch.no_grad()
+def evaluate(asr, head: EagleHead, rows: list[dict], manifest: Path, passes: int) -> dict:
+    """Top-1 agreement of draft s (s = 1.. `passes`) with the target's token, its s - 1 predecessors right."""
+    target = asr.model
+    dm = head.layer.decoder_model(target)
+    cross = cross_cache(dm, rows, row_frames(manifest, rows, target.hf.config.max_source_positions))
+    vocab = head.layer.vocab
+    lookup = torch.full((target.vocab_size,), -100, dtype=torch.long)
+    lookup[vocab] = torch.arange(len(vocab))
+    weight = target.decoder.embed_tokens.weight[vocab]
+    hits, total = torch.zeros(passes), torch.zeros(passes)
+    for start in range(0, len(rows), 16):
+        idx = list(range(start, min(start + 16, len(rows))))
+        feats, tokens, _, _ = batch(rows, idx, lookup)
+        truth = torch.zeros_like(tokens)
+        for b, i in enumerate(idx):             # the target's tokens, whether in the shortlist or not
+            seq, P = rows[i]["tokens"], rows[i]["prompt_len"]
+            n = rows[i]["final"].shape[0] - 1
+            truth[b, :n] = seq[P + 1 : P + 1 + n]
+        inputs = training_state(dm, [cross[i] for i in idx], tokens.shape[1]).extras["inputs"]
+        valid = torch.zeros_like(tokens, dtype=torch.bool)
+        for b, i in enumerate(idx):
+            valid[b, : rows[i]["final"].shape[0] - 1] = True
+        for s, g in enumerate(unrolled(head, dm, inputs, feats, tokens, passes)):
+            keep = valid.clone()
+            keep[:, :s] = False
+            guess = vocab[F.linear(g[keep], weight).argmax(-1)]
+            hits[s] += (guess == truth[keep]).sum()
+            total[s] += keep.sum()
+    return {"positions": int(total[0]), "top1_by_draft": [round(float(h / max(t, 1)), 4) for h, t in zip(hits, total)]}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--heads", required=True, help="the heads file to add the EAGLE head to")
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--batch-utterances", type=int, default=16)
+    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--kd", type=float, default=0.8, help="weight in [0, 1] of the KL divergence to the target")
+    p.add_argument("--reg", type=float, default=1.0, help="weight of the feature regression (smooth L1)")
+    p.add_argument("--unroll", type=int, default=3, help="training-time test passes (1: teacher features only)")
+    p.add_argument("--noise", type=float, default=0.0, help="half-width of the uniform noise on pass 1's features")
+    p.add_argument("--cross-window", type=int, default=50,
+                   help="encoder frames after the audio the head attends to (-1: the whole 30-s window)")
+    p.add_argument("--eval-passes", type=int, default=5)
+    run = start_run(p, argv, "mmaccel.speech.train.eagle", STAGES)
+    args, out, asr = run.args, run.out, run.asr
+    check(0.0 <= args.kd <= 1.0, f"--kd must be in [0, 1], got {args.kd}")
+    check(args.unroll >= 1, f"--unroll must be >= 1, got {args.unroll}")
+    path = out / "heads.safetensors"
+    if "train" in run.stages:
+        heads = load_heads(args.heads, asr.model)
+        rows = load_rows(run.train_dir, args.limit, KEEP)
+        vocab = torch.unique(torch.cat([r["tokens"][r["prompt_len"]:] for r in rows]))     # the shortlist
+        heads.eagle = train(asr, rows, vocab, args, out)
+        log(out, f"wrote {save_heads(path, asr.model, heads, run.info)}")
+    if "eval" in run.stages:
+        head = load_heads(path, asr.model).eagle
+        result = evaluate(asr, head, load_rows(run.eval_dir, args.eval_limit, KEEP), Path(args.corpus) / "eval.jsonl",
+                          args.eval_passes)
+        write_eval(out, result)
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])

@@ -1,0 +1,166 @@
+"""The EAGLE head: training passes compute what drafting computes (the unrolled training-time test
+included), drafting with it is lossless (batched, ragged, shortlist, int8, siblings), a head that
+knows the answer is accepted, and the heads file carries it."""
+
+import pytest
+import torch
+from torch import nn
+
+from mmaccel.core.methods import Resources
+from mmaccel.core.sampling import Sampling
+from mmaccel.errors import InputError
+from mmaccel.speech.decoder import EncodedAudio
+from mmaccel.speech.draft import trainable
+from mmaccel.speech.eagle import EagleDecoder, new_eagle_head
+from mmaccel.speech.heads import WhisperHeads, load_heads, save_heads
+from mmaccel.speech.methods import build_asr_method
+from mmaccel.speech.train.eagle import batch, unroll_mask, unrolled
+from tests.speech.conftest import EOT, PROMPT, VOCAB, features
+
+SHORTLIST = torch.tensor([0, 5, 12, 17, 23, 33, 40, 41, 50, EOT])
+
+
+def _head(tiny_decoder, seed=5, std=0.2, vocab=None, cross_window=None):
+    torch.manual_seed(seed)
+    head = new_eagle_head(tiny_decoder, cross_window)
+    with torch.no_grad():
+        for p in [*trainable(head.layer).values(), *head.fc.parameters()]:
+            p.add_(torch.randn_like(p) * std)
+    head.layer.vocab = vocab
+    return head
+
+
+def _detached(inputs: EncodedAudio) -> EncodedAudio:
+    """A copy made outside inference mode (for passes with gradients)."""
+    return EncodedAudio(inputs.encoder_states.clone(), inputs.prompt,
+                        {k: (a.clone(), b.clone()) for k, (a, b) in inputs.cross_kv.items()})
+
+
+def test_unroll_mask_sees_the_real_prefix_and_its_own_drafts():
+    # pass 3, entry 4: real entries 0..2, pass 2's entry 3, itself (pass 3's entry 4)
+    m = unroll_mask(6, 3)[0, 0]
+    assert m.shape == (6, 18)
+    assert m[4].nonzero()[:, 0].tolist() == [0, 1, 2, 6 + 3, 12 + 4]
+    assert unroll_mask(4, 1)[0, 0].equal(torch.ones(4, 4, dtype=torch.bool).tril())
+
+
+def test_training_passes_equal_drafting(tiny_decoder):
+    head = _head(tiny_decoder)
+    dec = EagleDecoder(head, tiny_decoder)
+    inputs = tiny_decoder.encode(features(2), PROMPT)
+    tiny_decoder.prefill(inputs, 4)                       # the target's cross-attention keys/values
+    torch.manual_seed(0)
+    feats, tokens = torch.randn(2, 6, 32) * 5, torch.randint(0, VOCAB, (2, 6))
+    with torch.no_grad():
+        passes = unrolled(head, head.layer.decoder_model(tiny_decoder), inputs, feats, tokens, 3)
+    for j in (2, 5):
+        for s in (1, 2, 3):                              # draft s of a chain whose real entries end at j - s + 1
+            real = j - s + 1
+            state = dec.prefill(inputs, 8)
+            logits = dec.feed(state, feats[:, : real + 1], tokens[:, : real + 1], torch.tensor([real + 1] * 2))
+            g = state.extras["feature"][:, 0]
+            for t in range(real + 1, j + 1):            # the head's own outputs as features
+                dec.step(state, tokens[:, t : t + 1])
+                g = state.extras["feature"][:, 0]
+            torch.testing.assert_close(passes[s - 1][:, j], g, atol=1e-5, rtol=0)
+            assert logits.shape == (2, VOCAB)
+
+
+def test_ragged_feeds_equal_one_causal_pass(tiny_decoder):
+    dec = EagleDecoder(_head(tiny_decoder), tiny_decoder)
+    inputs = tiny_decoder.encode(features(2), PROMPT)
+    feats, tokens = torch.randn(2, 5, 32) * 5, torch.randint(0, VOCAB, (2, 5))
+    whole = dec.prefill(inputs, 8)
+    with torch.inference_mode():
+        ref = dec.outputs(whole, feats, tokens)
+    part = dec.prefill(inputs, 8)
+    dec.feed(part, feats[:, :2], tokens[:, :2], torch.tensor([2, 2]))
+    dec.feed(part, feats[:, 2:5], tokens[:, 2:5], torch.tensor([3, 1]))   # row 1 commits one of three
+    assert part.cache.lengths.tolist() == [5, 3]
+    torch.testing.assert_close(part.extras["feature"][:, 0], torch.stack([ref[0, 4], ref[1, 2]]), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("params,vocab,window", [
+    ({"k": 3, "stop_below": 0.0}, None, None), ({"k": 4}, SHORTLIST, None), ({"k": 5, "siblings": 2}, None, 3),
+    ({"k": 6, "stop_below": 0.5, "siblings": 1}, SHORTLIST, 0),
+])
+def test_eagle_equals_greedy(tiny_decoder, params, vocab, window):
+    head = _head(tiny_decoder, vocab=vocab, cross_window=window)
+    resources = Resources(tiny_decoder, extras={"eagle": head})
+    x = features(3, seed=11)
+    seconds = [0.1, 0.3, 0.2]
+    greedy = build_asr_method("greedy").run(resources, tiny_decoder.encode(x, PROMPT, seconds), max_new_tokens=24,
+                                            eos_token_id=EOT)
+    fast = build_asr_method("eagle", **params).run(resources, tiny_decoder.encode(x, PROMPT, seconds), max_new_tokens=24,
+                                                   eos_token_id=EOT, prompt_tokens=[PROMPT] * 3)
+    assert fast.tokens == greedy.tokens
+    assert fast.stats.draft_passes > 0
+
+
+def test_a_head_that_knows_the_answer_is_accepted_and_the_output_is_greedys(tiny_decoder):
+    # fitted with the training passes to two utterances' greedy transcripts, the head's drafts must be
+    # accepted there, batched, on the int8 path the pipeline uses on a CPU
+    x = features(2, seed=3)
+    greedy = build_asr_method("greedy").run(Resources(tiny_decoder), tiny_decoder.encode(x, PROMPT), max_new_tokens=16,
+                                            eos_token_id=EOT)
+    inputs = tiny_decoder.encode(x, PROMPT)
+    T = max(len(g) for g in greedy.tokens)
+    seq = torch.full((2, T), EOT)
+    for b, g in enumerate(greedy.tokens):
+        seq[b, : len(g)] = torch.tensor(g)
+    final, _ = tiny_decoder.teacher_forced(inputs, seq)
+    P = len(PROMPT)
+    rows = [{"tokens": torch.tensor(PROMPT + g), "prompt_len": P, "final": final[b, P - 1 : P - 1 + len(g)].clone()}
+            for b, g in enumerate(greedy.tokens)]
+    lookup = torch.arange(VOCAB)
+    feats, tokens, target, nxt = batch(rows, [0, 1], lookup)
+    head = _head(tiny_decoder, seed=1, std=0.05)
+    dm = head.layer.decoder_model(tiny_decoder)
+    params = [*trainable(head.layer).values(), *head.fc.parameters()]
+    for p in params:
+        p.requires_grad_(True)
+    weight = tiny_decoder.decoder.embed_tokens.weight.detach()
+    opt = torch.optim.Adam(params, lr=1e-2)
+    for _ in range(120):
+        outs = unrolled(head, dm, _detached(inputs), feats, tokens, 2)
+        keep = target >= 0
+        loss = sum(nn.functional.cross_entropy(nn.functional.linear(g[keep], weight), target[keep]) for g in outs)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    for p in params:
+        p.requires_grad_(False)
+    assert tiny_decoder.decoder.embed_tokens.weight.grad is None        # the target stays frozen
+    resources = Resources(tiny_decoder, extras={"eagle": head})
+    plain = build_asr_method("eagle", k=4, stop_below=0.0).run(resources, tiny_decoder.encode(x, PROMPT),
+                                                               max_new_tokens=16, eos_token_id=EOT)
+    assert plain.tokens == greedy.tokens and plain.stats.mean_accepted > 2.0
+    assert plain.stats.nfe < greedy.stats.nfe
+
+
+def test_heads_file_carries_the_eagle_head(tiny_decoder, tmp_path):
+    head = _head(tiny_decoder, vocab=SHORTLIST, cross_window=7)
+    with torch.no_grad():                                # fp16-representable: the file stores fp16
+        for p in [*trainable(head.layer).values(), *head.fc.parameters()]:
+            p.copy_(p.half())
+    path = save_heads(tmp_path / "heads.safetensors", tiny_decoder, WhisperHeads(vocab=SHORTLIST, eagle=head))
+    back = load_heads(path, tiny_decoder)
+    assert back.block is None and back.medusa is None and back.eagle is not None
+    assert back.eagle.layer.cross_window == 7 and back.eagle.layer.vocab.tolist() == SHORTLIST.tolist()
+    for name, p in trainable(back.eagle.layer).items():
+        torch.testing.assert_close(p, trainable(head.layer)[name], atol=0, rtol=0)
+    torch.testing.assert_close(back.eagle.fc.weight, head.fc.weight, atol=0, rtol=0)
+
+
+def test_bad_eagle_calls_are_named(tiny_decoder):
+    inputs = tiny_decoder.encode(features(1), PROMPT)
+    with pytest.raises(InputError, match="needs a trained EAGLE head"):
+        build_asr_method("eagle").run(Resources(tiny_decoder), inputs, max_new_tokens=4, eos_token_id=EOT)
+    resources = Resources(tiny_decoder, extras={"eagle": _head(tiny_decoder)})
+    with pytest.raises(InputError, match="no temperature"):
+        build_asr_method("eagle").run(resources, tiny_decoder.encode(features(1), PROMPT), max_new_tokens=4,
+                                      sampling=Sampling(temperature=1.0), eos_token_id=EOT)
+    with pytest.raises(InputError, match="need stop_below > 0"):
+        build_asr_method("eagle", stop_below=0.0, siblings=1)
+    with pytest.raises(InputError, match="k must be an integer"):
+        build_asr_method("eagle", k=0)
