@@ -175,32 +175,43 @@ def cmd_demo(args) -> int:
 
 
 def _demo_speech() -> None:
-    """Greedy vs the best lossless method on the real LibriVox clips with the built-in Whisper base."""
+    """Greedy vs the best lossless methods (heads only, and with the draft decoder) on the real
+    LibriVox clips with the built-in Whisper base."""
     from mmaccel.metrics.wer import corpus_wer
     from mmaccel.speech.data import real_utterances
     from mmaccel.speech.pipeline import ASRPipeline
 
     asr = ASRPipeline.from_pretrained("builtin:base")
     utts = [u for u in real_utterances() if u.id.startswith("librivox")]
-    # the fastest lossless setting at batch 1 in benchmarks/asr_base.json
-    method, params = ("speculative", {"k": 8, "stop_below": 0.8, "siblings": 2}) if asr.draft is not None else ("ngram", {"k": 3})
+    # the fastest lossless settings at batch 1 in benchmarks/asr_base.json
+    methods = {"greedy": {}}
+    if asr.heads.eagle is not None:
+        methods["eagle"] = {"k": 8, "stop_below": 0.8}
+    if asr.draft is not None:
+        methods["speculative"] = {"k": 8, "stop_below": 0.8, "siblings": 2}
+    if len(methods) == 1:
+        methods["ngram"] = {"k": 3}
     runs = {}
-    for name, kw in (("greedy", {}), (method, params)):
+    for name, kw in methods.items():
         asr.transcribe([utts[0].audio_filepath], name, **kw)                      # warm-up
         runs[name] = asr.transcribe([u.audio_filepath for u in utts], name, batch_size=1, **kw)
-    base, fast = runs["greedy"], runs[method]
-    print(f"\n## Speech: Whisper base on {len(utts)} LibriVox clips, batch 1 (greedy vs {method})\n")
-    print(f"| clip | greedy | {method} |\n|---|---|---|")
-    for u, a, b in zip(utts, base.texts, fast.texts):
-        print(f"| {u.id.split('-')[-1]} | {a} | {b}{'' if a == b else ' (differs)'} |")
+    base = runs["greedy"]
+    names = list(runs)
+    print(f"\n## Speech: Whisper base on {len(utts)} LibriVox clips, batch 1 ({' vs '.join(names)})\n")
+    print("| clip | " + " | ".join(names) + " |\n|" + "---|" * (len(names) + 1))
+    for i, u in enumerate(utts):
+        cells = [runs[n].texts[i] + ("" if runs[n].texts[i] == base.texts[i] else " (differs)") for n in names]
+        print(f"| {u.id.split('-')[-1]} | " + " | ".join(cells) + " |")
     refs = [u.text for u in utts]
     print("\n| method | WER % | decoder passes / token | decoder time (s) | RTFx | identical to greedy |\n|---|---|---|---|---|---|")
     for name, out in runs.items():
         print(f"| {name} | {100 * corpus_wer(refs, out.texts).wer:.2f} | {1 / out.stats.mean_accepted:.3f} | "
               f"{out.stats.time_s['decode']:.2f} | {out.rtfx:.2f} | "
               f"{sum(a == b for a, b in zip(out.texts, base.texts))}/{len(utts)} |")
-    print(f"\ndecoder speed-up of {method}: {base.stats.time_s['decode'] / fast.stats.time_s['decode']:.2f}x; "
-          f"end to end: {base.wall_s / fast.wall_s:.2f}x")
+    for name in names[1:]:
+        fast = runs[name]
+        print(f"\ndecoder speed-up of {name}: {base.stats.time_s['decode'] / fast.stats.time_s['decode']:.2f}x; "
+              f"end to end: {base.wall_s / fast.wall_s:.2f}x")
 
 
 def cmd_methods(args) -> int:

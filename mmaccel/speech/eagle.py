@@ -30,7 +30,6 @@ from torch import Tensor, nn
 
 from mmaccel.core.model import DecodeState
 from mmaccel.core.proposers import Draft, DraftContext, DraftModelProposer
-from mmaccel.core.quant import Int8Linear
 from mmaccel.errors import check
 from mmaccel.speech.decoder import EncodedAudio, ShortlistProjection, WhisperDecoderModel
 from mmaccel.speech.draft import WhisperDraft, new_draft
@@ -39,35 +38,43 @@ from mmaccel.speech.draft import WhisperDraft, new_draft
 @dataclass
 class EagleHead:
     layer: WhisperDraft          # one decoder layer (from the target's last) and its final norm
-    fc: nn.Linear                # [token embedding; feature] (2d) -> the layer's input (d)
+    fc: nn.Linear                # [token embedding; normalised feature] (2d) -> the layer's input (d)
+    shift: Tensor                # the target's final LayerNorm bias and gain [d] (frozen): features are
+    gain: Tensor                 # read as (f - shift) / gain, per dimension of unit scale
+
+    def normalized(self, features: Tensor) -> Tensor:
+        """Undo the final norm's affine map: Whisper's final hidden states carry per-dimension gains of
+        4-37 (base), which a mix with the token embedding and int8 products handle badly."""
+        return (features - self.shift) / self.gain
 
 
 def new_eagle_head(target: WhisperDecoderModel, cross_window: int | None = None) -> EagleHead:
     """A head whose layer starts as a copy of the target's last layer and whose `fc` starts as the
-    sum of the token embedding and the feature, the latter scaled down by the final norm's gain (the
-    final hidden states are ~20x larger than the residual stream the layer was trained on)."""
+    sum of the token embedding and half the normalised feature (about the residual stream's scale)."""
     d = target.hidden_size
     fc = nn.Linear(2 * d, d)
-    gain = target.decoder.layer_norm.weight.detach().float().pow(2).mean().sqrt()
     with torch.no_grad():
-        fc.weight.copy_(torch.cat([torch.eye(d), torch.eye(d) * (0.5 / gain)], 1))
+        fc.weight.copy_(torch.cat([torch.eye(d), torch.eye(d) * 0.5], 1))
         fc.bias.zero_()
-    return EagleHead(new_draft(target.hf, (-1,), cross_window), fc.to(target.device, target.dtype))
+    norm = target.decoder.layer_norm
+    gain = norm.weight.detach().clone()
+    gain = torch.where(gain < 0, gain.clamp(max=-1e-2), gain.clamp(min=1e-2))
+    return EagleHead(new_draft(target.hf, (-1,), cross_window), fc.to(target.device, target.dtype),
+                     norm.bias.detach().clone(), gain)
 
 
 class EagleDecoder:
     """The head as the draft a `DraftModelProposer` drives: `prefill` sets up an empty cache (the
     head sees nothing before the target's features), `feed` appends (feature, token) pairs, and
     `step` / `shortlist_step` append draft tokens with the head's own newest output as their
-    feature (`state.extras["feature"]`, [B, 1, d]). `quantized`: int8 layer, `fc` and shortlist,
-    bf16 cross-attention window (as for the draft decoder on a CPU)."""
+    feature (`state.extras["feature"]`, [B, 1, d]). `quantized`: int8 layer and shortlist, bf16
+    cross-attention window (as for the draft decoder on a CPU)."""
 
     def __init__(self, head: EagleHead, target: WhisperDecoderModel, quantized: bool = False):
         self.block = head.layer.decoder_model(target, quantized=quantized)
         self.embedding = target.decoder.embed_tokens.weight
         self.embed_scale = target.embed_scale
-        fc = head.fc
-        self.fc = Int8Linear.of(fc.weight, fc.bias).forward if quantized else (lambda x: F.linear(x, fc.weight, fc.bias))
+        self.head = head
         self.vocab_size = target.vocab_size
 
     @property
@@ -86,7 +93,9 @@ class EagleDecoder:
     def outputs(self, state: DecodeState, features: Tensor, tokens: Tensor) -> Tensor:
         """Append pairs (features [B, T, d], tokens [B, T]); the head's outputs g [B, T, d] (causal)."""
         emb = F.embedding(tokens.to(self.embedding.device), self.embedding) * self.embed_scale
-        x = self.fc(torch.cat([emb, features.to(emb.dtype)], -1))
+        # fc stays in fp32: int8 products quantise their input per tensor, which would drown the
+        # embedding half in the feature half's range
+        x = self.head.fc(torch.cat([emb, self.head.normalized(features.to(emb.dtype))], -1))
         step, _ = self.block.begin(state, tokens.shape[1])
         return self.block.decoder.layer_norm(self.block.layer(0, x, step))
 

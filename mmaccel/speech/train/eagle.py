@@ -11,11 +11,11 @@ Stages (`--stages` picks some):
    - x_{t+2}: cross-entropy on the greedy transcript mixed with `--kd` of KL divergence to the
      target's own distribution, both over the shortlist of the training transcripts' tokens (which
      the head drafts from);
-   - f_{t+1}: smooth L1 in units of the features' RMS, weight `--reg`.
+   - f_{t+1}: smooth L1 on normalised features (`EagleHead.normalized`), weight `--reg`.
    Training-time test (`--unroll` S, as in EAGLE-3): pass s feeds the head its own outputs of pass
    s - 1 in place of the features, each position attending to the real entries before its draft
    began and to its own earlier drafts, exactly as when drafting s tokens ahead; the losses of all
-   passes are summed. Pass 1's features get uniform noise of half-width `--noise` (EAGLE). The head
+   passes are summed. Pass 1's features get uniform noise of half-width `--noise` (EAGLE; in normalised units). The head
    cross-attends to the audio frames plus `--cross-window`. Writes `<out>/heads.safetensors`: the
    `--heads` file with this head (and its shortlist) added, what
    `ASRPipeline.from_pretrained(heads=...)` loads.
@@ -92,10 +92,11 @@ def unrolled(head: EagleHead, dm: WhisperDecoderModel, inputs, feats: Tensor, to
     writer = _Passes()
     emb = F.embedding(tokens, dm.decoder.embed_tokens.weight.detach()) * dm.embed_scale     # the target's: frozen
     out, T = [], tokens.shape[1]
-    x = feats + (torch.empty_like(feats).uniform_(-noise, noise) if noise > 0 else 0)
+    x = head.normalized(feats)
+    x = x + (torch.empty_like(x).uniform_(-noise, noise) if noise > 0 else 0)
     for s in range(1, passes + 1):
         if s > 1:                              # entry j reads the previous pass's output at j - 1
-            x = F.pad(out[-1][:, :-1], (0, 0, 1, 0))
+            x = head.normalized(F.pad(out[-1][:, :-1], (0, 0, 1, 0)))
         step = LayerStep(writer, unroll_mask(T, s), inputs, dm.num_heads)
         h = dm.layer(0, head.fc(torch.cat([emb, x], -1)), step)
         out.append(dm.decoder.layer_norm(h))
@@ -135,8 +136,8 @@ def train(asr, rows: list[dict], vocab: Tensor, args, out: Path) -> EagleHead:
                 keep[:, :s] = False            # pass s + 1 starts at entry s
                 teacher = F.linear(nxt[keep], weight) if args.kd > 0 else None
                 loss = distillation_loss(F.linear(g[keep], weight), tgt[keep], teacher, args.kd)
-                scale = nxt[keep].pow(2).mean().sqrt()          # the regression in units of the features' RMS
-                losses.append(loss + args.reg * F.smooth_l1_loss(g[keep] / scale, nxt[keep] / scale))
+                regression = F.smooth_l1_loss(head.normalized(g[keep]), head.normalized(nxt[keep]))
+                losses.append(loss + args.reg * regression)
             loss = torch.stack(losses).sum()
             optimizer_step(opt, sched, loss, params)
             step += 1
