@@ -1,4 +1,4 @@
-"""What the speech trainers share: the run log, the learning-rate schedule and the optimiser step."""
+"""What the speech trainers share: the run log, shortlist columns, the learning-rate schedule and the optimiser step."""
 
 from __future__ import annotations
 
@@ -22,6 +22,13 @@ def write_eval(out: Path, result: dict) -> None:
     """`<out>/eval.json` and a log line: a trained draft's held-out numbers."""
     (out / "eval.json").write_text(json.dumps(result, indent=1))
     log(out, f"eval {json.dumps(result)}")
+
+
+def shortlist_columns(vocab: Tensor, vocab_size: int) -> Tensor:
+    """[vocab_size] the column of each token in the shortlist `vocab` (-100, ignored by the loss, elsewhere)."""
+    lookup = torch.full((vocab_size,), -100, dtype=torch.long)
+    lookup[vocab] = torch.arange(len(vocab))
+    return lookup
 
 
 def warmup_cosine(opt: torch.optim.Optimizer, steps: int, warmup: int) -> torch.optim.lr_scheduler.LambdaLR:

@@ -35,7 +35,7 @@ from mmaccel.speech.data import read_manifest
 from mmaccel.speech.decoder import EncodedAudio, WhisperDecoderModel, audio_frames
 from mmaccel.speech.draft import WhisperDraft, load_draft, new_draft, save_draft, trainable
 from mmaccel.speech.pipeline import ASRPipeline
-from mmaccel.speech.train.common import log, optimizer_step, warmup_cosine, write_eval
+from mmaccel.speech.train.common import log, optimizer_step, shortlist_columns, warmup_cosine, write_eval
 from mmaccel.speech.train.data import load_rows, start_run
 
 STAGES = ("data", "train", "eval")
@@ -134,8 +134,7 @@ def train(asr: ASRPipeline, rows: list[dict], args, out: Path) -> WhisperDraft:
     dm = draft.decoder_model(target)
     cross = cross_cache(dm, rows, row_frames(Path(args.corpus) / "train.jsonl", rows, target.hf.config.max_source_positions))
     weight = target.decoder.embed_tokens.weight[vocab].detach()
-    lookup = torch.full((target.vocab_size,), -100, dtype=torch.long)
-    lookup[vocab] = torch.arange(len(vocab))
+    lookup = shortlist_columns(vocab, target.vocab_size)
     params = training_parameters(draft)
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
     steps = math.ceil(len(rows) / args.batch_utterances) * args.epochs

@@ -37,7 +37,7 @@ from mmaccel.errors import check
 from mmaccel.speech.decoder import LayerStep, WhisperDecoderModel
 from mmaccel.speech.eagle import EagleHead, new_eagle_head
 from mmaccel.speech.heads import load_heads, save_heads
-from mmaccel.speech.train.common import log, optimizer_step, warmup_cosine, write_eval
+from mmaccel.speech.train.common import log, optimizer_step, shortlist_columns, warmup_cosine, write_eval
 from mmaccel.speech.train.data import load_rows, start_run
 from mmaccel.speech.train.draft import cross_cache, distillation_loss, row_frames, training_parameters, training_state
 
@@ -111,8 +111,7 @@ def train(asr, rows: list[dict], vocab: Tensor, args, out: Path) -> EagleHead:
     dm = head.layer.decoder_model(target)
     cross = cross_cache(dm, rows, row_frames(Path(args.corpus) / "train.jsonl", rows, target.hf.config.max_source_positions))
     weight = target.decoder.embed_tokens.weight[vocab].detach()
-    lookup = torch.full((target.vocab_size,), -100, dtype=torch.long)
-    lookup[vocab] = torch.arange(len(vocab))
+    lookup = shortlist_columns(vocab, target.vocab_size)
     params = training_parameters(head.layer) + list(head.fc.parameters())
     for p in head.fc.parameters():
         p.requires_grad_(True)
@@ -155,8 +154,7 @@ def evaluate(asr, head: EagleHead, rows: list[dict], manifest: Path, passes: int
     dm = head.layer.decoder_model(target)
     cross = cross_cache(dm, rows, row_frames(manifest, rows, target.hf.config.max_source_positions))
     vocab = head.layer.vocab
-    lookup = torch.full((target.vocab_size,), -100, dtype=torch.long)
-    lookup[vocab] = torch.arange(len(vocab))
+    lookup = shortlist_columns(vocab, target.vocab_size)
     weight = target.decoder.embed_tokens.weight[vocab]
     hits, total = torch.zeros(passes), torch.zeros(passes)
     for start in range(0, len(rows), 16):

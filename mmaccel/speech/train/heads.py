@@ -33,7 +33,7 @@ from torch import Tensor
 from mmaccel.speech.heads import WhisperHeads, load_heads, new_exit_heads, new_medusa_heads, save_heads
 from mmaccel.speech.medusa_block import MedusaBlock, block_forward, new_medusa_block
 from mmaccel.speech.pipeline import ASRPipeline
-from mmaccel.speech.train.common import log, optimizer_step, warmup_cosine, write_eval
+from mmaccel.speech.train.common import log, optimizer_step, shortlist_columns, warmup_cosine, write_eval
 from mmaccel.speech.train.data import load_rows, start_run
 from mmaccel.speech.train.draft import cross_cache, training_parameters, training_state
 
@@ -70,8 +70,7 @@ def train(asr: ASRPipeline, rows: list[dict], args, out: Path) -> WhisperHeads:
     heads = WhisperHeads(new_medusa_heads(model, args.num_heads, args.head_layers, vocab),
                          new_exit_heads(model, layers, vocab), vocab)
     weight = model.decoder.embed_tokens.weight[vocab].detach()
-    lookup = torch.full((model.vocab_size,), -100, dtype=torch.long)
-    lookup[vocab] = torch.arange(len(vocab))
+    lookup = shortlist_columns(vocab, model.vocab_size)
     nxt, ahead = lookup[nxt], torch.where(ahead >= 0, lookup[ahead.clamp(min=0)], ahead)
     params = [*heads.medusa.parameters(), *(p for h in heads.exits.values() for p in h.parameters())]
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.98), weight_decay=0.0)
@@ -126,8 +125,7 @@ def train_block(asr: ASRPipeline, rows: list[dict], vocab: Tensor, args, out: Pa
     dm = block.layer.decoder_model(model)
     cross = cross_cache(dm, rows)
     weight = model.decoder.embed_tokens.weight[vocab].detach()
-    lookup = torch.full((model.vocab_size,), -100, dtype=torch.long)
-    lookup[vocab] = torch.arange(len(vocab))
+    lookup = shortlist_columns(vocab, model.vocab_size)
     params = training_parameters(block.layer) + list(block.heads.parameters())
     opt = torch.optim.AdamW(params, lr=args.block_lr, betas=(0.9, 0.98), weight_decay=0.01)
     steps = math.ceil(len(rows) / args.batch_utterances) * args.block_epochs
