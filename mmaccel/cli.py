@@ -183,10 +183,10 @@ def _demo_speech() -> None:
 
     asr = ASRPipeline.from_pretrained("builtin:base")
     utts = [u for u in real_utterances() if u.id.startswith("librivox")]
-    # the fastest lossless settings at batch 1 in benchmarks/asr_base.json
+    # the fastest lossless settings at batch 1 in benchmarks/asr_base_eagle.json
     methods = {"greedy": {}}
     if asr.heads.eagle is not None:
-        methods["eagle"] = {"k": 8, "stop_below": 0.8}
+        methods["eagle"] = {"k": 4, "stop_below": 0.0}
     if asr.draft is not None:
         methods["speculative"] = {"k": 8, "stop_below": 0.8, "siblings": 2}
     if len(methods) == 1:
