@@ -103,15 +103,22 @@ def _ar(p):
     return Method("ar", "plain autoregressive decoding (the baseline)", "", True, lambda r: None)
 
 
-def _speculative(p):
-    k = _int(p, "k", 4)
-    coupled = bool(p.pop("coupled", False))
-    stop = _float(p, "stop_below", 0.0, 0.0, 0.999)
+def chain_options(p: dict, k: int = 4, stop_below: float = 0.0) -> tuple[int, float, int, str]:
+    """A drafter's chain options from `p` (defaults `k`, `stop_below`; no siblings): k, stop_below,
+    siblings and a description."""
+    k = _int(p, "k", k)
+    stop = _float(p, "stop_below", stop_below, 0.0, 0.999)
     siblings = _int(p, "siblings", 0, low=0, high=15)
     check(siblings == 0 or stop > 0, "siblings are the runner-ups of an unsure draft: they need stop_below > 0")
     label = f"k={k}" if stop == 0 else f"k <= {k}, greedy chains stop below draft probability {stop}"
     if siblings:
         label += f", {siblings} runner-up siblings of the unsure draft"
+    return k, stop, siblings, label
+
+
+def _speculative(p):
+    coupled = bool(p.pop("coupled", False))
+    k, stop, siblings, label = chain_options(p)
     return Method("speculative", f"chain speculative decoding, draft model, {label}", "draft", True,
                   lambda r: DraftModelProposer(_need(r, "draft", "speculative"), stop, siblings),
                   "coupled" if coupled else "speculative", k=k, coupled=coupled)

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from mmaccel.core import methods as core
 from mmaccel.core.beam import beam_search
-from mmaccel.core.methods import Method, Resources, _float, _int, _need
+from mmaccel.core.methods import Method, Resources, _float, _int, _need, chain_options
 from mmaccel.errors import check
 from mmaccel.speech.calm import calm_decode
 from mmaccel.speech.cross_draft import CrossTokenizerProposer
@@ -59,13 +59,7 @@ def _medusa_block(p: dict) -> Method:
 
 
 def _eagle(p: dict) -> Method:
-    k = _int(p, "k", 8)
-    stop = _float(p, "stop_below", 0.8, 0.0, 0.999)
-    siblings = _int(p, "siblings", 0, low=0, high=15)
-    check(siblings == 0 or stop > 0, "siblings are the runner-ups of an unsure draft: they need stop_below > 0")
-    label = f"k <= {k}" + (f", chains stop below draft probability {stop}" if stop else "")
-    if siblings:
-        label += f", {siblings} runner-up siblings of the unsure draft"
+    k, stop, siblings, label = chain_options(p, k=8, stop_below=0.8)
 
     def proposer(r: Resources) -> EagleProposer:
         target = r.model
