@@ -13,6 +13,13 @@ head its own output g in place of the target's feature, with the draft token: au
 feature level, one layer per draft token. The drafted entries are dropped after verification (their
 features are the head's guesses) and the committed positions' real features replace them.
 
+Drafting from the prompt: the head has no target features before the target's prefill, so the
+prompt's entries (prompt token t + 1 with a learned feature `start` in place of f_t) are what it is
+trained on and fed first; its output at the last one guesses the first transcript token. The first
+drafts then come before the prefill, which verifies them in the same pass (as for the draft
+decoder), and the prompt's entries stay in the head's cache (the target's features take over from
+the last prompt position on).
+
 Unlike the draft decoder (`mmaccel.speech.draft`) this is no second model: it lives on the target's
 features and shares its embeddings, vocabulary projection and cross-attention keys/values, like the
 Medusa block (`mmaccel.speech.medusa_block`), which reads the same features but guesses several
@@ -37,10 +44,12 @@ from mmaccel.speech.draft import WhisperDraft, new_draft
 
 @dataclass
 class EagleHead:
-    layer: WhisperDraft          # one decoder layer (from the target's last) and its final norm
-    fc: nn.Linear                # [token embedding; normalised feature] (2d) -> the layer's input (d)
+    layer: WhisperDraft          # decoder layers (one, from the target's last, by default) and a final norm
+    fc: nn.Linear                # [token embedding; normalised feature] (2d) -> the layers' input (d)
     shift: Tensor                # the target's final LayerNorm bias and gain [d] (frozen): features are
     gain: Tensor                 # read as (f - shift) / gain, per dimension of unit scale
+    start: Tensor | None = None  # [d] the normalised feature of the prompt's entries (None: the head
+                                 # was trained without them and drafts only after the prefill)
 
     def normalized(self, features: Tensor) -> Tensor:
         """Undo the final norm's affine map: Whisper's final hidden states carry per-dimension gains of
@@ -48,9 +57,11 @@ class EagleHead:
         return (features - self.shift) / self.gain
 
 
-def new_eagle_head(target: WhisperDecoderModel, cross_window: int | None = None) -> EagleHead:
-    """A head whose layer starts as a copy of the target's last layer and whose `fc` starts as the
-    sum of the token embedding and half the normalised feature (about the residual stream's scale)."""
+def new_eagle_head(target: WhisperDecoderModel, cross_window: int | None = None, layers: tuple[int, ...] = (-1,),
+                   start: bool = True) -> EagleHead:
+    """A head whose layers start as copies of the target's `layers` and whose `fc` starts as the sum
+    of the token embedding and half the normalised feature (about the residual stream's scale);
+    `start`: with a feature for the prompt's entries (zeros until trained), to draft from the prompt."""
     d = target.hidden_size
     fc = nn.Linear(2 * d, d)
     with torch.no_grad():
@@ -59,8 +70,8 @@ def new_eagle_head(target: WhisperDecoderModel, cross_window: int | None = None)
     norm = target.decoder.layer_norm
     gain = norm.weight.detach().clone()
     gain = torch.where(gain < 0, gain.clamp(max=-1e-2), gain.clamp(min=1e-2))
-    return EagleHead(new_draft(target.hf, (-1,), cross_window), fc.to(target.device, target.dtype),
-                     norm.bias.detach().clone(), gain)
+    return EagleHead(new_draft(target.hf, layers, cross_window), fc.to(target.device, target.dtype),
+                     norm.bias.detach().clone(), gain, torch.zeros(d, device=target.device) if start else None)
 
 
 class EagleDecoder:
@@ -90,14 +101,26 @@ class EagleDecoder:
         state.extras["feature"] = None
         return state
 
-    def outputs(self, state: DecodeState, features: Tensor, tokens: Tensor) -> Tensor:
-        """Append pairs (features [B, T, d], tokens [B, T]); the head's outputs g [B, T, d] (causal)."""
+    def outputs(self, state: DecodeState, x: Tensor, tokens: Tensor) -> Tensor:
+        """Append pairs (normalised features [B, T, d], tokens [B, T]); the head's outputs g [B, T, d] (causal)."""
         emb = F.embedding(tokens.to(self.embedding.device), self.embedding) * self.embed_scale
         # fc stays in fp32: int8 products quantise their input per tensor, which would drown the
         # embedding half in the feature half's range
-        x = self.head.fc(torch.cat([emb, self.head.normalized(features.to(emb.dtype))], -1))
+        h = self.head.fc(torch.cat([emb, x.to(emb.dtype)], -1))
         step, _ = self.block.begin(state, tokens.shape[1])
-        return self.block.decoder.layer_norm(self.block.layer(0, x, step))
+        for i in range(self.block.num_layers):
+            h = self.block.layer(i, h, step)
+        return self.block.decoder.layer_norm(h)
+
+    @torch.inference_mode()
+    def start(self, state: DecodeState, prompt: Tensor) -> Tensor:
+        """Append the prompt's entries (prompt [B, P]: tokens 1.. P - 1 with the learned `start`
+        feature); the logits of the first transcript token [B, S] over the shortlist (or [B, V])."""
+        tokens = prompt[:, 1:]
+        x = self.head.start.expand(*tokens.shape, -1)
+        g = self.outputs(state, x, tokens)[:, -1:]
+        state.extras["feature"] = g
+        return self._readout(g, self.shortlist is not None)[:, 0]
 
     def _readout(self, g: Tensor, compact: bool) -> Tensor:
         if compact:
@@ -108,7 +131,7 @@ class EagleDecoder:
     def feed(self, state: DecodeState, features: Tensor, tokens: Tensor, counts: Tensor) -> Tensor:
         """Append row b's first counts[b] pairs (right-padded [B, L, ...]; the padding is rolled
         back); returns the logits after each row's last pair, [B, S] over the shortlist (or [B, V])."""
-        g = self.outputs(state, features, tokens)
+        g = self.outputs(state, self.head.normalized(features), tokens)
         state.rollback(tokens.shape[1] - counts)
         last = (counts - 1).clamp(min=0).to(g.device)
         g = g[torch.arange(g.shape[0], device=g.device), last][:, None]
@@ -119,7 +142,7 @@ class EagleDecoder:
         check(tokens.shape[1] == 1, "the EAGLE head drafts one token per step")
         feature = state.extras["feature"]
         check(feature is not None, "the EAGLE head needs the target's features first (feed)")
-        g = self.outputs(state, feature, tokens)
+        g = self.outputs(state, self.head.normalized(feature), tokens)
         state.extras["feature"] = g
         return self._readout(g, compact)
 
@@ -137,19 +160,28 @@ class EagleDecoder:
 class EagleProposer(DraftModelProposer):
     """Greedy EAGLE drafting (chains; with `stop_below` and `siblings` as for a draft model). Each
     proposal first feeds the head the target's features of the positions committed since the last
-    one, paired with the tokens that followed them; every drafted entry is dropped afterwards."""
+    one, paired with the tokens that followed them; every drafted entry is dropped afterwards. A
+    head with a `start` feature drafts the first tokens from the prompt, ahead of the prefill."""
 
     needs_committed_hidden = True
-    drafts_from_prompt = False      # it drafts from the target's features, so only after the prefill
 
-    def __init__(self, head: EagleHead, target: WhisperDecoderModel, quantized: bool = False,
-                 stop_below: float = 0.0, siblings: int = 0):
-        super().__init__(EagleDecoder(head, target, quantized), stop_below, siblings)
+    def __init__(self, decoder: EagleDecoder, stop_below: float = 0.0, siblings: int = 0):
+        check(isinstance(decoder, EagleDecoder), f"EagleProposer takes an EagleDecoder, got {type(decoder).__name__}")
+        super().__init__(decoder, stop_below, siblings)
+        self.drafts_from_prompt = decoder.head.start is not None
 
     def start(self, inputs, room, ctx):
         check(ctx.committed_hidden is not None, "EAGLE needs the target's hidden states; the model returned none")
         self.state = self.draft.prefill(inputs, room + 1)
         self.first = True
+
+    def start_drafting(self, inputs, room, k):
+        check(k >= 1, f"draft length k must be >= 1, got {k}")
+        self.state = self.draft.prefill(inputs, room + 1)
+        self.first = False        # the target's features start at the last prompt position, as fed next
+        logits = self.draft.start(self.state, inputs.prompt)
+        self._passes += 1
+        return self._chain(logits, self.draft.shortlist, torch.ones(inputs.batch_size, dtype=torch.bool), k).tokens
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         check(k >= 1, f"draft length k must be >= 1, got {k}")

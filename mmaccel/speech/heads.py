@@ -93,7 +93,9 @@ def save_heads(path: str | os.PathLike, model: WhisperDecoderModel, heads: Whisp
         for name, t in heads.block.heads.state_dict().items():
             tensors[f"block.heads.{name}"] = t.detach().half().contiguous()
     if heads.eagle is not None:
-        meta["eagle"] = {"cross_window": heads.eagle.layer.cross_window}
+        meta["eagle"] = {"cross_window": heads.eagle.layer.cross_window, "layers": list(heads.eagle.layer.layers)}
+        if heads.eagle.start is not None:
+            tensors["eagle.start"] = heads.eagle.start.detach().float().contiguous()
         for name, t in trainable(heads.eagle.layer).items():
             tensors[f"eagle.layer.{name}"] = t.detach().half().contiguous()
         for name, t in heads.eagle.fc.state_dict().items():
@@ -140,8 +142,14 @@ def load_heads(path: str | os.PathLike, model: WhisperDecoderModel) -> WhisperHe
         _load_part(heads.block.heads, tensors, "block.heads.", path)
         _load_layer(heads.block.layer, tensors, "block.layer.", path, "the Medusa block")
     if "eagle" in meta:
-        heads.eagle = new_eagle_head(model, meta["eagle"]["cross_window"])
+        m = meta["eagle"]
+        start = tensors.pop("eagle.start", None)
+        heads.eagle = new_eagle_head(model, m["cross_window"], tuple(m.get("layers", (-1,))), start is not None)
         heads.eagle.layer.vocab = tensors.pop("eagle.vocab", None)
+        if start is not None:
+            check(start.shape == heads.eagle.start.shape, f"{path}: the EAGLE head's start feature has shape "
+                  f"{tuple(start.shape)}, not {tuple(heads.eagle.start.shape)}")
+            heads.eagle.start = start.to(model.device, model.dtype)
         _load_layer(heads.eagle.layer, tensors, "eagle.layer.", path, "the EAGLE head")
         _load_part(heads.eagle.fc, tensors, "eagle.fc.", path)
     for module in [*(heads.medusa or []), *(heads.exits or {}).values(), *(heads.block.heads if heads.block else [])]:
@@ -155,11 +163,11 @@ def load_heads(path: str | os.PathLike, model: WhisperDecoderModel) -> WhisperHe
 
 
 def _load_layer(draft, tensors: dict, prefix: str, path: Path, what: str) -> None:
-    """Copy the `prefix` tensors into a one-layer draft's own parameters (a copy of the last layer)."""
+    """Copy the `prefix` tensors into a draft's own parameters (copies of the target's layers)."""
     own = trainable(draft)
     part = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
     check(set(part) == set(own) and all(own[k].shape == part[k].shape for k in own),
-          f"{path}: {what}'s tensors do not match a copy of this model's last decoder layer")
+          f"{path}: {what}'s tensors do not match copies of this model's decoder layers")
     with torch.no_grad():
         for k, p in own.items():
             p.copy_(part[k])

@@ -61,11 +61,8 @@ def _medusa_block(p: dict) -> Method:
 def _eagle(p: dict) -> Method:
     k, stop, siblings, label = chain_options(p, k=8, stop_below=0.8)
 
-    def proposer(r: Resources) -> EagleProposer:
-        target = r.model
-        return EagleProposer(_need(r, "eagle", "eagle"), target, target.device.type == "cpu", stop, siblings)
-
-    return Method("eagle", f"EAGLE head on the target's features, {label}", "eagle", True, proposer, k=k)
+    return Method("eagle", f"EAGLE head on the target's features, {label}", "eagle", True,
+                  lambda r: EagleProposer(_need(r, "eagle", "eagle"), stop, siblings), k=k)
 
 
 def _speculative_cross(p: dict) -> Method:

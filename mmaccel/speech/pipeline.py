@@ -27,6 +27,7 @@ from mmaccel.speech.cross_draft import Assistant, new_assistant
 from mmaccel.core.quant import fast_bf16_matmul
 from mmaccel.speech.decoder import WhisperDecoderModel
 from mmaccel.speech.draft import WhisperDraft, load_draft
+from mmaccel.speech.eagle import EagleDecoder, EagleHead
 from mmaccel.speech.heads import WhisperHeads, load_heads
 from mmaccel.speech.methods import build_asr_method
 from mmaccel.speech.whisper import WhisperBundle, load_whisper
@@ -91,6 +92,7 @@ class ASRPipeline:
         # the output exact whatever the draft computes
         self._draft_model = None if draft is None else draft.decoder_model(self.model, quantized=self.model.device.type == "cpu")
         self.assistant: Assistant | None = None  # another Whisper, for speculative-cross
+        self._eagle: tuple[EagleHead, EagleDecoder] | None = None     # built once per head (int8 on a CPU)
 
     @classmethod
     def from_pretrained(cls, source: str = "builtin:base", *, heads: str | os.PathLike | None = "auto",
@@ -121,10 +123,18 @@ class ASRPipeline:
     def resources(self, method: Method | None = None) -> Resources:
         """What methods draw on; the target is the arg-max view unless `method` reads logit values."""
         target = self.model if method is None or method.exact_logits else self.argmax_model
-        extras = {"medusa_block": self.heads.block, "eagle": self.heads.eagle, "assistant": self.assistant}
+        extras = {"medusa_block": self.heads.block, "eagle": self._eagle_decoder(), "assistant": self.assistant}
         extras = {k: v for k, v in extras.items() if v is not None}
         return Resources(target, draft=self._draft_model, heads=self.heads.medusa, exit_heads=self.heads.exits,
                          extras=extras)
+
+    def _eagle_decoder(self) -> EagleDecoder | None:
+        head = self.heads.eagle
+        if head is None:
+            return None
+        if self._eagle is None or self._eagle[0] is not head:
+            self._eagle = head, EagleDecoder(head, self.model, quantized=self.model.device.type == "cpu")
+        return self._eagle[1]
 
     # ---- transcription ------------------------------------------------------------------------
 

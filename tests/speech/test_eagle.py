@@ -11,21 +11,23 @@ from mmaccel.core.sampling import Sampling
 from mmaccel.errors import InputError
 from mmaccel.speech.decoder import EncodedAudio
 from mmaccel.speech.draft import trainable
-from mmaccel.speech.eagle import EagleDecoder, new_eagle_head
+from mmaccel.speech.eagle import EagleDecoder, EagleProposer, new_eagle_head
 from mmaccel.speech.heads import WhisperHeads, load_heads, save_heads
 from mmaccel.speech.methods import build_asr_method
-from mmaccel.speech.train.eagle import batch, unroll_mask, unrolled
+from mmaccel.speech.train.eagle import batch, first_entry, unroll_mask, unrolled
 from tests.speech.conftest import EOT, PROMPT, VOCAB, features
 
 SHORTLIST = torch.tensor([0, 5, 12, 17, 23, 33, 40, 41, 50, EOT])
 
 
-def _head(tiny_decoder, seed=5, std=0.2, vocab=None, cross_window=None):
+def _head(tiny_decoder, seed=5, std=0.2, vocab=None, cross_window=None, layers=(-1,), start=True):
     torch.manual_seed(seed)
-    head = new_eagle_head(tiny_decoder, cross_window)
+    head = new_eagle_head(tiny_decoder, cross_window, layers, start)
     with torch.no_grad():
         for p in [*trainable(head.layer).values(), *head.fc.parameters()]:
             p.add_(torch.randn_like(p) * std)
+    if start:
+        head.start = torch.randn_like(head.start)
     head.layer.vocab = vocab
     return head
 
@@ -44,26 +46,42 @@ def test_unroll_mask_sees_the_real_prefix_and_its_own_drafts():
     assert unroll_mask(4, 1)[0, 0].equal(torch.ones(4, 4, dtype=torch.bool).tril())
 
 
-def test_training_passes_equal_drafting(tiny_decoder):
-    head = _head(tiny_decoder)
+@pytest.mark.parametrize("layers", [(-1,), (0, -1)])
+def test_training_passes_equal_drafting(tiny_decoder, layers):
+    # entries 0..n0-1 are the prompt's (start feature), then real (feature, token) pairs
+    head = _head(tiny_decoder, layers=layers)
     dec = EagleDecoder(head, tiny_decoder)
     inputs = tiny_decoder.encode(features(2), PROMPT)
     tiny_decoder.prefill(inputs, 4)                       # the target's cross-attention keys/values
+    n0 = len(PROMPT) - 1
     torch.manual_seed(0)
-    feats, tokens = torch.randn(2, 6, 32) * 5, torch.randint(0, VOCAB, (2, 6))
+    feats, tokens = torch.randn(2, n0 + 6, 32) * 5, torch.randint(0, VOCAB, (2, n0 + 6))
+    tokens[:, :n0] = torch.tensor(PROMPT[1:])
     with torch.no_grad():
-        passes = unrolled(head, head.layer.decoder_model(tiny_decoder), inputs, feats, tokens, 3)
-    for j in (2, 5):
+        passes = unrolled(head, head.layer.decoder_model(tiny_decoder), inputs, feats, tokens, 3, n0)
+    checked = 0
+    for j in range(n0 - 1, n0 + 6):
         for s in (1, 2, 3):                              # draft s of a chain whose real entries end at j - s + 1
             real = j - s + 1
-            state = dec.prefill(inputs, 8)
-            logits = dec.feed(state, feats[:, : real + 1], tokens[:, : real + 1], torch.tensor([real + 1] * 2))
+            if real < n0 - 1:
+                continue
+            state = dec.prefill(inputs, 12)
+            logits = dec.start(state, inputs.prompt)
+            if real >= n0:
+                logits = dec.feed(state, feats[:, n0 : real + 1], tokens[:, n0 : real + 1], torch.tensor([real + 1 - n0] * 2))
             g = state.extras["feature"][:, 0]
             for t in range(real + 1, j + 1):            # the head's own outputs as features
                 dec.step(state, tokens[:, t : t + 1])
                 g = state.extras["feature"][:, 0]
             torch.testing.assert_close(passes[s - 1][:, j], g, atol=1e-5, rtol=0)
             assert logits.shape == (2, VOCAB)
+            checked += 1
+    assert checked == 7 + 6 + 5
+
+
+def test_the_first_scored_entry_of_each_pass():
+    assert [first_entry(3, s) for s in range(3)] == [2, 3, 4]     # from the last prompt entry on
+    assert [first_entry(0, s) for s in range(3)] == [0, 1, 2]     # no prompt entries: from the first real one
 
 
 def test_ragged_feeds_equal_one_causal_pass(tiny_decoder):
@@ -72,7 +90,7 @@ def test_ragged_feeds_equal_one_causal_pass(tiny_decoder):
     feats, tokens = torch.randn(2, 5, 32) * 5, torch.randint(0, VOCAB, (2, 5))
     whole = dec.prefill(inputs, 8)
     with torch.inference_mode():
-        ref = dec.outputs(whole, feats, tokens)
+        ref = dec.outputs(whole, dec.head.normalized(feats), tokens)
     part = dec.prefill(inputs, 8)
     dec.feed(part, feats[:, :2], tokens[:, :2], torch.tensor([2, 2]))
     dec.feed(part, feats[:, 2:5], tokens[:, 2:5], torch.tensor([3, 1]))   # row 1 commits one of three
@@ -80,13 +98,14 @@ def test_ragged_feeds_equal_one_causal_pass(tiny_decoder):
     torch.testing.assert_close(part.extras["feature"][:, 0], torch.stack([ref[0, 4], ref[1, 2]]), atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("params,vocab,window", [
-    ({"k": 3, "stop_below": 0.0}, None, None), ({"k": 4}, SHORTLIST, None), ({"k": 5, "siblings": 2}, None, 3),
-    ({"k": 6, "stop_below": 0.5, "siblings": 1}, SHORTLIST, 0),
+@pytest.mark.parametrize("params,vocab,window,layers,start", [
+    ({"k": 3, "stop_below": 0.0}, None, None, (-1,), True), ({"k": 4}, SHORTLIST, None, (-1,), False),
+    ({"k": 5, "siblings": 2}, None, 3, (0, -1), True), ({"k": 6, "stop_below": 0.5, "siblings": 1}, SHORTLIST, 0, (-1,), True),
+    ({"k": 2, "stop_below": 0.0}, SHORTLIST, 2, (1,), False),
 ])
-def test_eagle_equals_greedy(tiny_decoder, params, vocab, window):
-    head = _head(tiny_decoder, vocab=vocab, cross_window=window)
-    resources = Resources(tiny_decoder, extras={"eagle": head})
+def test_eagle_equals_greedy(tiny_decoder, params, vocab, window, layers, start):
+    head = _head(tiny_decoder, vocab=vocab, cross_window=window, layers=layers, start=start)
+    resources = Resources(tiny_decoder, extras={"eagle": EagleDecoder(head, tiny_decoder)})
     x = features(3, seed=11)
     seconds = [0.1, 0.3, 0.2]
     greedy = build_asr_method("greedy").run(resources, tiny_decoder.encode(x, PROMPT, seconds), max_new_tokens=24,
@@ -113,16 +132,18 @@ def test_a_head_that_knows_the_answer_is_accepted_and_the_output_is_greedys(tiny
     rows = [{"tokens": torch.tensor(PROMPT + g), "prompt_len": P, "final": final[b, P - 1 : P - 1 + len(g)].clone()}
             for b, g in enumerate(greedy.tokens)]
     lookup = torch.arange(VOCAB)
-    feats, tokens, target, nxt = batch(rows, [0, 1], lookup)
+    feats, tokens, target, nxt, n0 = batch(rows, [0, 1], lookup, prompt=True)
+    assert n0 == P - 1 and tokens[0, :n0].tolist() == PROMPT[1:] and target[0, n0 - 1] == greedy.tokens[0][0]
     head = _head(tiny_decoder, seed=1, std=0.05)
+    head.start = nn.Parameter(head.start)
     dm = head.layer.decoder_model(tiny_decoder)
-    params = [*trainable(head.layer).values(), *head.fc.parameters()]
+    params = [*trainable(head.layer).values(), *head.fc.parameters(), head.start]
     for p in params:
         p.requires_grad_(True)
     weight = tiny_decoder.decoder.embed_tokens.weight.detach()
     opt = torch.optim.Adam(params, lr=1e-2)
     for _ in range(120):
-        outs = unrolled(head, dm, _detached(inputs), feats, tokens, 2)
+        outs = unrolled(head, dm, _detached(inputs), feats, tokens, 2, n0)
         keep = target >= 0
         loss = sum(nn.functional.cross_entropy(nn.functional.linear(g[keep], weight), target[keep]) for g in outs)
         opt.zero_grad()
@@ -130,16 +151,20 @@ def test_a_head_that_knows_the_answer_is_accepted_and_the_output_is_greedys(tiny
         opt.step()
     for p in params:
         p.requires_grad_(False)
+    head.start = head.start.detach()
     assert tiny_decoder.decoder.embed_tokens.weight.grad is None        # the target stays frozen
-    resources = Resources(tiny_decoder, extras={"eagle": head})
+    resources = Resources(tiny_decoder, extras={"eagle": EagleDecoder(head, tiny_decoder, quantized=True)})
     plain = build_asr_method("eagle", k=4, stop_below=0.0).run(resources, tiny_decoder.encode(x, PROMPT),
-                                                               max_new_tokens=16, eos_token_id=EOT)
+                                                               max_new_tokens=16, eos_token_id=EOT,
+                                                               prompt_tokens=[PROMPT] * 2)
     assert plain.tokens == greedy.tokens and plain.stats.mean_accepted > 2.0
     assert plain.stats.nfe < greedy.stats.nfe
+    assert EagleProposer(resources.extras["eagle"]).drafts_from_prompt      # the prefill verified the first drafts
 
 
-def test_heads_file_carries_the_eagle_head(tiny_decoder, tmp_path):
-    head = _head(tiny_decoder, vocab=SHORTLIST, cross_window=7)
+@pytest.mark.parametrize("layers,start", [((-1,), True), ((0, -1), True), ((-1,), False)])
+def test_heads_file_carries_the_eagle_head(tiny_decoder, tmp_path, layers, start):
+    head = _head(tiny_decoder, vocab=SHORTLIST, cross_window=7, layers=layers, start=start)
     with torch.no_grad():                                # fp16-representable: the file stores fp16
         for p in [*trainable(head.layer).values(), *head.fc.parameters()]:
             p.copy_(p.half())
@@ -147,16 +172,24 @@ def test_heads_file_carries_the_eagle_head(tiny_decoder, tmp_path):
     back = load_heads(path, tiny_decoder)
     assert back.block is None and back.medusa is None and back.eagle is not None
     assert back.eagle.layer.cross_window == 7 and back.eagle.layer.vocab.tolist() == SHORTLIST.tolist()
+    assert back.eagle.layer.layers == head.layer.layers
     for name, p in trainable(back.eagle.layer).items():
         torch.testing.assert_close(p, trainable(head.layer)[name], atol=0, rtol=0)
     torch.testing.assert_close(back.eagle.fc.weight, head.fc.weight, atol=0, rtol=0)
+    if start:
+        torch.testing.assert_close(back.eagle.start, head.start, atol=0, rtol=0)
+    else:
+        assert back.eagle.start is None
 
 
 def test_bad_eagle_calls_are_named(tiny_decoder):
     inputs = tiny_decoder.encode(features(1), PROMPT)
     with pytest.raises(InputError, match="needs a trained EAGLE head"):
         build_asr_method("eagle").run(Resources(tiny_decoder), inputs, max_new_tokens=4, eos_token_id=EOT)
-    resources = Resources(tiny_decoder, extras={"eagle": _head(tiny_decoder)})
+    with pytest.raises(InputError, match="takes an EagleDecoder"):
+        build_asr_method("eagle").run(Resources(tiny_decoder, extras={"eagle": _head(tiny_decoder)}), inputs,
+                                      max_new_tokens=4, eos_token_id=EOT)
+    resources = Resources(tiny_decoder, extras={"eagle": EagleDecoder(_head(tiny_decoder), tiny_decoder)})
     with pytest.raises(InputError, match="no temperature"):
         build_asr_method("eagle").run(resources, tiny_decoder.encode(features(1), PROMPT), max_new_tokens=4,
                                       sampling=Sampling(temperature=1.0), eos_token_id=EOT)

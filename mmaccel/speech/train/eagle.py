@@ -15,12 +15,15 @@ Stages (`--stages` picks some):
    Training-time test (`--unroll` S, as in EAGLE-3): pass s feeds the head its own outputs of pass
    s - 1 in place of the features, each position attending to the real entries before its draft
    began and to its own earlier drafts, exactly as when drafting s tokens ahead; the losses of all
-   passes are summed. Pass 1's features get uniform noise of half-width `--noise` (EAGLE; in normalised units). The head
-   cross-attends to the audio frames plus `--cross-window`. Writes `<out>/heads.safetensors`: the
+   passes are summed. Pass 1's features get uniform noise of half-width `--noise` (EAGLE; in normalised units).
+   Each utterance's entries start with the prompt's (prompt tokens with the learned `start` feature),
+   so the same passes teach drafting the first tokens from the prompt. The head has one decoder layer
+   per `--layers` entry and cross-attends to the audio frames plus `--cross-window`. Writes `<out>/heads.safetensors`: the
    `--heads` file with this head (and its shortlist) added, what
    `ASRPipeline.from_pretrained(heads=...)` loads.
 3. `eval`: teacher-forced top-1 agreement on held-out utterances for drafts 1.. S ahead (draft s
-   given the s - 1 before it were right: the acceptance rate of each step of a chain).
+   given the s - 1 before it were right: the acceptance rate of each step of a chain), after real
+   features and from the prompt.
 """
 
 from __future__ import annotations
@@ -46,17 +49,17 @@ KEEP = ("id", "tokens", "prompt_len", "final", "encoder")
 
 
 class _Passes:
-    """The head's keys/values of every pass so far, concatenated (the cache writer of a training
+    """Each layer's keys/values of every pass so far, concatenated (the cache writer of a training
     pass: nothing is written in place, so every pass keeps its gradient)."""
 
     def __init__(self):
-        self.k: list[Tensor] = []
-        self.v: list[Tensor] = []
+        self.k: dict[int, list[Tensor]] = {}
+        self.v: dict[int, list[Tensor]] = {}
 
     def update(self, key: Tensor, value: Tensor, layer_idx: int, *args, **kwargs) -> tuple[Tensor, Tensor]:
-        self.k.append(key)
-        self.v.append(value)
-        return torch.cat(self.k, 2), torch.cat(self.v, 2)
+        self.k.setdefault(layer_idx, []).append(key)
+        self.v.setdefault(layer_idx, []).append(value)
+        return torch.cat(self.k[layer_idx], 2), torch.cat(self.v[layer_idx], 2)
 
 
 def unroll_mask(T: int, s: int) -> Tensor:
@@ -69,26 +72,37 @@ def unroll_mask(T: int, s: int) -> Tensor:
     return torch.cat(blocks, 1)[None, None]
 
 
-def batch(rows: list[dict], idx: list[int], lookup: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def batch(rows: list[dict], idx: list[int], lookup: Tensor, prompt: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
     """Right-padded features f_t [B, T, d], tokens x_{t+1} [B, T], targets x_{t+2} as shortlist
-    columns [B, T] (-100: padding or outside the shortlist) and target features f_{t+1} [B, T, d]."""
-    T = max(rows[i]["final"].shape[0] - 1 for i in idx)
+    columns [B, T] (-100: padding or outside the shortlist), target features f_{t+1} [B, T, d] and
+    the number of prompt entries first (`prompt`: the head's entries for prompt tokens 1.. P - 1,
+    whose features are the head's `start`; only the last one has a target, the first transcript
+    token, and its target feature is the last prompt position's)."""
+    P = rows[idx[0]]["prompt_len"]
+    check(all(rows[i]["prompt_len"] == P and torch.equal(rows[i]["tokens"][:P], rows[idx[0]]["tokens"][:P]) for i in idx),
+          "the rows of a batch must share one decoder prompt")
+    n0 = P - 1 if prompt else 0
+    T = n0 + max(rows[i]["final"].shape[0] - 1 for i in idx)
     d = rows[idx[0]]["final"].shape[1]
     feats, nxt = torch.zeros(len(idx), T, d), torch.zeros(len(idx), T, d)
     tokens = torch.zeros(len(idx), T, dtype=torch.long)
     target = torch.full((len(idx), T), -100, dtype=torch.long)
     for b, i in enumerate(idx):
-        f, seq, P = rows[i]["final"].float(), rows[i]["tokens"], rows[i]["prompt_len"]
-        n = f.shape[0] - 1                     # entry j: feature at P-1+j, token at P+j, target at P+j+1
-        feats[b, :n], nxt[b, :n] = f[:n], f[1:]
-        tokens[b, :n] = seq[P : P + n]
-        target[b, :n] = lookup[seq[P + 1 : P + 1 + n]]
-    return feats, tokens, target, nxt
+        f, seq = rows[i]["final"].float(), rows[i]["tokens"]
+        n = f.shape[0] - 1                     # entry n0 + j: feature at P-1+j, token at P+j, target at P+j+1
+        feats[b, n0 : n0 + n], nxt[b, n0 : n0 + n] = f[:n], f[1:]
+        tokens[b, n0 : n0 + n] = seq[P : P + n]
+        target[b, n0 : n0 + n] = lookup[seq[P + 1 : P + 1 + n]]
+        if prompt:
+            tokens[b, :n0] = seq[1:P]
+            target[b, n0 - 1], nxt[b, n0 - 1] = lookup[seq[P]], f[0]
+    return feats, tokens, target, nxt, n0
 
 
 def unrolled(head: EagleHead, dm: WhisperDecoderModel, inputs, feats: Tensor, tokens: Tensor, passes: int,
-             noise: float = 0.0) -> list[Tensor]:
-    """The head's outputs g [B, T, d] of passes 1.. `passes` (training-time test, see `unroll_mask`)."""
+             n0: int = 0, noise: float = 0.0) -> list[Tensor]:
+    """The head's outputs g [B, T, d] of passes 1.. `passes` (training-time test, see `unroll_mask`);
+    the first `n0` entries are the prompt's, whose feature is `head.start` in every pass."""
     writer = _Passes()
     emb = F.embedding(tokens, dm.decoder.embed_tokens.weight.detach()) * dm.embed_scale     # the target's: frozen
     out, T = [], tokens.shape[1]
@@ -97,22 +111,33 @@ def unrolled(head: EagleHead, dm: WhisperDecoderModel, inputs, feats: Tensor, to
     for s in range(1, passes + 1):
         if s > 1:                              # entry j reads the previous pass's output at j - 1
             x = head.normalized(F.pad(out[-1][:, :-1], (0, 0, 1, 0)))
+        if n0:
+            x = torch.cat([head.start.expand(x.shape[0], n0, -1), x[:, n0:]], 1)
         step = LayerStep(writer, unroll_mask(T, s), inputs, dm.num_heads)
-        h = dm.layer(0, head.fc(torch.cat([emb, x], -1)), step)
+        h = head.fc(torch.cat([emb, x], -1))
+        for i in range(dm.num_layers):
+            h = dm.layer(i, h, step)
         out.append(dm.decoder.layer_norm(h))
     return out
+
+
+def first_entry(n0: int, s: int) -> int:
+    """The first entry pass s + 1 (s from 0) scores: its context must reach the last prompt entry
+    (with prompt entries) or the first real one."""
+    return max(n0 - 1, 0) + s
 
 
 def train(asr, rows: list[dict], vocab: Tensor, args, out: Path) -> EagleHead:
     torch.manual_seed(args.seed)
     target = asr.model
-    head = new_eagle_head(target, None if args.cross_window < 0 else args.cross_window)
+    head = new_eagle_head(target, None if args.cross_window < 0 else args.cross_window, args.layers)
     head.layer.vocab = vocab
     dm = head.layer.decoder_model(target)
     cross = cross_cache(dm, rows, row_frames(Path(args.corpus) / "train.jsonl", rows, target.hf.config.max_source_positions))
     weight = target.decoder.embed_tokens.weight[vocab].detach()
     lookup = shortlist_columns(vocab, target.vocab_size)
-    params = training_parameters(head.layer) + list(head.fc.parameters())
+    head.start = torch.nn.Parameter(head.start)
+    params = training_parameters(head.layer) + list(head.fc.parameters()) + [head.start]
     for p in head.fc.parameters():
         p.requires_grad_(True)
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
@@ -127,12 +152,12 @@ def train(asr, rows: list[dict], vocab: Tensor, args, out: Path) -> EagleHead:
         order = torch.randperm(len(rows)).tolist()
         for start in range(0, len(rows), args.batch_utterances):
             idx = order[start : start + args.batch_utterances]
-            feats, tokens, tgt, nxt = batch(rows, idx, lookup)
+            feats, tokens, tgt, nxt, n0 = batch(rows, idx, lookup, prompt=True)
             inputs = training_state(dm, [cross[i] for i in idx], tokens.shape[1]).extras["inputs"]
             losses = []
-            for s, g in enumerate(unrolled(head, dm, inputs, feats, tokens, args.unroll, args.noise)):
+            for s, g in enumerate(unrolled(head, dm, inputs, feats, tokens, args.unroll, n0, args.noise)):
                 keep = tgt >= 0
-                keep[:, :s] = False            # pass s + 1 starts at entry s
+                keep[:, : first_entry(n0, s)] = False
                 teacher = F.linear(nxt[keep], weight) if args.kd > 0 else None
                 loss = distillation_loss(F.linear(g[keep], weight), tgt[keep], teacher, args.kd)
                 regression = F.smooth_l1_loss(head.normalized(g[keep]), head.normalized(nxt[keep]))
@@ -144,38 +169,51 @@ def train(asr, rows: list[dict], vocab: Tensor, args, out: Path) -> EagleHead:
                 log(out, f"step {step}/{steps} epoch {epoch} loss per pass {[round(x.item(), 3) for x in losses]}")
     head.layer.hf.eval().requires_grad_(False)
     head.fc.eval().requires_grad_(False)
+    head.start = head.start.detach()
     return head
 
 
 @torch.no_grad()
 def evaluate(asr, head: EagleHead, rows: list[dict], manifest: Path, passes: int) -> dict:
-    """Top-1 agreement of draft s (s = 1.. `passes`) with the target's token, its s - 1 predecessors right."""
+    """Top-1 agreement of draft s (s = 1.. `passes`) with the target's token, its s - 1 predecessors
+    right: `top1_by_draft` after real features (the drafts of a verification's aftermath), and for a
+    head with a `start` feature `top1_from_prompt` (the first transcript tokens, drafted before the
+    prefill from the prompt alone)."""
     target = asr.model
     dm = head.layer.decoder_model(target)
     cross = cross_cache(dm, rows, row_frames(manifest, rows, target.hf.config.max_source_positions))
     vocab = head.layer.vocab
     lookup = shortlist_columns(vocab, target.vocab_size)
     weight = target.decoder.embed_tokens.weight[vocab]
-    hits, total = torch.zeros(passes), torch.zeros(passes)
+    prompt = head.start is not None
+    hits, total = torch.zeros(2, passes), torch.zeros(2, passes)
     for start in range(0, len(rows), 16):
         idx = list(range(start, min(start + 16, len(rows))))
-        feats, tokens, _, _ = batch(rows, idx, lookup)
-        truth = torch.zeros_like(tokens)
-        for b, i in enumerate(idx):             # the target's tokens, whether in the shortlist or not
+        feats, tokens, _, _, n0 = batch(rows, idx, lookup, prompt)
+        truth = torch.full_like(tokens, -1)     # the target's tokens, whether in the shortlist or not
+        for b, i in enumerate(idx):
             seq, P = rows[i]["tokens"], rows[i]["prompt_len"]
             n = rows[i]["final"].shape[0] - 1
-            truth[b, :n] = seq[P + 1 : P + 1 + n]
+            truth[b, n0 : n0 + n] = seq[P + 1 : P + 1 + n]
+            if prompt:
+                truth[b, n0 - 1] = seq[P]
         inputs = training_state(dm, [cross[i] for i in idx], tokens.shape[1]).extras["inputs"]
-        valid = torch.zeros_like(tokens, dtype=torch.bool)
-        for b, i in enumerate(idx):
-            valid[b, : rows[i]["final"].shape[0] - 1] = True
-        for s, g in enumerate(unrolled(head, dm, inputs, feats, tokens, passes)):
-            keep = valid.clone()
-            keep[:, :s] = False
-            guess = vocab[F.linear(g[keep], weight).argmax(-1)]
-            hits[s] += (guess == truth[keep]).sum()
-            total[s] += keep.sum()
-    return {"positions": int(total[0]), "top1_by_draft": [round(float(h / max(t, 1)), 4) for h, t in zip(hits, total)]}
+        for s, g in enumerate(unrolled(head, dm, inputs, feats, tokens, passes, n0)):
+            after = truth >= 0
+            after[:, : n0 + s] = False           # the context holds a real feature
+            kinds = [after]
+            if prompt:                          # the context is the prompt alone
+                kinds.append(torch.zeros_like(after))
+                kinds[1][:, first_entry(n0, s)] = truth[:, first_entry(n0, s)] >= 0
+            for kind, keep in enumerate(kinds):
+                guess = vocab[F.linear(g[keep], weight).argmax(-1)]
+                hits[kind, s] += (guess == truth[keep]).sum()
+                total[kind, s] += keep.sum()
+    rate = [[round(float(h / max(t, 1)), 4) for h, t in zip(hits[k], total[k])] for k in range(2)]
+    result = {"positions": int(total[0, 0]), "top1_by_draft": rate[0]}
+    if prompt:
+        result.update(utterances=len(rows), top1_from_prompt=rate[1])
+    return result
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -191,6 +229,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cross-window", type=int, default=50,
                    help="encoder frames after the audio the head attends to (-1: the whole 30-s window)")
     p.add_argument("--eval-passes", type=int, default=5)
+    p.add_argument("--layers", type=lambda v: tuple(int(x) for x in v.split(",")), default=(-1,),
+                   help="target layers the head's layers start from (comma-separated; negative counts from the end)")
     run = start_run(p, argv, "mmaccel.speech.train.eagle", STAGES)
     args, out, asr = run.args, run.out, run.asr
     check(0.0 <= args.kd <= 1.0, f"--kd must be in [0, 1], got {args.kd}")
