@@ -389,8 +389,13 @@ class WhisperDecoderModel:
         state.extras["inputs"] = inputs
         if not run:
             return state
-        logits = self._forward(state, inputs.prompt.to(self.device), None, None, last_only=True)
-        state.logits = logits[:, -1] + self._begin_bias
+        prompt = inputs.prompt.to(self.device)
+        if self.argmax_readout is not None:          # exact at the arg-max, like `step`
+            logits = self._forward(state, prompt, None, None, last_only=True,
+                                   readout=lambda h: self.argmax_readout(h, self._begin_bias))
+            state.logits = logits[:, -1]
+        else:
+            state.logits = self._forward(state, prompt, None, None, last_only=True)[:, -1] + self._begin_bias
         return state
 
     @torch.inference_mode()

@@ -179,6 +179,11 @@ def test_argmax_view_decodes_exactly_like_the_model(tiny_decoder):
         fast = build_asr_method(name, **params).run(Resources(view, heads=medusa, exit_heads=exits),
                                                     tiny_decoder.encode(x, PROMPT), max_new_tokens=24, eos_token_id=EOT)
         assert fast.tokens == greedy.tokens, name
+    exact = tiny_decoder.prefill(tiny_decoder.encode(x, PROMPT), 4).logits
+    first = view.prefill(tiny_decoder.encode(x, PROMPT), 4).logits
+    assert torch.equal(first.argmax(-1), exact.argmax(-1))
+    rows = torch.arange(3)
+    torch.testing.assert_close(first[rows, first.argmax(-1)], exact[rows, exact.argmax(-1)], atol=1e-5, rtol=0)
     with pytest.raises(InputError, match="arg-max view is for the full model"):
         tiny_decoder.early_exit(2, exits[2]).argmax_view()
 
