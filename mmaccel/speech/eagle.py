@@ -1,16 +1,17 @@
-"""An EAGLE head for Whisper: a one-layer feature-level draft on the target's own hidden states.
+"""An EAGLE head for Whisper: a feature-level draft on the target's own hidden states.
 
 EAGLE (Li et al. 2024) drafts at the level of the target's features. The head reads, at target
 position t, the target's final hidden state f_t (what predicted token t + 1) and the embedding of
 that token x_{t+1}. It mixes them (`fc`: [embedding; feature] -> d), runs one Whisper decoder layer
 (self-attention over its own cache, cross-attention to the audio, MLP; initialised from the target's
-last layer, whose cross-attention keys/values it shares), and its final norm gives g_t, trained to
-be f_{t+1}. Read out through the tied embedding (a shortlist), g_t guesses x_{t+2}.
+last layer, whose cross-attention keys/values it shares; or several, each from a target layer), and
+its final norm gives g_t, trained to be f_{t+1}. Read out through the tied embedding (a shortlist),
+g_t guesses x_{t+2}.
 
 Drafting: after each verification the head takes the (feature, token) pairs of every position the
 target committed; its output at the newest one guesses the first draft. Each further draft feeds the
 head its own output g in place of the target's feature, with the draft token: autoregression at the
-feature level, one layer per draft token. The drafted entries are dropped after verification (their
+feature level, one head pass per draft token. The drafted entries are dropped after verification (their
 features are the head's guesses) and the committed positions' real features replace them.
 
 Drafting from the prompt: the head has no target features before the target's prefill, so the
