@@ -74,7 +74,7 @@ def cmd_image_generate(args) -> int:
 def cmd_asr_transcribe(args) -> int:
     from mmaccel.speech.pipeline import ASRPipeline
 
-    heads = None if args.heads == "none" else args.heads
+    heads = None if args.heads == "none" else "auto" if args.heads == "auto" else args.heads.split(",")
     draft = None if args.draft == "none" else args.draft
     asr = ASRPipeline.from_pretrained(args.model, heads=heads, draft=draft, assistant=args.assistant)
     out = asr.transcribe(list(args.files), args.method, batch_size=args.batch_size, language=args.language,
@@ -270,7 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     at = asr_sub.add_parser("transcribe", help="print one transcript per audio file (tab-separated after the path)")
     at.add_argument("files", nargs="+", help="audio files (wav, flac, ogg, mp3, ...); > 30 s is chunked")
     at.add_argument("--model", default="builtin:base", help="builtin:base, builtin:tiny.en or a local HF Whisper directory")
-    at.add_argument("--heads", default="auto", help="Medusa/exit heads file, 'auto' (shipped heads) or 'none'")
+    at.add_argument("--heads", default="auto",
+                    help="heads file(s), comma-separated (Medusa / exit / block / EAGLE), 'auto' (the shipped ones) or 'none'")
     at.add_argument("--draft", default="auto",
                     help="draft decoder file for speculative/tree, 'auto' (shipped draft) or 'none'")
     at.add_argument("--assistant", default=None,

@@ -162,6 +162,21 @@ def load_heads(path: str | os.PathLike, model: WhisperDecoderModel) -> WhisperHe
     return heads
 
 
+def merge_heads(parts: list[WhisperHeads], names: list[str]) -> WhisperHeads:
+    """One set of heads from several files (`names` for messages), each kind from one file only;
+    the shortlist `vocab` is that of the file with the Medusa / exit / block heads."""
+    out, owner = WhisperHeads(), {}
+    for heads, name in zip(parts, names):
+        for kind in ("medusa", "exits", "block", "eagle"):
+            if getattr(heads, kind):
+                check(kind not in owner, f"{owner.get(kind)} and {name} both carry {kind} heads; load one of them")
+                owner[kind] = name
+                setattr(out, kind, getattr(heads, kind))
+        if heads.vocab is not None and (heads.medusa is not None or heads.exits or heads.block is not None):
+            out.vocab = heads.vocab
+    return out
+
+
 def _load_layer(draft, tensors: dict, prefix: str, path: Path, what: str) -> None:
     """Copy the `prefix` tensors into a draft's own parameters (copies of the target's layers)."""
     own = trainable(draft)

@@ -28,7 +28,7 @@ from mmaccel.core.quant import fast_bf16_matmul
 from mmaccel.speech.decoder import WhisperDecoderModel
 from mmaccel.speech.draft import WhisperDraft, load_draft
 from mmaccel.speech.eagle import EagleDecoder, EagleHead
-from mmaccel.speech.heads import WhisperHeads, load_heads
+from mmaccel.speech.heads import WhisperHeads, load_heads, merge_heads
 from mmaccel.speech.methods import build_asr_method
 from mmaccel.speech.whisper import WhisperBundle, load_whisper
 
@@ -37,6 +37,10 @@ MAX_NEW_TOKENS = 224   # per 30-s window, as openai-whisper (half the decoder's 
 
 def builtin_heads_path(name: str) -> Path:
     return assets_dir() / f"whisper_{name}_heads.safetensors"
+
+
+def builtin_eagle_path(name: str) -> Path:
+    return assets_dir() / f"whisper_{name}_eagle.safetensors"
 
 
 def builtin_draft_path(name: str) -> Path:
@@ -85,7 +89,7 @@ class ASRPipeline:
         # whose arg-max is the fp32 one (`ArgmaxProjection`), where bf16 products are native
         self.argmax_model = self.model.argmax_view() if fast_bf16_matmul(self.model.device) else self.model
         self.heads = heads or WhisperHeads()
-        self.heads_source: str | None = None     # the heads file, when loaded from one
+        self.heads_source: str | None = None     # the heads files (comma-separated), when loaded from files
         self.draft = draft
         self.draft_source: str | None = None     # the draft decoder file, when loaded from one
         # the draft runs on int8 weights where that is a bandwidth saving (CPU); verification keeps
@@ -95,27 +99,30 @@ class ASRPipeline:
         self._eagle: tuple[EagleHead, EagleDecoder] | None = None     # built once per head (int8 on a CPU)
 
     @classmethod
-    def from_pretrained(cls, source: str = "builtin:base", *, heads: str | os.PathLike | None = "auto",
+    def from_pretrained(cls, source: str = "builtin:base", *, heads: str | os.PathLike | list | None = "auto",
                         draft: str | os.PathLike | None = "auto", assistant: str | None = None,
                         cache_dir: str | os.PathLike | None = None) -> "ASRPipeline":
         """`source`: "builtin:base", "builtin:tiny.en" or a local Hugging Face Whisper directory.
 
-        `heads`: a heads file (Medusa and/or exit heads); `draft`: a draft decoder file (for
-        `speculative` / `tree`). "auto" loads the shipped file of a builtin model (or
-        `heads.safetensors` / `draft.safetensors` inside a local directory) when present; None loads none.
+        `heads`: a heads file (Medusa, exit, Medusa-Block and/or EAGLE heads) or a list of them, each
+        kind from one file; `draft`: a draft decoder file (for `speculative` / `tree`). "auto" loads
+        the shipped files of a builtin model (heads, EAGLE head, draft decoder; or `heads.safetensors`,
+        `eagle.safetensors`, `draft.safetensors` inside a local directory) when present; None loads none.
         `assistant`: another Whisper (a source like "builtin:tiny.en") for `speculative-cross`.
         """
         bundle = load_whisper(source, cache_dir)
         builtin = source.startswith("builtin:")
         if heads == "auto":
-            heads = _present(builtin_heads_path(bundle.name) if builtin else bundle.path / "heads.safetensors")
+            heads = [p for p in ([builtin_heads_path(bundle.name), builtin_eagle_path(bundle.name)] if builtin
+                                 else [bundle.path / "heads.safetensors", bundle.path / "eagle.safetensors"]) if p.is_file()]
         if draft == "auto":
             draft = _present(builtin_draft_path(bundle.name) if builtin else bundle.path / "draft.safetensors")
         pipe = cls(bundle, draft=None if draft is None else load_draft(draft, bundle.model))
         pipe.draft_source = None if draft is None else str(draft)
-        if heads is not None:
-            pipe.heads = load_heads(heads, pipe.model)
-            pipe.heads_source = str(heads)
+        files = [] if heads is None else [heads] if isinstance(heads, (str, os.PathLike)) else list(heads)
+        if files:
+            pipe.heads = merge_heads([load_heads(f, pipe.model) for f in files], [str(f) for f in files])
+            pipe.heads_source = ", ".join(str(f) for f in files)
         if assistant is not None:
             pipe.assistant = new_assistant(load_whisper(assistant, cache_dir), bundle)
         return pipe

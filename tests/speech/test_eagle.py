@@ -12,7 +12,7 @@ from mmaccel.errors import InputError
 from mmaccel.speech.decoder import EncodedAudio
 from mmaccel.speech.draft import trainable
 from mmaccel.speech.eagle import EagleDecoder, EagleProposer, new_eagle_head
-from mmaccel.speech.heads import WhisperHeads, load_heads, save_heads
+from mmaccel.speech.heads import WhisperHeads, load_heads, merge_heads, new_exit_heads, save_heads
 from mmaccel.speech.methods import build_asr_method
 from mmaccel.speech.train.eagle import batch, first_entry, unroll_mask, unrolled
 from tests.speech.conftest import EOT, PROMPT, VOCAB, features
@@ -180,6 +180,18 @@ def test_heads_file_carries_the_eagle_head(tiny_decoder, tmp_path, layers, start
         torch.testing.assert_close(back.eagle.start, head.start, atol=0, rtol=0)
     else:
         assert back.eagle.start is None
+
+
+def test_heads_of_several_files_merge_and_a_kind_comes_from_one_file(tiny_decoder, tmp_path):
+    exits = save_heads(tmp_path / "exits.safetensors", tiny_decoder,
+                       WhisperHeads(exits=new_exit_heads(tiny_decoder, [1], SHORTLIST), vocab=SHORTLIST))
+    eagle = save_heads(tmp_path / "eagle.safetensors", tiny_decoder, WhisperHeads(eagle=_head(tiny_decoder)))
+    parts = [load_heads(f, tiny_decoder) for f in (exits, eagle)]
+    merged = merge_heads(parts, ["exits", "eagle"])
+    assert sorted(merged.exits) == [1] and merged.eagle is parts[1].eagle
+    assert merged.vocab.tolist() == SHORTLIST.tolist() and merged.medusa is None
+    with pytest.raises(InputError, match="eagle and again both carry eagle heads"):
+        merge_heads(parts + [load_heads(eagle, tiny_decoder)], ["exits", "eagle", "again"])
 
 
 def test_bad_eagle_calls_are_named(tiny_decoder):

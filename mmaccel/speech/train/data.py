@@ -14,7 +14,7 @@ import argparse
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -129,12 +129,17 @@ def collect(asr, manifest: Path, folder: Path, batch_size: int, limit: int | Non
         log(out, f"data {folder.name}: {start + len(batch)}/{len(utterances)} utterances, {time.time() - t0:.0f} s")
 
 
-def load_rows(folder: Path, limit: int | None = None, keep: tuple[str, ...] | None = None) -> list[dict]:
-    """The rows of every chunk in `folder` (the first `limit`), with only the `keep` fields if given."""
+def load_rows(folder: Path, limit: int | None = None, keep: tuple[str, ...] | None = None,
+              each: Callable[[list[dict]], None] | None = None) -> list[dict]:
+    """The rows of every chunk in `folder` (the first `limit`), with only the `keep` fields if given;
+    `each` sees every chunk's rows as they are read (to replace bulky fields before the next chunk)."""
     rows = []
     for path in sorted(folder.glob("chunk_*.pt")):
         chunk = torch.load(path)
-        rows += chunk if keep is None else [{k: r[k] for k in keep} for r in chunk]
+        chunk = chunk if keep is None else [{k: r[k] for k in keep} for r in chunk]
+        if each is not None:
+            each(chunk)
+        rows += chunk
         if limit is not None and len(rows) >= limit:
             return rows[:limit]
     return rows

@@ -127,13 +127,23 @@ def first_entry(n0: int, s: int) -> int:
     return max(n0 - 1, 0) + s
 
 
-def train(asr, rows: list[dict], vocab: Tensor, args, out: Path) -> EagleHead:
+def cached_rows(dm: WhisperDecoderModel, folder: Path, limit: int | None, manifest: Path) -> tuple[list[dict], list[dict]]:
+    """The rows of `folder` without their encoder states, and per row the cross-attention
+    keys/values the head reads (`cross_cache`), made chunk by chunk: the peak memory is the cache,
+    not every utterance's encoder states."""
+    cross: list[dict] = []
+    frames = dm.hf.config.max_source_positions
+    rows = load_rows(folder, limit, KEEP,
+                     each=lambda chunk: cross.extend(cross_cache(dm, chunk, row_frames(manifest, chunk, frames))))
+    return rows, cross[: len(rows)]
+
+
+def train(asr, head: EagleHead, rows: list[dict], cross: list[dict], args, out: Path) -> EagleHead:
+    """Fit `head` (its `layer.vocab` set: the shortlist) on `rows` and their `cross` caches."""
     torch.manual_seed(args.seed)
     target = asr.model
-    head = new_eagle_head(target, None if args.cross_window < 0 else args.cross_window, args.layers)
-    head.layer.vocab = vocab
+    vocab = head.layer.vocab
     dm = head.layer.decoder_model(target)
-    cross = cross_cache(dm, rows, row_frames(Path(args.corpus) / "train.jsonl", rows, target.hf.config.max_source_positions))
     weight = target.decoder.embed_tokens.weight[vocab].detach()
     lookup = shortlist_columns(vocab, target.vocab_size)
     head.start = torch.nn.Parameter(head.start)
@@ -238,9 +248,11 @@ def main(argv: list[str] | None = None) -> None:
     path = out / "heads.safetensors"
     if "train" in run.stages:
         heads = load_heads(args.heads, asr.model)
-        rows = load_rows(run.train_dir, args.limit, KEEP)
-        vocab = torch.unique(torch.cat([r["tokens"][r["prompt_len"]:] for r in rows]))     # the shortlist
-        heads.eagle = train(asr, rows, vocab, args, out)
+        head = new_eagle_head(asr.model, None if args.cross_window < 0 else args.cross_window, args.layers)
+        rows, cross = cached_rows(head.layer.decoder_model(asr.model), run.train_dir, args.limit,
+                                  Path(args.corpus) / "train.jsonl")
+        head.layer.vocab = torch.unique(torch.cat([r["tokens"][r["prompt_len"]:] for r in rows]))     # the shortlist
+        heads.eagle = train(asr, head, rows, cross, args, out)
         log(out, f"wrote {save_heads(path, asr.model, heads, run.info)}")
     if "eval" in run.stages:
         head = load_heads(path, asr.model).eagle
