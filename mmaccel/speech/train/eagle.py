@@ -1,7 +1,6 @@
 """Train an EAGLE head (`mmaccel.speech.eagle`) for a Whisper model by self-distillation.
 
-    python -m mmaccel.speech.train.eagle --model builtin:base --data runs/whisper_base_data \
-        --heads mmaccel/assets/whisper_base_heads.safetensors --out runs/whisper_base_eagle
+    python -m mmaccel.speech.train.eagle --model builtin:base --data runs/whisper_base_data --out runs/whisper_base_eagle
 
 Stages (`--stages` picks some):
 1. `data`: the self-labelled corpus of `mmaccel.speech.train.data` (the target's greedy transcripts of
@@ -15,12 +14,12 @@ Stages (`--stages` picks some):
    Training-time test (`--unroll` S, as in EAGLE-3): pass s feeds the head its own outputs of pass
    s - 1 in place of the features, each position attending to the real entries before its draft
    began and to its own earlier drafts, exactly as when drafting s tokens ahead; the losses of all
-   passes are summed. Pass 1's features get uniform noise of half-width `--noise` (EAGLE; in normalised units).
-   Each utterance's entries start with the prompt's (prompt tokens with the learned `start` feature),
-   so the same passes teach drafting the first tokens from the prompt. The head has one decoder layer
-   per `--layers` entry and cross-attends to the audio frames plus `--cross-window`. Writes `<out>/heads.safetensors`: the
-   `--heads` file with this head (and its shortlist) added, what
-   `ASRPipeline.from_pretrained(heads=...)` loads.
+   passes are summed. Pass 1's features get uniform noise of half-width `--noise` (EAGLE; in
+   normalised units). Each utterance's entries start with the prompt's (prompt tokens with the
+   learned `start` feature), so the same passes teach drafting the first tokens from the prompt.
+   The head has one decoder layer per `--layers` entry and cross-attends to the audio frames plus
+   `--cross-window`. Writes `<out>/heads.safetensors`: a heads file of this head (and its
+   shortlist), or the `--heads` file with it added, what `ASRPipeline.from_pretrained(heads=...)` loads.
 3. `eval`: teacher-forced top-1 agreement on held-out utterances for drafts 1.. S ahead (draft s
    given the s - 1 before it were right: the acceptance rate of each step of a chain), after real
    features and from the prompt.
@@ -39,7 +38,7 @@ from torch import Tensor
 from mmaccel.errors import check
 from mmaccel.speech.decoder import LayerStep, WhisperDecoderModel
 from mmaccel.speech.eagle import EagleHead, new_eagle_head
-from mmaccel.speech.heads import load_heads, save_heads
+from mmaccel.speech.heads import WhisperHeads, load_heads, save_heads
 from mmaccel.speech.train.common import log, optimizer_step, shortlist_columns, warmup_cosine, write_eval
 from mmaccel.speech.train.data import load_rows, start_run
 from mmaccel.speech.train.draft import cross_cache, distillation_loss, row_frames, training_parameters, training_state
@@ -228,7 +227,7 @@ def evaluate(asr, head: EagleHead, rows: list[dict], manifest: Path, passes: int
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--heads", required=True, help="the heads file to add the EAGLE head to")
+    p.add_argument("--heads", default=None, help="a heads file to add the EAGLE head to (default: a file of this head alone)")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-utterances", type=int, default=16)
     p.add_argument("--lr", type=float, default=5e-4)
@@ -247,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     check(args.unroll >= 1, f"--unroll must be >= 1, got {args.unroll}")
     path = out / "heads.safetensors"
     if "train" in run.stages:
-        heads = load_heads(args.heads, asr.model)
+        heads = load_heads(args.heads, asr.model) if args.heads else WhisperHeads()
         head = new_eagle_head(asr.model, None if args.cross_window < 0 else args.cross_window, args.layers)
         rows, cross = cached_rows(head.layer.decoder_model(asr.model), run.train_dir, args.limit,
                                   Path(args.corpus) / "train.jsonl")
