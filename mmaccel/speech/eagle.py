@@ -117,6 +117,7 @@ class EagleDecoder:
     def start(self, state: DecodeState, prompt: Tensor) -> Tensor:
         """Append the prompt's entries (prompt [B, P]: tokens 1.. P - 1 with the learned `start`
         feature); the logits of the first transcript token [B, S] over the shortlist (or [B, V])."""
+        check(prompt.shape[1] >= 2, "drafting from the prompt needs a decoder prompt of at least two tokens")
         tokens = prompt[:, 1:]
         x = self.head.start.expand(*tokens.shape, -1)
         g = self.outputs(state, x, tokens)[:, -1:]
