@@ -14,6 +14,7 @@ every method decodes under the same rules and greedy equals HF greedy.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 
@@ -269,6 +270,7 @@ class WhisperDecoderModel:
         self.cross_window = cross_window
         self._ops = [LayerOps(layer, quantized) for layer in decoder.layers[: self.num_layers]]
         self.quantized = quantized
+        self.feature_layers: tuple[int, ...] = ()     # see `feature_view`
         self.vocab_size = cfg.vocab_size
         self.num_heads = cfg.decoder_attention_heads
         self.head_dim = cfg.d_model // self.num_heads
@@ -315,6 +317,16 @@ class WhisperDecoderModel:
         readout = ArgmaxProjection(self.decoder.embed_tokens.weight, self._bias)
         return WhisperDecoderModel(self.hf, self.suppress_tokens, self.begin_suppress_tokens,
                                    cross_layers=self.cross_layers, argmax_readout=readout)
+
+    def feature_view(self, layers: tuple[int, ...]) -> "WhisperDecoderModel":
+        """This model (everything shared) with `state.hidden` [B, T, (m + 1) d]: the outputs of decoder
+        layers `layers` (0-based, before any norm) and then the final hidden states, concatenated:
+        the features an EAGLE head with fused layers reads (`EagleHead.read`)."""
+        check(all(isinstance(i, int) and 0 <= i < self.num_layers for i in layers),
+              f"feature layers must lie in [0, {self.num_layers - 1}], got {list(layers)}")
+        view = copy.copy(self)
+        view.feature_layers = tuple(sorted(set(layers)))
+        return view
 
     def early_exit(self, exit_layer: int, head: nn.Module | None = None) -> "WhisperDecoderModel":
         """A draft view: the first `exit_layer` decoder layers (weights shared), then `head` (an
@@ -484,19 +496,22 @@ class WhisperDecoderModel:
             B, T = tokens.shape
             step.keep, step.shape = keep, (B, T)
             h = h.reshape(B * T, -1).index_select(0, keep)
+        features = []
         for i in range(self.num_layers):
             h = self.layer(i, h, step)
             if layer_outputs is not None:
                 layer_outputs.append(h)
+            if i in self.feature_layers:
+                features.append(h)
         h = self.exit_head(h) if self.exit_head is not None else self.decoder.layer_norm(h)
+        hidden = torch.cat(features + [h], -1) if features else h
         if keep is not None:
             logits = (readout or self._project)(h)
-            state.hidden = step.unpack(h)
+            state.hidden = step.unpack(hidden)
             return step.unpack(logits)
-        if readout is not None:
-            state.hidden = h
-            return readout(h[:, -1:] if last_only else h)
-        return self.readout(state, h, last_only)
+        logits = (readout or self._project)(h[:, -1:] if last_only else h)
+        state.hidden = hidden
+        return logits
 
     # The three parts of a forward pass, public for decoders that run layers selectively (CALM).
 

@@ -14,6 +14,13 @@ head its own output g in place of the target's feature, with the draft token: au
 feature level, one head pass per draft token. The drafted entries are dropped after verification (their
 features are the head's guesses) and the committed positions' real features replace them.
 
+Fused features (EAGLE-3): a head with `feature_layers` reads, besides f_t, the outputs of those
+target layers at t (lower layers keep more of the token and its place in the audio than the final
+state, which is shaped to predict t + 1). Each is normalised and `fuse` maps them with f_t to the
+head's input; the target runs as a `feature_view`, whose hidden states carry those layer outputs
+(kept from the verification pass, no extra computation). The head's own outputs still stand in for
+the fused input while drafting.
+
 Drafting from the prompt: the head has no target features before the target's prefill, so the
 prompt's entries (prompt token t + 1 with a learned feature `start` in place of f_t) are what it is
 trained on and fed first; its output at the last one guesses the first transcript token. The first
@@ -51,18 +58,46 @@ class EagleHead:
     gain: Tensor                 # read as (f - shift) / gain, per dimension of unit scale
     start: Tensor | None = None  # [d] the normalised feature of the prompt's entries (None: the head
                                  # was trained without them and drafts only after the prefill)
+    feature_layers: tuple[int, ...] = ()   # target layers (0-based) whose outputs join the final feature
+    fuse: nn.Linear | None = None          # [those outputs, normalised; normalised final feature] -> d
 
     def normalized(self, features: Tensor) -> Tensor:
         """Undo the final norm's affine map: Whisper's final hidden states carry per-dimension gains of
         4-37 (base), which a mix with the token embedding and int8 products handle badly."""
         return (features - self.shift) / self.gain
 
+    def read(self, features: Tensor, noise: float = 0.0) -> Tensor:
+        """The target's features [..., (m + 1) d] (the outputs of the m `feature_layers`, then the
+        final hidden state; what a `feature_view` of the target keeps) as the head's input [..., d]:
+        each normalised (the layer outputs by a LayerNorm without gain, the final state by
+        `normalized`), with uniform noise of half-width `noise` (training), and fused (EAGLE-3)."""
+        d = self.shift.shape[0]
+        parts = features.split(d, -1)
+        check(len(parts) == len(self.feature_layers) + 1 and parts[-1].shape[-1] == d,
+              f"the EAGLE head reads {len(self.feature_layers) + 1} features of size {d}, got {features.shape[-1]} values")
+        x = torch.cat([F.layer_norm(p, (d,)) for p in parts[:-1]] + [self.normalized(parts[-1])], -1)
+        if noise > 0:
+            x = x + torch.empty_like(x).uniform_(-noise, noise)
+        return x if self.fuse is None else self.fuse(x)
+
+
+def new_fusion(d: int, feature_layers: tuple[int, ...]) -> nn.Linear:
+    """EAGLE-3's fusion of m layer outputs and the final feature ((m + 1) d -> d), starting as the
+    final feature alone (a head trained on it reads the same input)."""
+    fuse = nn.Linear((len(feature_layers) + 1) * d, d)
+    with torch.no_grad():
+        fuse.weight.zero_()
+        fuse.weight[:, -d:] = torch.eye(d)
+        fuse.bias.zero_()
+    return fuse
+
 
 def new_eagle_head(target: WhisperDecoderModel, cross_window: int | None = None, layers: tuple[int, ...] = (-1,),
-                   start: bool = True) -> EagleHead:
+                   start: bool = True, feature_layers: tuple[int, ...] = ()) -> EagleHead:
     """A head whose layers start as copies of the target's `layers` and whose `fc` starts as the sum
     of the token embedding and half the normalised feature (about the residual stream's scale);
-    `start`: with a feature for the prompt's entries (zeros until trained), to draft from the prompt."""
+    `start`: with a feature for the prompt's entries (zeros until trained), to draft from the prompt;
+    `feature_layers`: target layers whose outputs it fuses with the final feature (`new_fusion`)."""
     d = target.hidden_size
     fc = nn.Linear(2 * d, d)
     with torch.no_grad():
@@ -71,8 +106,21 @@ def new_eagle_head(target: WhisperDecoderModel, cross_window: int | None = None,
     norm = target.decoder.layer_norm
     gain = norm.weight.detach().clone()
     gain = torch.where(gain < 0, gain.clamp(max=-1e-2), gain.clamp(min=1e-2))
-    return EagleHead(new_draft(target.hf, layers, cross_window), fc.to(target.device, target.dtype),
+    head = EagleHead(new_draft(target.hf, layers, cross_window), fc.to(target.device, target.dtype),
                      norm.bias.detach().clone(), gain, torch.zeros(d, device=target.device) if start else None)
+    return with_fusion(head, target, feature_layers) if feature_layers else head
+
+
+def with_fusion(head: EagleHead, target: WhisperDecoderModel, feature_layers: tuple[int, ...]) -> EagleHead:
+    """`head` reading the outputs of target layers `feature_layers` (0-based, distinct, before the
+    last) besides the final feature, through a new fusion (`new_fusion`)."""
+    total = len(target.decoder.layers)
+    check(len(set(feature_layers)) == len(feature_layers) and all(0 <= i < total - 1 for i in feature_layers),
+          f"feature layers must be distinct target layers in [0, {total - 2}], got {list(feature_layers)}")
+    check(head.fuse is None, "the EAGLE head already fuses target layers")
+    head.feature_layers = tuple(sorted(feature_layers))
+    head.fuse = new_fusion(target.hidden_size, feature_layers).to(target.device, target.dtype)
+    return head
 
 
 class EagleDecoder:
@@ -133,7 +181,7 @@ class EagleDecoder:
     def feed(self, state: DecodeState, features: Tensor, tokens: Tensor, counts: Tensor) -> Tensor:
         """Append row b's first counts[b] pairs (right-padded [B, L, ...]; the padding is rolled
         back); returns the logits after each row's last pair, [B, S] over the shortlist (or [B, V])."""
-        g = self.outputs(state, self.head.normalized(features), tokens)
+        g = self.outputs(state, self.head.read(features), tokens)
         state.rollback(tokens.shape[1] - counts)
         last = (counts - 1).clamp(min=0).to(g.device)
         g = g[torch.arange(g.shape[0], device=g.device), last][:, None]

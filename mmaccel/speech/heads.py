@@ -93,7 +93,11 @@ def save_heads(path: str | os.PathLike, model: WhisperDecoderModel, heads: Whisp
         for name, t in heads.block.heads.state_dict().items():
             tensors[f"block.heads.{name}"] = t.detach().half().contiguous()
     if heads.eagle is not None:
-        meta["eagle"] = {"cross_window": heads.eagle.layer.cross_window, "layers": list(heads.eagle.layer.layers)}
+        meta["eagle"] = {"cross_window": heads.eagle.layer.cross_window, "layers": list(heads.eagle.layer.layers),
+                         "feature_layers": list(heads.eagle.feature_layers)}
+        if heads.eagle.fuse is not None:
+            for name, t in heads.eagle.fuse.state_dict().items():
+                tensors[f"eagle.fuse.{name}"] = t.detach().half().contiguous()
         if heads.eagle.start is not None:
             tensors["eagle.start"] = heads.eagle.start.detach().float().contiguous()
         for name, t in trainable(heads.eagle.layer).items():
@@ -144,7 +148,8 @@ def load_heads(path: str | os.PathLike, model: WhisperDecoderModel) -> WhisperHe
     if "eagle" in meta:
         m = meta["eagle"]
         start = tensors.pop("eagle.start", None)
-        heads.eagle = new_eagle_head(model, m["cross_window"], tuple(m.get("layers", (-1,))), start is not None)
+        heads.eagle = new_eagle_head(model, m["cross_window"], tuple(m.get("layers", (-1,))), start is not None,
+                                     tuple(m.get("feature_layers", ())))
         heads.eagle.layer.vocab = tensors.pop("eagle.vocab", None)
         if start is not None:
             check(start.shape == heads.eagle.start.shape, f"{path}: the EAGLE head's start feature has shape "
@@ -152,13 +157,17 @@ def load_heads(path: str | os.PathLike, model: WhisperDecoderModel) -> WhisperHe
             heads.eagle.start = start.to(model.device, model.dtype)
         _load_layer(heads.eagle.layer, tensors, "eagle.layer.", path, "the EAGLE head")
         _load_part(heads.eagle.fc, tensors, "eagle.fc.", path)
+        if heads.eagle.fuse is not None:
+            _load_part(heads.eagle.fuse, tensors, "eagle.fuse.", path)
     for module in [*(heads.medusa or []), *(heads.exits or {}).values(), *(heads.block.heads if heads.block else [])]:
         module.to(model.device, model.dtype).eval().requires_grad_(False)
     for layer in (heads.block.layer if heads.block else None, heads.eagle.layer if heads.eagle else None):
         if layer is not None:
             layer.hf.requires_grad_(False)
     if heads.eagle is not None:
-        heads.eagle.fc.to(model.device, model.dtype).eval().requires_grad_(False)
+        for part in (heads.eagle.fc, heads.eagle.fuse):
+            if part is not None:
+                part.to(model.device, model.dtype).eval().requires_grad_(False)
     return heads
 
 

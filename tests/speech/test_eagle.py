@@ -20,16 +20,26 @@ from tests.speech.conftest import EOT, PROMPT, VOCAB, features
 SHORTLIST = torch.tensor([0, 5, 12, 17, 23, 33, 40, 41, 50, EOT])
 
 
-def _head(tiny_decoder, seed=5, std=0.2, vocab=None, cross_window=None, layers=(-1,), start=True):
+def _head(tiny_decoder, seed=5, std=0.2, vocab=None, cross_window=None, layers=(-1,), start=True, fuse=()):
     torch.manual_seed(seed)
-    head = new_eagle_head(tiny_decoder, cross_window, layers, start)
+    head = new_eagle_head(tiny_decoder, cross_window, layers, start, fuse)
     with torch.no_grad():
-        for p in [*trainable(head.layer).values(), *head.fc.parameters()]:
+        for p in _mixed(head):
             p.add_(torch.randn_like(p) * std)
     if start:
         head.start = torch.randn_like(head.start)
     head.layer.vocab = vocab
     return head
+
+
+def _mixed(head):
+    """The head's own parameters: its layers, fc and fusion."""
+    return [*trainable(head.layer).values(), *head.fc.parameters(), *(head.fuse.parameters() if head.fuse else [])]
+
+
+def _target(tiny_decoder, head):
+    """The target as the pipeline runs it for `head`: with the layer outputs a fused head reads."""
+    return tiny_decoder.feature_view(head.feature_layers) if head.feature_layers else tiny_decoder
 
 
 def _detached(inputs: EncodedAudio) -> EncodedAudio:
@@ -46,16 +56,16 @@ def test_unroll_mask_sees_the_real_prefix_and_its_own_drafts():
     assert unroll_mask(4, 1)[0, 0].equal(torch.ones(4, 4, dtype=torch.bool).tril())
 
 
-@pytest.mark.parametrize("layers", [(-1,), (0, -1)])
-def test_training_passes_equal_drafting(tiny_decoder, layers):
+@pytest.mark.parametrize("layers,fuse", [((-1,), ()), ((0, -1), ()), ((-1,), (0, 2))])
+def test_training_passes_equal_drafting(tiny_decoder, layers, fuse):
     # entries 0..n0-1 are the prompt's (start feature), then real (feature, token) pairs
-    head = _head(tiny_decoder, layers=layers)
+    head = _head(tiny_decoder, layers=layers, fuse=fuse)
     dec = EagleDecoder(head, tiny_decoder)
     inputs = tiny_decoder.encode(features(2), PROMPT)
     tiny_decoder.prefill(inputs, 4)                       # the target's cross-attention keys/values
     n0 = len(PROMPT) - 1
     torch.manual_seed(0)
-    feats, tokens = torch.randn(2, n0 + 6, 32) * 5, torch.randint(0, VOCAB, (2, n0 + 6))
+    feats, tokens = torch.randn(2, n0 + 6, 32 * (len(fuse) + 1)) * 5, torch.randint(0, VOCAB, (2, n0 + 6))
     tokens[:, :n0] = torch.tensor(PROMPT[1:])
     with torch.no_grad():
         passes = unrolled(head, head.layer.decoder_model(tiny_decoder), inputs, feats, tokens, 3, n0)
@@ -98,14 +108,16 @@ def test_ragged_feeds_equal_one_causal_pass(tiny_decoder):
     torch.testing.assert_close(part.extras["feature"][:, 0], torch.stack([ref[0, 4], ref[1, 2]]), atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("params,vocab,window,layers,start", [
-    ({"k": 3, "stop_below": 0.0}, None, None, (-1,), True), ({"k": 4}, SHORTLIST, None, (-1,), False),
-    ({"k": 5, "siblings": 2}, None, 3, (0, -1), True), ({"k": 6, "stop_below": 0.5, "siblings": 1}, SHORTLIST, 0, (-1,), True),
-    ({"k": 2, "stop_below": 0.0}, SHORTLIST, 2, (1,), False),
+@pytest.mark.parametrize("params,vocab,window,layers,start,fuse", [
+    ({"k": 3, "stop_below": 0.0}, None, None, (-1,), True, ()), ({"k": 4}, SHORTLIST, None, (-1,), False, ()),
+    ({"k": 5, "siblings": 2}, None, 3, (0, -1), True, ()),
+    ({"k": 6, "stop_below": 0.5, "siblings": 1}, SHORTLIST, 0, (-1,), True, ()),
+    ({"k": 2, "stop_below": 0.0}, SHORTLIST, 2, (1,), False, ()),
+    ({"k": 4, "stop_below": 0.0}, SHORTLIST, 3, (-1,), True, (0, 1)), ({"k": 5, "siblings": 2}, None, None, (-1,), False, (2,)),
 ])
-def test_eagle_equals_greedy(tiny_decoder, params, vocab, window, layers, start):
-    head = _head(tiny_decoder, vocab=vocab, cross_window=window, layers=layers, start=start)
-    resources = Resources(tiny_decoder, extras={"eagle": EagleDecoder(head, tiny_decoder)})
+def test_eagle_equals_greedy(tiny_decoder, params, vocab, window, layers, start, fuse):
+    head = _head(tiny_decoder, vocab=vocab, cross_window=window, layers=layers, start=start, fuse=fuse)
+    resources = Resources(_target(tiny_decoder, head), extras={"eagle": EagleDecoder(head, tiny_decoder)})
     x = features(3, seed=11)
     seconds = [0.1, 0.3, 0.2]
     greedy = build_asr_method("greedy").run(resources, tiny_decoder.encode(x, PROMPT, seconds), max_new_tokens=24,
@@ -114,6 +126,25 @@ def test_eagle_equals_greedy(tiny_decoder, params, vocab, window, layers, start)
                                                    eos_token_id=EOT, prompt_tokens=[PROMPT] * 3)
     assert fast.tokens == greedy.tokens
     assert fast.stats.draft_passes > 0
+
+
+def test_a_feature_view_keeps_the_layer_outputs_and_changes_nothing_else(tiny_decoder):
+    view = tiny_decoder.feature_view((2, 0))
+    assert view.feature_layers == (0, 2) and tiny_decoder.feature_layers == ()
+    inputs = tiny_decoder.encode(features(2), PROMPT)
+    tokens = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(4))
+    plain, wide = tiny_decoder.prefill(inputs, 8), view.prefill(inputs, 8)
+    torch.testing.assert_close(wide.logits, plain.logits, atol=0, rtol=0)
+    a, b = tiny_decoder.step(plain, tokens), view.step(wide, tokens, valid=torch.tensor([5, 3]))
+    torch.testing.assert_close(b[1, :3], a[1, :3], atol=1e-6, rtol=0)
+    assert wide.hidden.shape == (2, 5, 3 * 32)
+    torch.testing.assert_close(wide.hidden[0, :, 64:], plain.hidden[0], atol=1e-6, rtol=0)
+    final, layers = tiny_decoder.teacher_forced(inputs, tokens)      # the training data's layer outputs
+    P = len(PROMPT)
+    torch.testing.assert_close(wide.hidden[0, :, :32], layers[0][0, P:], atol=1e-5, rtol=0)
+    torch.testing.assert_close(wide.hidden[0, :, 32:64], layers[2][0, P:], atol=1e-5, rtol=0)
+    with pytest.raises(InputError, match="feature layers must lie in"):
+        tiny_decoder.feature_view((4,))
 
 
 def test_a_head_that_knows_the_answer_is_accepted_and_the_output_is_greedys(tiny_decoder):
@@ -162,11 +193,12 @@ def test_a_head_that_knows_the_answer_is_accepted_and_the_output_is_greedys(tiny
     assert EagleProposer(resources.extras["eagle"]).drafts_from_prompt      # the prefill verified the first drafts
 
 
-@pytest.mark.parametrize("layers,start", [((-1,), True), ((0, -1), True), ((-1,), False)])
-def test_heads_file_carries_the_eagle_head(tiny_decoder, tmp_path, layers, start):
-    head = _head(tiny_decoder, vocab=SHORTLIST, cross_window=7, layers=layers, start=start)
+@pytest.mark.parametrize("layers,start,fuse", [((-1,), True, ()), ((0, -1), True, ()), ((-1,), False, ()),
+                                               ((-1,), True, (0, 2))])
+def test_heads_file_carries_the_eagle_head(tiny_decoder, tmp_path, layers, start, fuse):
+    head = _head(tiny_decoder, vocab=SHORTLIST, cross_window=7, layers=layers, start=start, fuse=fuse)
     with torch.no_grad():                                # fp16-representable: the file stores fp16
-        for p in [*trainable(head.layer).values(), *head.fc.parameters()]:
+        for p in _mixed(head):
             p.copy_(p.half())
     path = save_heads(tmp_path / "heads.safetensors", tiny_decoder, WhisperHeads(vocab=SHORTLIST, eagle=head))
     back = load_heads(path, tiny_decoder)
@@ -176,6 +208,9 @@ def test_heads_file_carries_the_eagle_head(tiny_decoder, tmp_path, layers, start
     for name, p in trainable(back.eagle.layer).items():
         torch.testing.assert_close(p, trainable(head.layer)[name], atol=0, rtol=0)
     torch.testing.assert_close(back.eagle.fc.weight, head.fc.weight, atol=0, rtol=0)
+    assert back.eagle.feature_layers == fuse and (back.eagle.fuse is None) == (not fuse)
+    if fuse:
+        torch.testing.assert_close(back.eagle.fuse.weight, head.fuse.weight, atol=0, rtol=0)
     if start:
         torch.testing.assert_close(back.eagle.start, head.start, atol=0, rtol=0)
     else:
@@ -209,3 +244,10 @@ def test_bad_eagle_calls_are_named(tiny_decoder):
         build_asr_method("eagle", stop_below=0.0, siblings=1)
     with pytest.raises(InputError, match="k must be an integer"):
         build_asr_method("eagle", k=0)
+    fused = EagleDecoder(_head(tiny_decoder, fuse=(1,)), tiny_decoder)   # on a target without the layer outputs
+    with pytest.raises(InputError, match="reads 2 features of size 32, got 32 values"):
+        build_asr_method("eagle").run(Resources(tiny_decoder, extras={"eagle": fused}), inputs, max_new_tokens=4,
+                                      eos_token_id=EOT)
+    for bad in [(3,), (1, 1), (-1,)]:
+        with pytest.raises(InputError, match="feature layers must be distinct target layers in"):
+            new_eagle_head(tiny_decoder, feature_layers=bad)

@@ -7,6 +7,7 @@ import torch
 from mmaccel.errors import InputError, ModelNotFoundError
 from mmaccel.speech.audio import load_audio
 from mmaccel.speech.heads import WhisperHeads, load_heads, new_exit_heads, new_medusa_heads, save_heads
+from mmaccel.speech.methods import build_asr_method
 from mmaccel.speech.pipeline import ASRPipeline
 from tests.speech.conftest import tiny_whisper
 from tests.speech.test_whisper import CLIPS, LIBRIVOX, TINY_EN
@@ -99,6 +100,22 @@ def test_heads_file_round_trip_and_errors(tmp_path):
     corrupt.write_bytes(path.read_bytes()[:100])
     with pytest.raises(InputError, match="not a readable safetensors file"):
         load_heads(corrupt, model)
+
+
+def test_an_eagle_head_with_fused_layers_reads_them_through_the_pipeline(tiny_en_asr, files):
+    from mmaccel.speech.eagle import new_eagle_head
+
+    asr = ASRPipeline(tiny_en_asr.bundle)
+    torch.manual_seed(0)
+    head = new_eagle_head(asr.model, 50, feature_layers=(0, 2))
+    with torch.no_grad():
+        head.fuse.weight.add_(torch.randn_like(head.fuse.weight) * 0.05)
+    asr.heads = WhisperHeads(eagle=head)
+    target = asr.resources(build_asr_method("eagle")).model
+    assert target.feature_layers == (0, 2) and asr.resources(build_asr_method("greedy")).model.feature_layers == ()
+    greedy = asr.transcribe(files[:2], "greedy")
+    out = asr.transcribe(files[:2], "eagle", k=4, stop_below=0.0)
+    assert out.texts == greedy.texts and out.stats.draft_passes > 0
 
 
 def test_shipped_base_heads_and_draft_decoder_draft_losslessly(files):

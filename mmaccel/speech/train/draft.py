@@ -61,6 +61,18 @@ def cross_cache(model: WhisperDecoderModel, rows: list[dict], frames: list[int] 
     return out
 
 
+def cached_rows(dm: WhisperDecoderModel, folder: Path, limit: int | None, manifest: Path,
+                keep: tuple[str, ...]) -> tuple[list[dict], list[dict]]:
+    """The rows of `folder` (fields `keep`, which must include "encoder") without their encoder
+    states, and per row the cross-attention keys/values `dm` reads (`cross_cache`), made chunk by
+    chunk: the peak memory is the cache, not every utterance's encoder states."""
+    cross: list[dict] = []
+    frames = dm.hf.config.max_source_positions
+    rows = load_rows(folder, limit, keep,
+                     each=lambda chunk: cross.extend(cross_cache(dm, chunk, row_frames(manifest, chunk, frames))))
+    return rows, cross[: len(rows)]
+
+
 def row_frames(manifest, rows: list[dict], encoder_frames: int, window_s: float = 30.0) -> list[int]:
     """Each row's audio frames, from the utterance durations in the corpus `manifest`."""
     seconds = {u.id: u.duration for u in read_manifest(manifest)}
@@ -124,15 +136,12 @@ def distillation_loss(logits: Tensor, labels: Tensor, teacher: Tensor | None = N
     return (1 - kd) * loss + kd * kl
 
 
-def train(asr: ASRPipeline, rows: list[dict], args, out: Path) -> WhisperDraft:
+def train(asr: ASRPipeline, draft: WhisperDraft, rows: list[dict], cross: list[dict], args, out: Path) -> WhisperDraft:
+    """Fit `draft` (its `vocab` set: the shortlist) on `rows` and their `cross` caches."""
     torch.manual_seed(args.seed)
     target = asr.model
-    window = None if args.cross_window < 0 else args.cross_window
-    draft = new_draft(asr.bundle.model, [int(k) for k in args.layers.split(",")], window)
-    vocab = torch.unique(torch.cat([r["tokens"][r["prompt_len"]:] for r in rows]))      # the shortlist
-    draft.vocab = vocab
+    vocab = draft.vocab
     dm = draft.decoder_model(target)
-    cross = cross_cache(dm, rows, row_frames(Path(args.corpus) / "train.jsonl", rows, target.hf.config.max_source_positions))
     weight = target.decoder.embed_tokens.weight[vocab].detach()
     lookup = shortlist_columns(vocab, target.vocab_size)
     params = training_parameters(draft)
@@ -190,7 +199,12 @@ def main(argv: list[str] | None = None) -> None:
     path = out / "draft.safetensors"
     if "train" in run.stages:
         check(0.0 <= args.kd <= 1.0, f"--kd must be in [0, 1], got {args.kd}")
-        draft = train(asr, load_rows(run.train_dir, args.limit, KEEP_KD if args.kd > 0 else KEEP), args, out)
+        window = None if args.cross_window < 0 else args.cross_window
+        draft = new_draft(asr.bundle.model, [int(k) for k in args.layers.split(",")], window)
+        rows, cross = cached_rows(draft.decoder_model(asr.model), run.train_dir, args.limit,
+                                  Path(args.corpus) / "train.jsonl", KEEP_KD if args.kd > 0 else KEEP)
+        draft.vocab = torch.unique(torch.cat([r["tokens"][r["prompt_len"]:] for r in rows]))      # the shortlist
+        draft = train(asr, draft, rows, cross, args, out)
         log(out, f"wrote {save_draft(path, asr.bundle.model, draft, run.info)}")
     if "eval" in run.stages:
         result = evaluate(asr, load_draft(path, asr.bundle.model), load_rows(run.eval_dir, args.eval_limit, KEEP),

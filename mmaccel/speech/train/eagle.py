@@ -17,7 +17,9 @@ Stages (`--stages` picks some):
    passes are summed. Pass 1's features get uniform noise of half-width `--noise` (EAGLE; in
    normalised units). Each utterance's entries start with the prompt's (prompt tokens with the
    learned `start` feature), so the same passes teach drafting the first tokens from the prompt.
-   The head has one decoder layer per `--layers` entry and cross-attends to the audio frames plus
+   With `--fuse` (EAGLE-3) the head's real-feature input fuses the outputs of those target layers
+   (stored by the `data` stage) with f_t, the fusion starting as f_t alone; `--init` starts from a
+   trained head. The head has one decoder layer per `--layers` entry and cross-attends to the audio frames plus
    `--cross-window`. Writes `<out>/heads.safetensors`: a heads file of this head (and its
    shortlist), or the `--heads` file with it added, what `ASRPipeline.from_pretrained(heads=...)` loads.
 3. `eval`: teacher-forced top-1 agreement on held-out utterances for drafts 1.. S ahead (draft s
@@ -37,11 +39,12 @@ from torch import Tensor
 
 from mmaccel.errors import check
 from mmaccel.speech.decoder import LayerStep, WhisperDecoderModel
-from mmaccel.speech.eagle import EagleHead, new_eagle_head
+from mmaccel.speech.eagle import EagleHead, new_eagle_head, with_fusion
 from mmaccel.speech.heads import WhisperHeads, load_heads, save_heads
 from mmaccel.speech.train.common import log, optimizer_step, shortlist_columns, warmup_cosine, write_eval
 from mmaccel.speech.train.data import load_rows, start_run
-from mmaccel.speech.train.draft import cross_cache, distillation_loss, row_frames, training_parameters, training_state
+from mmaccel.speech.train.draft import (cached_rows, cross_cache, distillation_loss, row_frames, training_parameters,
+                                        training_state)
 
 STAGES = ("data", "train", "eval")
 KEEP = ("id", "tokens", "prompt_len", "final", "encoder")
@@ -71,8 +74,10 @@ def unroll_mask(T: int, s: int) -> Tensor:
     return torch.cat(blocks, 1)[None, None]
 
 
-def batch(rows: list[dict], idx: list[int], lookup: Tensor, prompt: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
-    """Right-padded features f_t [B, T, d], tokens x_{t+1} [B, T], targets x_{t+2} as shortlist
+def batch(rows: list[dict], idx: list[int], lookup: Tensor, prompt: bool,
+          feature_layers: tuple[int, ...] = ()) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
+    """Right-padded features f_t [B, T, (m + 1) d] (the outputs of the m `feature_layers`, then the
+    final hidden state: what `EagleHead.read` takes), tokens x_{t+1} [B, T], targets x_{t+2} as shortlist
     columns [B, T] (-100: padding or outside the shortlist), target features f_{t+1} [B, T, d] and
     the number of prompt entries first (`prompt`: the head's entries for prompt tokens 1.. P - 1,
     whose features are the head's `start`; only the last one has a target, the first transcript
@@ -83,13 +88,14 @@ def batch(rows: list[dict], idx: list[int], lookup: Tensor, prompt: bool) -> tup
     n0 = P - 1 if prompt else 0
     T = n0 + max(rows[i]["final"].shape[0] - 1 for i in idx)
     d = rows[idx[0]]["final"].shape[1]
-    feats, nxt = torch.zeros(len(idx), T, d), torch.zeros(len(idx), T, d)
+    feats, nxt = torch.zeros(len(idx), T, (len(feature_layers) + 1) * d), torch.zeros(len(idx), T, d)
     tokens = torch.zeros(len(idx), T, dtype=torch.long)
     target = torch.full((len(idx), T), -100, dtype=torch.long)
     for b, i in enumerate(idx):
         f, seq = rows[i]["final"].float(), rows[i]["tokens"]
         n = f.shape[0] - 1                     # entry n0 + j: feature at P-1+j, token at P+j, target at P+j+1
-        feats[b, n0 : n0 + n], nxt[b, n0 : n0 + n] = f[:n], f[1:]
+        x = torch.cat([rows[i]["layers"][j, :n].float() for j in feature_layers] + [f[:n]], -1)
+        feats[b, n0 : n0 + n], nxt[b, n0 : n0 + n] = x, f[1:]
         tokens[b, n0 : n0 + n] = seq[P : P + n]
         target[b, n0 : n0 + n] = lookup[seq[P + 1 : P + 1 + n]]
         if prompt:
@@ -105,8 +111,7 @@ def unrolled(head: EagleHead, dm: WhisperDecoderModel, inputs, feats: Tensor, to
     writer = _Passes()
     emb = F.embedding(tokens, dm.decoder.embed_tokens.weight.detach()) * dm.embed_scale     # the target's: frozen
     out, T = [], tokens.shape[1]
-    x = head.normalized(feats)
-    x = x + (torch.empty_like(x).uniform_(-noise, noise) if noise > 0 else 0)
+    x = head.read(feats, noise)
     for s in range(1, passes + 1):
         if s > 1:                              # entry j reads the previous pass's output at j - 1
             x = head.normalized(F.pad(out[-1][:, :-1], (0, 0, 1, 0)))
@@ -126,17 +131,6 @@ def first_entry(n0: int, s: int) -> int:
     return max(n0 - 1, 0) + s
 
 
-def cached_rows(dm: WhisperDecoderModel, folder: Path, limit: int | None, manifest: Path) -> tuple[list[dict], list[dict]]:
-    """The rows of `folder` without their encoder states, and per row the cross-attention
-    keys/values the head reads (`cross_cache`), made chunk by chunk: the peak memory is the cache,
-    not every utterance's encoder states."""
-    cross: list[dict] = []
-    frames = dm.hf.config.max_source_positions
-    rows = load_rows(folder, limit, KEEP,
-                     each=lambda chunk: cross.extend(cross_cache(dm, chunk, row_frames(manifest, chunk, frames))))
-    return rows, cross[: len(rows)]
-
-
 def train(asr, head: EagleHead, rows: list[dict], cross: list[dict], args, out: Path) -> EagleHead:
     """Fit `head` (its `layer.vocab` set: the shortlist) on `rows` and their `cross` caches."""
     torch.manual_seed(args.seed)
@@ -146,22 +140,23 @@ def train(asr, head: EagleHead, rows: list[dict], cross: list[dict], args, out: 
     weight = target.decoder.embed_tokens.weight[vocab].detach()
     lookup = shortlist_columns(vocab, target.vocab_size)
     head.start = torch.nn.Parameter(head.start)
-    params = training_parameters(head.layer) + list(head.fc.parameters()) + [head.start]
-    for p in head.fc.parameters():
+    mixers = [head.fc] + ([head.fuse] if head.fuse is not None else [])
+    params = training_parameters(head.layer) + [p for m in mixers for p in m.parameters()] + [head.start]
+    for p in params:
         p.requires_grad_(True)
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
     steps = math.ceil(len(rows) / args.batch_utterances) * args.epochs
     sched = warmup_cosine(opt, steps, warmup=30)
     positions = sum(r["final"].shape[0] - 1 for r in rows)
     log(out, f"train an EAGLE head on {len(rows)} utterances, {positions} positions, shortlist {len(vocab)}, "
-             f"unroll {args.unroll}, {steps} steps")
+             f"unroll {args.unroll}, fused layers {list(head.feature_layers)}, {steps} steps")
     head.layer.hf.train()
     step = 0
     for epoch in range(args.epochs):
         order = torch.randperm(len(rows)).tolist()
         for start in range(0, len(rows), args.batch_utterances):
             idx = order[start : start + args.batch_utterances]
-            feats, tokens, tgt, nxt, n0 = batch(rows, idx, lookup, prompt=True)
+            feats, tokens, tgt, nxt, n0 = batch(rows, idx, lookup, True, head.feature_layers)
             inputs = training_state(dm, [cross[i] for i in idx], tokens.shape[1]).extras["inputs"]
             losses = []
             for s, g in enumerate(unrolled(head, dm, inputs, feats, tokens, args.unroll, n0, args.noise)):
@@ -177,7 +172,8 @@ def train(asr, head: EagleHead, rows: list[dict], cross: list[dict], args, out: 
             if step % 25 == 0 or step == steps:
                 log(out, f"step {step}/{steps} epoch {epoch} loss per pass {[round(x.item(), 3) for x in losses]}")
     head.layer.hf.eval().requires_grad_(False)
-    head.fc.eval().requires_grad_(False)
+    for m in mixers:
+        m.eval().requires_grad_(False)
     head.start = head.start.detach()
     return head
 
@@ -198,7 +194,7 @@ def evaluate(asr, head: EagleHead, rows: list[dict], manifest: Path, passes: int
     hits, total = torch.zeros(2, passes), torch.zeros(2, passes)
     for start in range(0, len(rows), 16):
         idx = list(range(start, min(start + 16, len(rows))))
-        feats, tokens, _, _, n0 = batch(rows, idx, lookup, prompt)
+        feats, tokens, _, _, n0 = batch(rows, idx, lookup, prompt, head.feature_layers)
         truth = torch.full_like(tokens, -1)     # the target's tokens, whether in the shortlist or not
         for b, i in enumerate(idx):
             seq, P = rows[i]["tokens"], rows[i]["prompt_len"]
@@ -228,6 +224,8 @@ def evaluate(asr, head: EagleHead, rows: list[dict], manifest: Path, passes: int
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--heads", default=None, help="a heads file to add the EAGLE head to (default: a file of this head alone)")
+    p.add_argument("--init", default=None,
+                   help="a heads file whose EAGLE head training starts from (its layers and cross window; default: a new head)")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-utterances", type=int, default=16)
     p.add_argument("--lr", type=float, default=5e-4)
@@ -240,6 +238,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--eval-passes", type=int, default=5)
     p.add_argument("--layers", type=lambda v: tuple(int(x) for x in v.split(",")), default=(-1,),
                    help="target layers the head's layers start from (comma-separated; negative counts from the end)")
+    p.add_argument("--fuse", type=lambda v: tuple(int(x) for x in v.split(",")) if v else (), default=(),
+                   help="target layers (0-based, comma-separated) whose outputs the head fuses with the final feature (EAGLE-3)")
     run = start_run(p, argv, "mmaccel.speech.train.eagle", STAGES)
     args, out, asr = run.args, run.out, run.asr
     check(0.0 <= args.kd <= 1.0, f"--kd must be in [0, 1], got {args.kd}")
@@ -247,15 +247,23 @@ def main(argv: list[str] | None = None) -> None:
     path = out / "heads.safetensors"
     if "train" in run.stages:
         heads = load_heads(args.heads, asr.model) if args.heads else WhisperHeads()
-        head = new_eagle_head(asr.model, None if args.cross_window < 0 else args.cross_window, args.layers)
+        if args.init:
+            head = load_heads(args.init, asr.model).eagle
+            check(head is not None, f"--init {args.init} holds no EAGLE head")
+        else:
+            head = new_eagle_head(asr.model, None if args.cross_window < 0 else args.cross_window, args.layers)
+        if args.fuse:
+            head = with_fusion(head, asr.model, args.fuse)
+        keep = KEEP + (("layers",) if head.feature_layers else ())
         rows, cross = cached_rows(head.layer.decoder_model(asr.model), run.train_dir, args.limit,
-                                  Path(args.corpus) / "train.jsonl")
+                                  Path(args.corpus) / "train.jsonl", keep)
         head.layer.vocab = torch.unique(torch.cat([r["tokens"][r["prompt_len"]:] for r in rows]))     # the shortlist
         heads.eagle = train(asr, head, rows, cross, args, out)
         log(out, f"wrote {save_heads(path, asr.model, heads, run.info)}")
     if "eval" in run.stages:
         head = load_heads(path, asr.model).eagle
-        result = evaluate(asr, head, load_rows(run.eval_dir, args.eval_limit, KEEP), Path(args.corpus) / "eval.jsonl",
+        keep = KEEP + (("layers",) if head.feature_layers else ())
+        result = evaluate(asr, head, load_rows(run.eval_dir, args.eval_limit, keep), Path(args.corpus) / "eval.jsonl",
                           args.eval_passes)
         write_eval(out, result)
 
