@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import math
 import time
@@ -16,6 +18,17 @@ def log(out: Path, message: str) -> None:
     print(line, flush=True)
     with open(out / "train.log", "a") as f:
         f.write(line + "\n")
+
+
+def release_freed_memory() -> None:
+    """Hand memory freed on the heap back to the system (glibc's `malloc_trim`; nothing elsewhere).
+    Reading chunks of large tensors (encoder states) and keeping small pieces of each leaves the
+    freed blocks between the kept ones: measured here, 2 MB per utterance stayed resident for 0.5 MB
+    kept, until the OS ran out of memory for two training runs."""
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
 
 
 def write_eval(out: Path, result: dict) -> None:

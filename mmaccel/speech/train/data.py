@@ -21,7 +21,7 @@ import torch
 from mmaccel.paths import default_cache_dir
 from mmaccel.speech.audio import load_audio, log_mel
 from mmaccel.speech.data import build_tts_corpus, read_manifest
-from mmaccel.speech.train.common import log
+from mmaccel.speech.train.common import log, release_freed_memory
 
 if TYPE_CHECKING:
     from mmaccel.speech.pipeline import ASRPipeline
@@ -139,6 +139,7 @@ def load_rows(folder: Path, limit: int | None = None, keep: tuple[str, ...] | No
         chunk = chunk if keep is None else [{k: r[k] for k in keep} for r in chunk]
         if each is not None:
             each(chunk)
+            release_freed_memory()
         rows += chunk
         if limit is not None and len(rows) >= limit:
             return rows[:limit]
