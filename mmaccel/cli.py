@@ -72,11 +72,10 @@ def cmd_image_generate(args) -> int:
 
 
 def cmd_asr_transcribe(args) -> int:
-    from mmaccel.speech.pipeline import ASRPipeline
+    from mmaccel.speech.pipeline import ASRPipeline, draft_option, heads_option
 
-    heads = None if args.heads == "none" else "auto" if args.heads == "auto" else args.heads.split(",")
-    draft = None if args.draft == "none" else args.draft
-    asr = ASRPipeline.from_pretrained(args.model, heads=heads, draft=draft, assistant=args.assistant)
+    asr = ASRPipeline.from_pretrained(args.model, heads=heads_option(args.heads), draft=draft_option(args.draft),
+                                      assistant=args.assistant)
     out = asr.transcribe(list(args.files), args.method, batch_size=args.batch_size, language=args.language,
                          **dict(args.param))
     failed = 0
@@ -105,7 +104,8 @@ def cmd_bench(args) -> int:
     if args.suite not in SUITES:
         raise InputError(f"unknown benchmark suite {args.suite!r}; choose from {', '.join(SUITES)}, image-fid or report")
     extra = {}
-    for option, minimum in (("samples", 2), ("inception_samples", 0), ("model", None)):   # suite-specific options
+    for option, minimum in (("samples", 2), ("inception_samples", 0), ("model", None), ("heads", None),
+                            ("draft", None)):                                       # suite-specific options
         value, flag = getattr(args, option), "--" + option.replace("_", "-")
         if value is None:
             continue
@@ -292,6 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--inception-samples", type=int, default=None,
                    help="image suite: of those, how many the (slow) Inception FID scores (full run: 300)")
     b.add_argument("--model", default=None, help="asr suite: builtin:base (default), builtin:tiny.en or a Whisper directory")
+    b.add_argument("--heads", default=None,
+                   help="asr suite: heads file(s), comma-separated, 'auto' (the shipped ones, default) or 'none'")
+    b.add_argument("--draft", default=None, help="asr suite: draft decoder file, 'auto' (default) or 'none'")
     b.add_argument("--readme", default="README.md")
     b.add_argument("--dir", default="benchmarks")
     b.set_defaults(func=cmd_bench)

@@ -11,6 +11,7 @@ from mmaccel.cli import main
     (["bench", "nosuchsuite"], "unknown benchmark suite"),
     (["bench", "core", "--samples", "100"], "does not apply"),
     (["bench", "core", "--inception-samples", "100"], "does not apply"),
+    (["bench", "core", "--heads", "none"], "does not apply"),
     (["bench", "image", "--inception-samples", "-1"], "must be >= 0"),
     (["generate", "hello", "--model", "/nonexistent/model"], "does not exist"),
     (["generate", "hello", "--model", "builtin:nope"], "unknown built-in"),

@@ -43,6 +43,16 @@ def builtin_eagle_path(name: str) -> Path:
     return assets_dir() / f"whisper_{name}_eagle.safetensors"
 
 
+def heads_option(value: str) -> str | list[str] | None:
+    """A command line's heads value ("auto", "none" or comma-separated files) as `from_pretrained` takes it."""
+    return None if value == "none" else "auto" if value == "auto" else value.split(",")
+
+
+def draft_option(value: str) -> str | None:
+    """A command line's draft value ("auto", "none" or a file) as `from_pretrained` takes it."""
+    return None if value == "none" else value
+
+
 def builtin_draft_path(name: str) -> Path:
     return assets_dir() / f"whisper_{name}_draft.safetensors"
 

@@ -25,3 +25,13 @@ def test_quick_asr_suite_compares_methods_and_peers(tiny_en_asr):
     assert rows["fw-int8", 8]["quality"]["rtfx"] > 0 and "decoder_speedup" in ngram["quality"]
     assert ngram["quality"]["generation_speedup"] > 0 and greedy["quality"]["generation_speedup"] == 1.0
     assert "| fw-int8 |" in markdown_table(doc)
+
+
+def test_the_suite_takes_heads_and_draft_files(tiny_en_asr, tmp_path):
+    # tiny_en_asr: skipped where the tiny.en package is missing
+    from mmaccel.errors import ModelNotFoundError
+
+    with pytest.raises(ModelNotFoundError, match="heads file not found"):
+        build_asr_suite(model="builtin:tiny.en", heads=str(tmp_path / "none.safetensors"), tts_utterances=0)
+    with pytest.raises(ModelNotFoundError):
+        build_asr_suite(model="builtin:tiny.en", heads="none", draft=str(tmp_path / "none.safetensors"), tts_utterances=0)
