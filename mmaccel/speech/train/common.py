@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import json
 import math
 import time
@@ -20,15 +21,22 @@ def log(out: Path, message: str) -> None:
         f.write(line + "\n")
 
 
+@functools.cache
+def _malloc_trim():
+    """glibc's `malloc_trim`, or None elsewhere (looked up once: `find_library` runs `ldconfig`)."""
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    return getattr(libc, "malloc_trim", None)
+
+
 def release_freed_memory() -> None:
     """Hand memory freed on the heap back to the system (glibc's `malloc_trim`; nothing elsewhere).
     Reading chunks of large tensors (encoder states) and keeping small pieces of each leaves the
     freed blocks between the kept ones: measured here, 2 MB per utterance stayed resident for 0.5 MB
     kept, until the OS ran out of memory for two training runs."""
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name else None
-    if libc is not None and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def write_eval(out: Path, result: dict) -> None:
