@@ -50,9 +50,9 @@ class WhisperDraft:
     def decoder_model(self, target: WhisperDecoderModel, quantized: bool = False) -> WhisperDecoderModel:
         """The draft as a DecoderModel: the target's decoding rules, its cross-attention cache
         entries, logits through the shortlist. `quantized`: its layers and shortlist run on int8
-        copies of the weights and its cross-attention window is kept in bf16 (this draft's own
-        modules stay as they are). An all-bf16 copy was measured slower here at one row: oneDNN's
-        bf16 products of one row are no faster than fp32 ones."""
+        copies of the weights (this draft's own modules stay as they are). An all-bf16 copy was
+        measured slower here at one row: oneDNN's bf16 products of one row are no faster than fp32
+        ones, and torch's attention over bf16 keys/values is slower than over fp32 ones."""
         projection = None
         if self.vocab is not None:
             projection = ShortlistProjection(target.decoder.embed_tokens.weight, self.vocab, quantized=quantized)

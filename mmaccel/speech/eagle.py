@@ -127,8 +127,8 @@ class EagleDecoder:
     """The head as the draft a `DraftModelProposer` drives: `prefill` sets up an empty cache (the
     head sees nothing before the target's features), `feed` appends (feature, token) pairs, and
     `step` / `shortlist_step` append draft tokens with the head's own newest output as their
-    feature (`state.extras["feature"]`, [B, 1, d]). `quantized`: int8 layer and shortlist, bf16
-    cross-attention window (as for the draft decoder on a CPU)."""
+    feature (`state.extras["feature"]`, [B, 1, d]). `quantized`: int8 layer and shortlist (as for
+    the draft decoder on a CPU)."""
 
     def __init__(self, head: EagleHead, target: WhisperDecoderModel, quantized: bool = False):
         self.block = head.layer.decoder_model(target, quantized=quantized)
