@@ -168,6 +168,13 @@ def test_cross_window_attends_to_each_rows_audio_frames_only(tiny_hf, tiny_decod
                        encoder_outputs=(encoded[b : b + 1, :frames],)).logits[0, len(PROMPT):]
         ref[..., SUPPRESS] = float("-inf")
         torch.testing.assert_close(batched[b], ref, atol=2e-5, rtol=0)
+    # an int8 draft cuts the same windows, in the keys' own dtype (torch's CPU attention runs a
+    # one-token query over bf16 keys/values several times slower)
+    q8, cut = draft.decoder_model(tiny_decoder, quantized=True), tiny_decoder.encode(x, PROMPT, seconds)
+    q8.step(q8.prefill(cut, 4), ids)
+    assert len(cut.windows) == 2
+    for key, (k, v, mask) in cut.windows.items():
+        assert torch.equal(k, inputs.windows[key][0]) and k.dtype == v.dtype == inputs.encoder_states.dtype
     # without audio lengths, or with a window past the end, the draft attends to the whole window
     whole = draft.decoder_model(tiny_decoder)
     whole.cross_window = None
