@@ -186,7 +186,7 @@ def _demo_speech() -> None:
     # the fastest lossless settings at batch 1 in benchmarks/asr_base_eagle.json
     methods = {"greedy": {}}
     if asr.heads.eagle is not None:
-        methods["eagle"] = {"k": 4, "stop_below": 0.0}
+        methods["eagle"] = {"k": 8, "stop_below": 0.5}
     if asr.draft is not None:
         methods["speculative"] = {"k": 8, "stop_below": 0.8, "siblings": 2}
     if len(methods) == 1:

@@ -59,7 +59,7 @@ def _medusa_block(p: dict) -> Method:
 
 
 def _eagle(p: dict) -> Method:
-    k, stop, siblings, label = chain_options(p, k=8, stop_below=0.8)
+    k, stop, siblings, label = chain_options(p, k=8, stop_below=0.5)
 
     return Method("eagle", f"EAGLE head on the target's features, {label}", "eagle", True,
                   lambda r: EagleProposer(_need(r, "eagle", "eagle"), stop, siblings), k=k)
