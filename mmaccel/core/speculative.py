@@ -25,6 +25,9 @@ from mmaccel.errors import check
 class Generation:
     tokens: list[list[int]]   # per row, the generated tokens (prompt excluded), cut at EOS / max_new_tokens
     stats: DecodeStats
+    # per row and token, the target pass that committed it (1 = the prefill): tokens sharing a pass
+    # came from accepted drafts (or a parallel wavefront); plain AR commits one token per pass
+    commit_pass: list[list[int]] | None = None
 
 
 @dataclass
@@ -98,6 +101,7 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
         else:
             pending = _sample_first(logits, sampling, sampler)
             out = [[t] for t in pending.tolist()]
+        passes = [[stats.nfe] * len(r) for r in out]
         history = [list(p) + r for p, r in zip(prompt_tokens or [[]] * B, out)]
         done = torch.tensor([bool(r) and (r[-1] == eos_token_id or max_new_tokens <= 1) for r in out])
         hidden = None if state.hidden is None else state.hidden[:, -1]
@@ -193,6 +197,7 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
                 emitted.append(len(new))
                 for t in new:
                     out[b].append(t)
+                    passes[b].append(stats.nfe)
                     history[b].append(t)
                     if t == eos_token_id or len(out[b]) >= max_new_tokens:
                         done[b] = True
@@ -207,7 +212,7 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
 
     tokens = [r[:max_new_tokens] for r in out]
     stats.new_tokens = sum(len(r) for r in tokens)
-    return Generation(tokens, stats)
+    return Generation(tokens, stats, [p[:max_new_tokens] for p in passes])
 
 
 def _drafts_ahead(model: DecoderModel, config: LoopConfig, rule_name: str) -> bool:

@@ -40,6 +40,7 @@ class ImageOutput:
     tokens: Tensor                 # [B, grid, grid] code indices
     labels: list[int]
     stats: DecodeStats
+    commit_pass: Tensor | None = None   # [B, grid, grid] the target pass that committed each token (1 = prefill)
 
 
 def _find(directory: Path, stem: str) -> Path | None:
@@ -171,7 +172,8 @@ class ImagePipeline:
         inputs = (labels, [self.model.num_classes] * len(labels)) if guided else labels
         gen = built.run(resources, inputs, max_new_tokens=self.grid * self.grid, sampling=sampling, seed=seed)
         tokens = torch.tensor(gen.tokens, dtype=torch.long).reshape(len(labels), self.grid, self.grid)
-        return ImageOutput(self.decode(tokens), tokens, labels, gen.stats)
+        passes = None if gen.commit_pass is None else torch.tensor(gen.commit_pass).reshape(tokens.shape)
+        return ImageOutput(self.decode(tokens), tokens, labels, gen.stats, passes)
 
     @torch.inference_mode()
     def decode_pixels(self, tokens: Tensor) -> Tensor:

@@ -103,6 +103,8 @@ def zipar_decode(model: DecoderModel, inputs: Any, *, grid: int, s: int, jacobi:
         first = probs0.argmax(-1)[:, 0] if sampling.greedy else sampler.sample(probs0, torch.zeros(B, 1, dtype=torch.long))[:, 0]
         tokens = torch.full((B, N), -1, dtype=torch.long)
         tokens[:, 0] = first.cpu()
+        passes = torch.zeros(B, N, dtype=torch.long)           # the target pass that committed each token
+        passes[:, 0] = stats.nfe
         filled = torch.zeros(B, capacity, dtype=torch.bool)
         filled[:, 0] = True
         rows = [[_Row() for _ in range(H)] for _ in range(B)]
@@ -134,12 +136,13 @@ def zipar_decode(model: DecoderModel, inputs: Any, *, grid: int, s: int, jacobi:
             new_filled.scatter_(1, torch.where(real, slots, 0), True)               # slot 0 is always visible
             emitted = _verify_rows(plan, rows, tokens, new_filled, probs, noise, sampler, sampling, rule_name, params,
                                    W, stats)
+            passes.masked_fill_((tokens >= 0) & (passes == 0), stats.nfe)
             filled = new_filled
             stats.record_accepted(emitted)
 
     out = tokens.tolist()
     stats.new_tokens = B * N
-    return Generation(out, stats)
+    return Generation(out, stats, passes.tolist())
 
 
 def _plan_row_element(rows: list[_Row], tokens: Tensor, W: int, H: int, s: int, jacobi: int,

@@ -21,6 +21,7 @@ class TextOutput:
     texts: list[str]
     tokens: list[list[int]]
     stats: DecodeStats
+    commit_pass: list[list[int]] | None = None   # per token, the target pass that committed it (1 = prefill)
 
 
 class TextPipeline:
@@ -80,4 +81,4 @@ class TextPipeline:
         gen = built.run(self.resources, ids, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
                         eos_token_id=self.tokenizer.eos_token_id, prompt_tokens=ids)
         texts = [self.tokenizer.decode(t, skip_special_tokens=True) for t in gen.tokens]
-        return TextOutput(texts, gen.tokens, gen.stats)
+        return TextOutput(texts, gen.tokens, gen.stats, gen.commit_pass)

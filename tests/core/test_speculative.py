@@ -222,3 +222,18 @@ def test_rows_finishing_at_different_steps_stay_within_the_cache(target, prompts
     out = decode(target, long_first, LoopConfig(OracleProposer(truth), k=6), max_new_tokens=10)
     assert out.tokens == [t[:10] for t in truth]
     assert out.stats.accepted_hist[7] >= 2          # row 0 overshot max_new_tokens by whole drafts
+
+
+@pytest.mark.parametrize("name, params", [("ar", {}), ("speculative", {"k": 3}), ("tree", {"depth": 3, "width": 2}),
+                                          ("sjd", {"window": 4})])
+def test_commit_pass_says_which_pass_committed_each_token(resources, prompts, name, params):
+    out = run(resources, prompts, name, params, max_new_tokens=20)
+    for tokens, passes in zip(out.tokens, out.commit_pass):
+        assert len(passes) == len(tokens) and passes[0] == 1                # the prefill commits the first token
+        assert all(a <= b for a, b in zip(passes, passes[1:])) and passes[-1] <= out.stats.nfe
+        # a verify pass commits the accepted drafts and one token of its own, at most k + 1 (or depth + 1)
+        assert max(passes.count(p) for p in set(passes)) <= 1 + params.get("k", params.get("depth", params.get("window", 0)))
+    if name == "ar":
+        assert out.commit_pass == [list(range(1, len(t) + 1)) for t in out.tokens]
+    else:
+        assert any(len(set(p)) < len(p) for p in out.commit_pass)             # some pass accepted a draft

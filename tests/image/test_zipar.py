@@ -140,3 +140,16 @@ def test_bad_parameters(model):
         zipar_decode(model, LABELS, grid=GRID, s=2, rule="nope")
     with pytest.raises(InputError, match="stand-in"):
         zipar_decode(model, LABELS, grid=GRID, s=2, stand_in="nope")
+
+
+def test_commit_pass_is_the_wavefront(model):
+    """Row 0 (and row 1, which waits for it) commit one token per pass; later rows start s tokens behind
+    the row above, so their column j commits s passes after the row above's."""
+    s = 2
+    out = zipar_decode(model, LABELS, grid=GRID, s=s, sampling=SAMPLED, seed=1)
+    for passes in out.commit_pass:
+        grid = torch.tensor(passes).reshape(GRID, GRID)
+        assert grid[0].tolist() == list(range(1, GRID + 1)) and int(grid.max()) == out.stats.nfe
+        assert grid[1].tolist() == list(range(GRID + 1, 2 * GRID + 1))
+        for r in range(2, GRID):
+            assert (grid[r] - grid[r - 1]).tolist() == [s] * GRID
