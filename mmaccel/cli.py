@@ -1,4 +1,4 @@
-"""`mmaccel` command line: generate, image, asr, bench, demo, methods."""
+"""`mmaccel` command line: generate, image, asr, bench, eval, demo (the web app), compare, methods."""
 
 from __future__ import annotations
 
@@ -152,9 +152,19 @@ def _bench_image_fid(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    """The main job on the embedded defaults: image methods next to AR on the Fashion-MNIST GPT (a
-    sample grid and the table), the core methods on the real small LM, then Whisper base on the
-    real LibriVox clips (greedy vs the best lossless method)."""
+    """The web app (demos/): Gradio tabs for image, speech and text on the embedded defaults."""
+    try:
+        from demos.app import main as app_main
+    except ImportError as err:
+        raise InputError(f"the web app needs gradio and the demos package of an mmaccel checkout ({err}); "
+                         "run `make demo` in the repository") from None
+    return app_main(args.app_args)
+
+
+def cmd_compare(args) -> int:
+    """The main job on the embedded defaults, in the terminal: image methods next to AR on the
+    Fashion-MNIST GPT (a sample grid and the table), the core methods on the real small LM, then
+    Whisper base on the real LibriVox clips (greedy vs the best lossless method)."""
     from mmaccel.bench import SUITES
     from mmaccel.bench.harness import markdown_table, run_suite
     from mmaccel.bench.image_suite import DEMO_METHODS, sample_grid
@@ -299,17 +309,29 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--dir", default="benchmarks")
     b.set_defaults(func=cmd_bench)
 
-    d = sub.add_parser("demo", help="AR vs the accelerated methods on the embedded default models")
-    d.add_argument("--out", default="runs/demo", help="directory for the sample grid")
+    d = sub.add_parser("demo", add_help=False,
+                       help="the web app: image, speech and text tabs on the embedded models (demo --help for options)")
     d.set_defaults(func=cmd_demo)
 
+    c = sub.add_parser("compare", help="in the terminal: AR vs the accelerated methods on the embedded default models")
+    c.add_argument("--out", default="runs/demo", help="directory for the sample grid")
+    c.set_defaults(func=cmd_compare)
+
+    from mmaccel.eval.cli import add_eval_parser
+    add_eval_parser(sub)
     m = sub.add_parser("methods", help="list the decoding methods")
     m.set_defaults(func=cmd_methods)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    if argv[:1] == ["demo"]:                 # the app parses its own options (--host, --port, --share, ...)
+        args, _ = parser.parse_known_args(["demo"])
+        args.app_args = argv[1:]
+    else:
+        args = parser.parse_args(argv)
     if getattr(args, "draft", None) == "none":
         args.draft = None
     try:

@@ -20,6 +20,7 @@ import torch
 from mmaccel.core.quant import cpu_bf16_units
 from mmaccel.core.stats import DecodeStats
 from mmaccel.errors import check
+from mmaccel.progress import bars_cleared, progress
 
 
 BASELINES = ("ar", "greedy")        # the plain AR decoder ("greedy" is its name for speech)
@@ -68,12 +69,13 @@ def run_suite(suite: Suite, seed: int = 0, log: Callable[[str], None] = print) -
                 suite.warmup(spec)
         outputs = {spec.key: [] for spec in suite.methods}
         stats = {spec.key: DecodeStats() for spec in suite.methods}
-        for i, inputs in enumerate(batches):
+        for i, inputs in enumerate(progress(batches, desc=f"{suite.name} batch size {batch_size}", unit="batch")):
             for spec in suite.methods:
                 out, st = suite.run_batch(spec, inputs, seed + i)
                 outputs[spec.key].extend(out)
                 stats[spec.key] = stats[spec.key] + st
-            log(f"[{suite.name}] batch size {batch_size}: {i + 1}/{len(batches)} batches done")
+            with bars_cleared():
+                log(f"[{suite.name}] batch size {batch_size}: {i + 1}/{len(batches)} batches done")
         base = stats[baseline]
         for spec in suite.methods:
             st = stats[spec.key]

@@ -16,8 +16,7 @@ from typing import Callable
 import torch
 
 from mmaccel.bench.harness import MethodSpec
-from mmaccel.bench.image_suite import (FULL_INCEPTION_REFERENCE, FULL_SAMPLES, _bootstrap_std,
-                                       quality_inception_features)
+from mmaccel.bench.image_suite import FULL_INCEPTION_REFERENCE, FULL_SAMPLES, quality_inception_features
 from mmaccel.errors import check
 from mmaccel.image.methods import build_image_method
 
@@ -26,7 +25,7 @@ BOOTSTRAP_ROUNDS = 5
 
 def run_image_fid(methods: list[MethodSpec], samples: int = FULL_SAMPLES, log: Callable[[str], None] = print) -> dict:
     from mmaccel.image.pipeline import ImagePipeline
-    from mmaccel.metrics.fid import feature_stats, frechet_distance, reference_stats
+    from mmaccel.metrics.fid import bootstrap_std, feature_stats, frechet_distance, reference_stats
 
     check(methods and methods[0].key == "ar", "the first method must be the AR baseline")
     check(samples >= 2, f"samples must be >= 2, got {samples}")
@@ -40,7 +39,7 @@ def run_image_fid(methods: list[MethodSpec], samples: int = FULL_SAMPLES, log: C
         fid = frechet_distance(*feature_stats(feats), *reference)
         rows.append({"method": spec.key, "params": spec.params,
                      "lossless": build_image_method(spec.name, **spec.params).lossless, "samples": len(feats),
-                     "fid": round(fid, 3), "fid_std": round(_bootstrap_std(feats, reference, BOOTSTRAP_ROUNDS), 3)})
+                     "fid": round(fid, 3), "fid_std": round(bootstrap_std(feats, reference, BOOTSTRAP_ROUNDS), 3)})
         log(f"[image-fid] {spec.key}: FID {fid:.3f} ({time.perf_counter() - t0:.0f} s)")
     base = rows[0]["fid"]
     for r in rows:

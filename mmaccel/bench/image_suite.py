@@ -32,6 +32,7 @@ import torch
 from mmaccel.bench.harness import MethodSpec, Suite
 from mmaccel.image.methods import build_image_method
 from mmaccel.paths import default_cache_dir
+from mmaccel.progress import bars_cleared, progress
 
 SAMPLING = {"cfg_scale": 2.0, "temperature": 1.0, "top_k": 0}
 QUALITY_BATCH = 64
@@ -93,7 +94,8 @@ def build_image_suite(quick: bool = False, methods: list[MethodSpec] | None = No
         """Quality of (label, tokens) outputs; `inception` [n, 2048] are cached Inception features of
         the first n of them (computed here when None)."""
         from mmaccel.metrics.domain import classify
-        from mmaccel.metrics.fid import extract_features, feature_stats, frechet_distance, reference_stats
+        from mmaccel.metrics.fid import (bootstrap_std, extract_features, feature_stats, frechet_distance,
+                                          reference_stats)
 
         labels = torch.tensor([label for label, _ in outputs])
         tokens = torch.stack([t for _, t in outputs])
@@ -103,7 +105,7 @@ def build_image_suite(quick: bool = False, methods: list[MethodSpec] | None = No
             reference.setdefault("domain", reference_stats("test", limit=domain_reference, extractor="domain"))
             feats = extract_features(pixels, "domain")
             result["fid_domain"] = round(frechet_distance(*feature_stats(feats), *reference["domain"]), 3)
-            result["fid_domain_std"] = round(_bootstrap_std(feats, reference["domain"]), 3)
+            result["fid_domain_std"] = round(bootstrap_std(feats, reference["domain"]), 3)
         result["class_acc"] = round(float((classify(pixels) == labels).float().mean()), 4)
         n = min(inception_samples, len(outputs))
         if n >= 2:
@@ -151,7 +153,7 @@ def quality_samples(pipe, spec: MethodSpec, count: int, cache_dir: str | Path | 
     classes = pipe.model.num_classes
     outputs: list[tuple[int, torch.Tensor]] = []
     chunks = -(-count // QUALITY_BATCH)
-    for c in range(chunks):
+    for c in progress(range(chunks), desc=f"{spec.key} quality samples", unit="chunk"):
         path = folder / f"chunk_{c:05d}.pt"
         labels = [i % classes for i in range(c * QUALITY_BATCH, (c + 1) * QUALITY_BATCH)]
         if path.is_file():
@@ -159,7 +161,8 @@ def quality_samples(pipe, spec: MethodSpec, count: int, cache_dir: str | Path | 
         else:
             tokens = pipe.generate(labels, spec.name, seed=QUALITY_SEED + c, **SAMPLING, **spec.params).tokens
             _save_atomic(tokens, path)
-            log(f"[image quality] {spec.key}: chunk {c + 1}/{chunks} generated")
+            with bars_cleared():
+                log(f"[image quality] {spec.key}: chunk {c + 1}/{chunks} generated")
         outputs.extend(zip(labels, tokens))
     return outputs[:count]
 
@@ -174,7 +177,7 @@ def quality_inception_features(pipe, spec: MethodSpec, count: int, cache_dir: st
     tokens = torch.stack([t for _, t in quality_samples(pipe, spec, chunks * QUALITY_BATCH, cache_dir, log)])
     folder = _chunk_folder(pipe, spec, cache_dir)
     feats = []
-    for c in range(chunks):
+    for c in progress(range(chunks), desc=f"{spec.key} Inception features", unit="chunk"):
         path = folder / f"chunk_{c:05d}.inception.pt"
         if path.is_file():
             feats.append(torch.load(path, weights_only=True).float())
@@ -183,7 +186,8 @@ def quality_inception_features(pipe, spec: MethodSpec, count: int, cache_dir: st
         stored = extract_features(pipe.decode_pixels(chunk), "inception").half()
         _save_atomic(stored, path)
         feats.append(stored.float())                # as a later run reads them back
-        log(f"[image quality] {spec.key}: Inception features of chunk {c + 1}/{chunks}")
+        with bars_cleared():
+            log(f"[image quality] {spec.key}: Inception features of chunk {c + 1}/{chunks}")
     return torch.cat(feats)[:count]
 
 
@@ -205,17 +209,6 @@ def _save_atomic(tensor: torch.Tensor, path: Path) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(tensor, tmp)
     tmp.replace(path)            # an interrupted run leaves no half-written chunk
-
-
-def _bootstrap_std(feats: torch.Tensor, reference: tuple, rounds: int = 10, seed: int = 0) -> float:
-    """Standard deviation of the Fréchet distance over bootstrap resamples of the generated set: the
-    sampling noise of the score at this sample count (compare methods against it)."""
-    from mmaccel.metrics.fid import feature_stats, frechet_distance
-
-    g = torch.Generator().manual_seed(seed)
-    scores = [frechet_distance(*feature_stats(feats[torch.randint(0, len(feats), (len(feats),), generator=g)]), *reference)
-              for _ in range(rounds)]
-    return float(torch.tensor(scores).std())
 
 
 def sample_grid(pipe, methods: list[MethodSpec], path, labels: list[int] | None = None, seed: int = 0) -> Any:

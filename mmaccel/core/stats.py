@@ -83,6 +83,19 @@ class DecodeStats:
                 "mean_exit_layer": round(self.mean_exit_layer, 4)} if self.exit_hist else {}),
         }
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "DecodeStats":
+        """Inverse of `to_dict()` for the counters that add up (passes, tokens, histograms, times,
+        memory, deviation), so stats stored as JSON (a resumed evaluation's batches) aggregate like fresh ones."""
+        return cls(nfe=int(d.get("nfe", 0)), draft_passes=int(d.get("draft_passes", 0)),
+                   new_tokens=int(d.get("new_tokens", 0)),
+                   accepted_hist=Counter({int(k): int(v) for k, v in d.get("accepted_hist", {}).items()}),
+                   time_s={k: float(v) for k, v in d.get("time_s", {}).items()},
+                   peak_mem_mb=float(d.get("peak_mem_mb", 0.0)), device=d.get("device", "cpu"),
+                   deviation=float(d.get("deviation", 0.0)),
+                   deviation_per_row=[float(x) for x in d.get("deviation_per_row", [])],
+                   exit_hist=Counter({int(k): int(v) for k, v in d.get("exit_hist", {}).items()}))
+
 
 def _rss_mb() -> float:
     with open("/proc/self/statm") as f:

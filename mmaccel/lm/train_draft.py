@@ -38,6 +38,7 @@ import torch
 from safetensors.torch import save_file
 
 from mmaccel.paths import assets_dir
+from mmaccel.progress import LogAboveBars, progress
 from mmaccel.lm.smollm2 import (
     DRAFT_WEIGHTS,
     draft_state_dict,
@@ -120,7 +121,7 @@ def build_data(target, tokenizer, out: Path, args) -> None:
     batches = [order[i : i + args.gen_batch] for i in range(0, len(order), args.gen_batch)]
     jobs = [(mode, bi, batch) for mode in ("greedy", "sampled") for bi, batch in enumerate(batches)]
     t0 = time.perf_counter()
-    for n, (mode, bi, batch) in enumerate(jobs):
+    for n, (mode, bi, batch) in enumerate(progress(jobs, desc="draft data", unit="chunk")):
         path = data_dir / f"{mode}_{bi:03d}.pt"
         if path.exists():
             continue
@@ -268,6 +269,7 @@ def train(target, tokenizer, out: Path, args):
 
     t0 = time.perf_counter()
     run_kl = run_agree = None
+    bar = progress(desc="train draft", total=args.steps, initial=step, unit="step")
     while step < args.steps:
         draft.train()
         for group in opt.param_groups:
@@ -279,6 +281,7 @@ def train(target, tokenizer, out: Path, args):
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         step += 1
+        bar.update()
         run_kl = kl.item() if run_kl is None else 0.95 * run_kl + 0.05 * kl.item()
         run_agree = agree.item() if run_agree is None else 0.95 * run_agree + 0.05 * agree.item()
         if step % args.log_every == 0:
@@ -293,6 +296,7 @@ def train(target, tokenizer, out: Path, args):
             logger.info("step %d: val KL %.4f, val top-1 agreement %.4f", step, kl, agree)
             save_ckpt()
             t0 = time.perf_counter()
+    bar.close()
     return draft.eval()
 
 
@@ -521,7 +525,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     command = "python -m mmaccel.lm.train_draft " + " ".join(map(shlex.quote, sys.argv[1:] if argv is None else argv))
     args.out.mkdir(parents=True, exist_ok=True)
-    handlers = [logging.FileHandler(args.out / "train.log"), logging.StreamHandler(sys.stderr)]
+    handlers = [logging.FileHandler(args.out / "train.log"), LogAboveBars(sys.stderr)]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", handlers=handlers, force=True)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)

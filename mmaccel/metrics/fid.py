@@ -318,6 +318,20 @@ def fid_from_features(feats_a: Tensor, feats_b: Tensor) -> float:
     return frechet_distance(*feature_stats(feats_a), *feature_stats(feats_b))
 
 
+def bootstrap_std(feats: Tensor, reference: tuple[Tensor, Tensor], rounds: int = 10, seed: int = 0) -> float:
+    """Standard deviation of the Fréchet distance of `feats` [N, D] to `reference` (mu [D], sigma [D, D])
+    over `rounds` bootstrap resamples of the N samples: the sampling noise of the score at this sample
+    count (compare methods against it). Fewer than 2 rounds give 0."""
+    _check_features(feats, "features")
+    check(isinstance(rounds, int) and rounds >= 0, f"rounds must be an int >= 0, got {rounds!r}")
+    if rounds < 2:
+        return 0.0
+    g = torch.Generator().manual_seed(seed)
+    scores = [frechet_distance(*feature_stats(feats[torch.randint(0, len(feats), (len(feats),), generator=g)]),
+                               *reference) for _ in range(rounds)]
+    return float(torch.tensor(scores).std())
+
+
 def fid(generated: Images, reference: Images | tuple[Tensor, Tensor], extractor: str = "inception",
         batch_size: int | None = None) -> float:
     """FID between two image sets; `reference` may also be precomputed `(mu, sigma)` (see `reference_stats`).

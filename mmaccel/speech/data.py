@@ -65,8 +65,14 @@ def read_manifest(path: str | os.PathLike) -> list[Utterance]:
             row = json.loads(line)
         except json.JSONDecodeError as err:
             raise InputError(f"{path}:{n}: not valid JSON ({err})") from None
+        check(isinstance(row, dict), f"{path}:{n}: expected a JSON object with audio_filepath, text and duration")
         missing = [k for k in ("audio_filepath", "text", "duration") if k not in row]
         check(not missing, f"{path}:{n}: missing field(s) {', '.join(missing)}")
+        check(isinstance(row["audio_filepath"], str) and row["audio_filepath"].strip() != "",
+              f"{path}:{n}: audio_filepath must be a non-empty path, got {row['audio_filepath']!r}")
+        check(isinstance(row["text"], str), f"{path}:{n}: text must be a string, got {row['text']!r}")
+        check(isinstance(row["duration"], (int, float)) and not isinstance(row["duration"], bool)
+              and row["duration"] >= 0, f"{path}:{n}: duration must be seconds >= 0, got {row['duration']!r}")
         audio = Path(row["audio_filepath"])
         row["audio_filepath"] = str(audio if audio.is_absolute() else path.parent / audio)
         row.setdefault("id", Path(row["audio_filepath"]).stem)

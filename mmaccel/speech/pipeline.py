@@ -15,7 +15,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from mmaccel.core.methods import Method, Resources
 from mmaccel.core.sampling import Sampling
@@ -63,6 +63,7 @@ class Transcript:
     source: str
     duration: float                 # seconds of audio
     tokens: list[int] = field(default_factory=list)   # generated ids of all windows (specials included)
+    passes: int = 0                 # decoder target passes that committed its tokens (prefills included)
     error: str | None = None        # why this input could not be transcribed (list inputs only)
 
 
@@ -160,11 +161,12 @@ class ASRPipeline:
 
     def transcribe(self, audio: AudioLike | list, method: str | Method = "greedy", *, batch_size: int = 8,
                    language: str | None = "en", sample_rate: int | None = None, max_new_tokens: int = MAX_NEW_TOKENS,
-                   **method_params: Any) -> ASROutput:
+                   progress: Callable[[int, int], None] | None = None, **method_params: Any) -> ASROutput:
         """Transcribe one input or a list (paths, arrays with `sample_rate`, `Audio`s).
 
         `method`: a name from `mmaccel.speech.methods.ASR_REGISTRY` or a Method; `method_params`
-        configure it (k, depth, width, exit_layer, num_beams, ...).
+        configure it (k, depth, width, exit_layer, num_beams, ...). `progress(done, total)` is called
+        after each batch with the 30-s windows transcribed so far and their total.
         """
         check(isinstance(batch_size, int) and batch_size >= 1, f"batch_size must be an int >= 1, got {batch_size!r}")
         check(isinstance(max_new_tokens, int) and 1 <= max_new_tokens <= MAX_NEW_TOKENS,
@@ -205,8 +207,13 @@ class ASRPipeline:
             decode_s = time.perf_counter() - t0
             stats = stats + gen.stats
             stats.time_s["decode"] = stats.time_s.get("decode", 0.0) + decode_s
-            for (i, c, _), tokens in zip(batch, gen.tokens):
+            for row, ((i, c, _), tokens) in enumerate(zip(batch, gen.tokens)):
                 parts.setdefault(i, {})[c] = tokens, self.bundle.tokenizer.decode(tokens, skip_special_tokens=True).strip()
+                # one pass per token for methods that do not say (beam, calm); a row also rides
+                # along in its batch's passes after it ends, which this does not count
+                transcripts[i].passes += len(tokens) if gen.commit_pass is None else len(set(gen.commit_pass[row]))
+            if progress is not None:
+                progress(min(start + batch_size, len(windows)), len(windows))
         for i, chunks in parts.items():
             ordered = [chunks[c] for c in sorted(chunks)]
             transcripts[i].tokens = [t for tokens, _ in ordered for t in tokens]

@@ -29,6 +29,13 @@ def test_bad_manifests_are_named(tmp_path):
     bad.write_text('{"audio_filepath": "x.wav"}\n')
     with pytest.raises(InputError, match="missing field\\(s\\) text, duration"):
         read_manifest(bad)
+    for line, match in (('[1, 2]', "expected a JSON object"), ('{"audio_filepath": null, "text": "a", "duration": 1}',
+                        "audio_filepath must be a non-empty path"),
+                        ('{"audio_filepath": "x.wav", "text": null, "duration": 1}', "text must be a string"),
+                        ('{"audio_filepath": "x.wav", "text": "a", "duration": "long"}', "duration must be")):
+        bad.write_text('{"audio_filepath": "x.wav", "text": "hi", "duration": 1}\n\n' + line + "\n")
+        with pytest.raises(InputError, match=f"bad.jsonl:3: {match}"):
+            read_manifest(bad)
 
 
 def test_train_and_eval_voices_and_sentences_are_disjoint():

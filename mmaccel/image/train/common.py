@@ -13,13 +13,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from mmaccel.progress import LogAboveBars
+
 logger = logging.getLogger("mmaccel.image.train")
 
 
 def start_run(out: Path, threads: int, module: str, argv: list[str] | None) -> str:
-    """Create `out`, log to `<out>/train.log` and stderr, set the torch threads; returns the command line."""
+    """Create `out`, log to `<out>/train.log` and stderr (above the progress bar), set the torch threads;
+    returns the command line."""
     out.mkdir(parents=True, exist_ok=True)
-    handlers = [logging.FileHandler(out / "train.log"), logging.StreamHandler(sys.stderr)]
+    handlers = [logging.FileHandler(out / "train.log"), LogAboveBars(sys.stderr)]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", handlers=handlers, force=True)
     torch.set_num_threads(threads)
     command = shlex.join(["python", "-m", module, *(sys.argv[1:] if argv is None else argv)])

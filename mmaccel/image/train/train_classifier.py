@@ -35,6 +35,7 @@ from mmaccel.image.train.common import (batch_indices, cosine_lr, read_checkpoin
                                        start_run)
 from mmaccel.metrics.domain import (ClassifierConfig, FashionClassifier, load_classifier, save_classifier,
                                     to_classifier_input)
+from mmaccel.progress import progress
 
 logger = logging.getLogger("mmaccel.image.train.train_classifier")
 
@@ -93,6 +94,7 @@ def train(args) -> FashionClassifier:
                 len(images), args.batch_size, step, args.steps, args.steps * args.batch_size / len(images))
     model.train()
     losses, hits, t0 = [], [], time.perf_counter()
+    bar = progress(desc="train classifier", total=args.steps, initial=step, unit="step")
     while step < args.steps:
         idx = batch_indices(len(images), args.batch_size, args.seed, step)
         x = training_batch(images[idx], roundtrip=args.roundtrip, seed=args.seed, step=step)
@@ -104,6 +106,7 @@ def train(args) -> FashionClassifier:
         loss.backward()
         opt.step()
         step += 1
+        bar.update()
         losses.append(loss.item())
         hits.append((logits.argmax(-1) == y).float().mean().item())
         if step % args.log_every == 0 or step == args.steps:
@@ -112,6 +115,7 @@ def train(args) -> FashionClassifier:
             losses, hits, t0 = [], [], time.perf_counter()
         if step % args.ckpt_every == 0 or step == args.steps:
             save_checkpoint(ckpt_path, model, opt, step, asdict(model.config))
+    bar.close()
     return model.eval()
 
 

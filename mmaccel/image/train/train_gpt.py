@@ -36,6 +36,7 @@ from mmaccel.image.tokenizers.vq import VQModel, load_vq
 from mmaccel.image.train.common import (batch_indices, cosine_lr, read_checkpoint, restore, save_checkpoint, set_lr,
                                        start_run)
 from mmaccel.paths import assets_dir
+from mmaccel.progress import progress
 
 logger = logging.getLogger("mmaccel.image.train.train_gpt")
 
@@ -109,6 +110,7 @@ def train(args, tokens: Tensor, labels: Tensor) -> LlamaGenGPT:
 
     model.train()
     window, t0 = [], time.perf_counter()
+    bar = progress(desc="train GPT", total=args.steps, initial=step, unit="step")
     while step < args.steps:
         idx = batch_indices(len(tokens), args.batch_size, args.seed, step)
         set_lr(opt, lr_at(step))
@@ -118,6 +120,7 @@ def train(args, tokens: Tensor, labels: Tensor) -> LlamaGenGPT:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
+        bar.update()
         window.append(loss.item())
         if step % args.log_every == 0 or step == args.steps:
             logger.info("step %d/%d lr %.2e loss %.4f | %.3f s/step (epoch %.2f)", step, args.steps, lr_at(step - 1),
@@ -126,6 +129,7 @@ def train(args, tokens: Tensor, labels: Tensor) -> LlamaGenGPT:
             window, t0 = [], time.perf_counter()
         if step % args.ckpt_every == 0 or step == args.steps:
             save_checkpoint(ckpt_path, model, opt, step, asdict(config))
+    bar.close()
     return model.eval()
 
 

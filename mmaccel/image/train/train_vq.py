@@ -35,6 +35,7 @@ from mmaccel.image.data import load_fashion_mnist, to_model_images
 from mmaccel.image.tokenizers.vq import VQConfig, VQModel, load_vq, save_vq
 from mmaccel.image.train.common import (batch_indices, cosine_lr, read_checkpoint, restore, save_checkpoint, set_lr,
                                        start_run)
+from mmaccel.progress import progress
 
 logger = logging.getLogger("mmaccel.image.train.train_vq")
 
@@ -134,6 +135,7 @@ def train(args) -> VQModel:
                 len(images), args.size, args.size, args.batch_size, step, args.steps)
     model.train()
     window, used, t0 = [], torch.zeros(model.codebook_size, dtype=torch.bool), time.perf_counter()
+    bar = progress(desc="train VQ", total=args.steps, initial=step, unit="step")
     while step < args.steps:
         x = to_model_images(images[batch_indices(len(images), args.batch_size, args.seed, step)], args.size)
         set_lr(opt, lr_at(step))
@@ -143,6 +145,7 @@ def train(args) -> VQModel:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
+        bar.update()
         window.append(parts)
         used[idx.flatten()] = True
         if step % args.log_every == 0 or step == args.steps:
@@ -153,6 +156,7 @@ def train(args) -> VQModel:
             window, used, t0 = [], torch.zeros_like(used), time.perf_counter()
         if step % args.ckpt_every == 0 or step == args.steps:
             save_checkpoint(ckpt_path, model, opt, step, asdict(model.config))
+    bar.close()
     return model.eval()
 
 

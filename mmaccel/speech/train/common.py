@@ -13,10 +13,13 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from mmaccel.progress import bars_cleared
+
 
 def log(out: Path, message: str) -> None:
     line = f"{time.strftime('%H:%M:%S')} {message}"
-    print(line, flush=True)
+    with bars_cleared():                # above the progress bar, when one is drawn
+        print(line, flush=True)
     with open(out / "train.log", "a") as f:
         f.write(line + "\n")
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from mmaccel.paths import default_cache_dir
+from mmaccel.progress import progress
 from mmaccel.speech.audio import load_audio, log_mel
 from mmaccel.speech.data import build_tts_corpus, read_manifest
 from mmaccel.speech.train.common import log, release_freed_memory
@@ -102,7 +103,8 @@ def collect(asr, manifest: Path, folder: Path, batch_size: int, limit: int | Non
     model, prompt = asr.model, asr.bundle.prompt("en")
     eot = asr.bundle.tokens.end_of_text
     t0 = time.time()
-    for c, start in enumerate(range(0, len(utterances), batch_size)):
+    starts = range(0, len(utterances), batch_size)
+    for c, start in enumerate(progress(starts, desc=f"data {folder.name}", unit="batch")):
         path = folder / f"chunk_{c:05d}.pt"
         if path.is_file():
             continue

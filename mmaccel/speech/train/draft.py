@@ -31,6 +31,7 @@ from torch import Tensor
 
 from mmaccel.core.model import DecodeState
 from mmaccel.errors import check
+from mmaccel.progress import progress
 from mmaccel.speech.data import read_manifest
 from mmaccel.speech.decoder import EncodedAudio, WhisperDecoderModel, audio_frames
 from mmaccel.speech.draft import WhisperDraft, load_draft, new_draft, save_draft, trainable
@@ -154,6 +155,7 @@ def train(asr: ASRPipeline, draft: WhisperDraft, rows: list[dict], cross: list[d
     eot = asr.bundle.tokens.end_of_text
     draft.hf.train()
     step = 0
+    bar = progress(desc="train draft decoder", total=steps, unit="step")
     for epoch in range(args.epochs):
         for idx, tokens, tgt in batches(rows, eot, args.batch_utterances, torch.randperm(len(rows))):
             hidden = draft_hidden(dm, [cross[i] for i in idx], tokens)
@@ -162,8 +164,10 @@ def train(asr: ASRPipeline, draft: WhisperDraft, rows: list[dict], cross: list[d
             loss = distillation_loss(F.linear(hidden[keep], weight), lookup[tgt[keep]], teacher, args.kd)
             optimizer_step(opt, sched, loss, params)
             step += 1
+            bar.update()
             if step % 25 == 0 or step == steps:
                 log(out, f"step {step}/{steps} epoch {epoch} CE {loss.item():.3f}")
+    bar.close()
     draft.hf.eval().requires_grad_(False)
     return draft
 

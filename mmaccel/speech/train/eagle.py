@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mmaccel.errors import check
+from mmaccel.progress import progress
 from mmaccel.speech.decoder import LayerStep, WhisperDecoderModel
 from mmaccel.speech.eagle import EagleHead, new_eagle_head, with_fusion
 from mmaccel.speech.heads import WhisperHeads, load_heads, save_heads
@@ -152,6 +153,7 @@ def train(asr, head: EagleHead, rows: list[dict], cross: list[dict], args, out: 
              f"unroll {args.unroll}, fused layers {list(head.feature_layers)}, {steps} steps")
     head.layer.hf.train()
     step = 0
+    bar = progress(desc="train EAGLE head", total=steps, unit="step")
     for epoch in range(args.epochs):
         order = torch.randperm(len(rows)).tolist()
         for start in range(0, len(rows), args.batch_utterances):
@@ -169,8 +171,10 @@ def train(asr, head: EagleHead, rows: list[dict], cross: list[dict], args, out: 
             loss = torch.stack(losses).sum()
             optimizer_step(opt, sched, loss, params)
             step += 1
+            bar.update()
             if step % 25 == 0 or step == steps:
                 log(out, f"step {step}/{steps} epoch {epoch} loss per pass {[round(x.item(), 3) for x in losses]}")
+    bar.close()
     head.layer.hf.eval().requires_grad_(False)
     for m in mixers:
         m.eval().requires_grad_(False)

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from mmaccel.progress import progress
 from mmaccel.speech.heads import WhisperHeads, load_heads, new_exit_heads, new_medusa_heads, save_heads
 from mmaccel.speech.medusa_block import MedusaBlock, block_forward, new_medusa_block
 from mmaccel.speech.pipeline import ASRPipeline
@@ -79,6 +80,7 @@ def train(asr: ASRPipeline, rows: list[dict], args, out: Path) -> WhisperHeads:
     log(out, f"train on {N} positions from {len(rows)} utterances ({len(vocab)} distinct tokens): "
              f"{args.num_heads} Medusa heads, exit layers {layers}, {steps} steps")
     step = 0
+    bar = progress(desc="train heads", total=steps, unit="step")
     for epoch in range(args.epochs):
         order = torch.randperm(N)
         for start in range(0, N, args.batch_positions):
@@ -91,8 +93,10 @@ def train(asr: ASRPipeline, rows: list[dict], args, out: Path) -> WhisperHeads:
             loss = medusa + exits
             optimizer_step(opt, sched, loss, params)
             step += 1
+            bar.update()
             if step % 50 == 0 or step == steps:
                 log(out, f"step {step}/{steps} epoch {epoch} medusa CE {medusa.item():.3f} exit CE {exits.item():.3f}")
+    bar.close()
     return heads
 
 
@@ -132,6 +136,7 @@ def train_block(asr: ASRPipeline, rows: list[dict], vocab: Tensor, args, out: Pa
     sched = warmup_cosine(opt, steps, warmup=30)
     log(out, f"train a Medusa block with {args.block_heads} heads on {len(rows)} utterances, {steps} steps")
     step = 0
+    bar = progress(desc="train Medusa block", total=steps, unit="step")
     for epoch in range(args.block_epochs):
         order = torch.randperm(len(rows)).tolist()
         for start in range(0, len(rows), args.batch_utterances):
@@ -146,8 +151,10 @@ def train_block(asr: ASRPipeline, rows: list[dict], vocab: Tensor, args, out: Pa
             loss = torch.stack(losses).mean()
             optimizer_step(opt, sched, loss, params)
             step += 1
+            bar.update()
             if step % 25 == 0 or step == steps:
                 log(out, f"block step {step}/{steps} epoch {epoch} CE {loss.item():.3f}")
+    bar.close()
     block.layer.hf.eval().requires_grad_(False)
     block.heads.eval().requires_grad_(False)
     return block

@@ -1,0 +1,5 @@
+import sys
+
+from demos.app import main
+
+sys.exit(main())

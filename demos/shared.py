@@ -1,0 +1,101 @@
+"""What every tab shares: models loaded once per process, lazily, behind a lock; errors shown on the page;
+method parameters typed as text."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import re
+import threading
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import gradio as gr
+
+from mmaccel.errors import InputError, MMAccelError
+
+logger = logging.getLogger("demos")
+MAX_MESSAGE = 400     # characters of an unexpected error shown on the page (the traceback goes to the log)
+
+
+class SharedModel:
+    """A model loaded on first use and shared by every session of this process.
+
+    `use()` holds a lock for a whole request, so two sessions never interleave calls on one pipeline
+    (nothing per request is kept on it: every request passes its inputs and gets its own outputs)."""
+
+    def __init__(self, name: str, load: Callable[[], Any]):
+        self.name, self._load = name, load
+        self._value: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def loaded(self) -> bool:
+        return self._value is not None
+
+    @contextmanager
+    def use(self) -> Iterator[Any]:
+        with self._lock:
+            if self._value is None:
+                logger.info("loading the %s model", self.name)
+                self._value = self._load()
+            yield self._value
+
+
+def shown_on_page(fn: Callable) -> Callable:
+    """Errors of a handler reach the page as a short message (gr.Error), never as a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except gr.Error:
+            raise
+        except MMAccelError as err:
+            raise gr.Error(str(err), title="Invalid input", print_exception=False) from None
+        except Exception as err:  # noqa: BLE001 - an unexpected failure still gets a message, and the log the rest
+            logger.exception("request failed")
+            raise gr.Error(f"{type(err).__name__}: {str(err)[:MAX_MESSAGE]}", title="Something went wrong") from None
+
+    return wrapper
+
+
+def parse_params(text: str | None) -> dict[str, Any]:
+    """'k=8, stop_below=0.5' (commas or spaces between pairs) -> {'k': 8, 'stop_below': 0.5}; values are
+    JSON where they parse (numbers, true/false), else strings."""
+    params: dict[str, Any] = {}
+    for item in re.split(r"[,\s]+", (text or "").strip()):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InputError(f"method parameters are KEY=VALUE pairs (e.g. k=4 stop_below=0.5), got {item!r}")
+        try:
+            params[key] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key] = value
+    return params
+
+
+def number(value: Any, name: str, low: float, high: float, integer: bool = False) -> float | int:
+    """A slider or number box value as the API may send it, checked against the control's range."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError(f"{name} must be a number in [{low}, {high}], got {value!r}")
+    if not low <= value <= high:
+        raise InputError(f"{name} must be in [{low}, {high}], got {value}")
+    if integer:
+        if int(value) != value:
+            raise InputError(f"{name} must be a whole number, got {value}")
+        return int(value)
+    return float(value)
+
+
+def choice(value: Any, name: str, options) -> str:
+    if value not in options:
+        raise InputError(f"unknown {name} {value!r}; choose from {', '.join(map(str, options))}")
+    return value
+
+
+def ratio(base: float, fast: float) -> str:
+    return f"{base / fast:.2f}×" if fast > 0 else "–"

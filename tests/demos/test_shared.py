@@ -1,0 +1,68 @@
+"""The app's shared pieces: parameters typed as text, range checks, errors turned into page messages."""
+
+import threading
+import time
+
+import gradio as gr
+import pytest
+
+from demos.shared import SharedModel, number, parse_params, shown_on_page
+from mmaccel.errors import InputError
+
+
+def test_parse_params():
+    assert parse_params("k=8, stop_below=0.5 coupled=true stand_in=copy") == \
+        {"k": 8, "stop_below": 0.5, "coupled": True, "stand_in": "copy"}
+    assert parse_params("") == {} and parse_params(None) == {}
+    with pytest.raises(InputError, match="KEY=VALUE"):
+        parse_params("k 8")
+
+
+@pytest.mark.parametrize("value, message", [(11, r"in \[1, 10\]"), ("3", "must be a number"), (True, "must be a number"),
+                                            (2.5, "whole number")])
+def test_number_checks_what_the_api_sends(value, message):
+    with pytest.raises(InputError, match=message):
+        number(value, "batch", 1, 10, integer=True)
+    assert number(4.0, "batch", 1, 10, integer=True) == 4
+
+
+def test_errors_become_page_messages():
+    @shown_on_page
+    def bad_input():
+        raise InputError("the prompt is empty")
+
+    @shown_on_page
+    def crash():
+        raise RuntimeError("boom " * 200)
+
+    with pytest.raises(gr.Error, match="the prompt is empty"):
+        bad_input()
+    with pytest.raises(gr.Error) as info:
+        crash()
+    assert info.value.message.startswith("RuntimeError: boom") and len(info.value.message) < 450
+
+
+def test_a_shared_model_loads_once_and_serves_one_request_at_a_time():
+    loads, inside, overlap = [], [0], []
+
+    def load():
+        loads.append(1)
+        return object()
+
+    model = SharedModel("test", load)
+    seen = []
+
+    def request():
+        with model.use() as value:
+            inside[0] += 1
+            overlap.append(inside[0])
+            time.sleep(0.01)                    # without the lock, the other requests would come in now
+            seen.append(value)
+            inside[0] -= 1
+
+    threads = [threading.Thread(target=request) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(loads) == 1 and max(overlap) == 1 and len({id(v) for v in seen}) == 1
