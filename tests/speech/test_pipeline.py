@@ -42,8 +42,12 @@ def test_long_audio_is_chunked_and_joined(tiny_en_asr, files):
     clips = [load_audio(f).samples for f in files]
     pause = np.zeros(16000, np.float32)
     long = np.concatenate([x for c in clips + clips for x in (c, pause)])        # 59 s
-    text = tiny_en_asr.transcribe((long, 16000)).texts[0]
+    reports = []
+    out = tiny_en_asr.transcribe((long, 16000), batch_size=1, progress=lambda done, total: reports.append((done, total)))
+    text = out.texts[0]
+    assert reports == [(1, 2), (2, 2)]                       # one report per batch of 30-s windows
     assert text.startswith("And Mr. John Dashwood") and text.count("John Dashwood") == 2
+    assert len(set(out.transcripts[0].tokens)) > 1 and out.transcripts[0].passes == len(out.transcripts[0].tokens)
     assert text.endswith("He might even have been made amiable himself.")
     # in a list, windows are batched longest first; every transcript still gets its own, in order
     many = tiny_en_asr.transcribe([files[1], (long, 16000), files[0]], batch_size=2)
