@@ -111,6 +111,7 @@ def _images_loaded(page, selector: str, count: int) -> None:
 
 def _shot(page, name: str) -> None:
     page.wait_for_function("document.querySelectorAll('.generating, .pending').length === 0")   # outputs settled
+    page.wait_for_timeout(1500)                     # and Gradio's fade-in of fresh outputs finished
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
