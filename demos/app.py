@@ -24,6 +24,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 
 from demos import image_tab, speech_tab, text_tab  # noqa: E402
+from mmaccel.devices import add_device_option, resolve_device  # noqa: E402
 from mmaccel.errors import InputError  # noqa: E402
 
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 7860
@@ -36,19 +37,20 @@ INTRO = ("**mmaccel**: the plain autoregressive baseline next to an accelerated 
 
 
 def build_app(image: str = "builtin:fashion-mnist", speech: str = "builtin:base", text: str = "builtin:smollm2",
-              workdir: str | os.PathLike | None = None) -> gr.Blocks:
-    """The app over the given models (builtin names or local paths, as each pipeline's from_pretrained takes)."""
+              workdir: str | os.PathLike | None = None, device: str | None = None) -> gr.Blocks:
+    """The app over the given models (builtin names or local paths, as each pipeline's from_pretrained takes),
+    on `device` (cpu by default)."""
     if workdir is None:
         workdir = tempfile.mkdtemp(prefix="mmaccel-demo-")
         atexit.register(shutil.rmtree, workdir, ignore_errors=True)
     with gr.Blocks(title="mmaccel", analytics_enabled=False, delete_cache=(3600, 3600)) as app:
         gr.Markdown(INTRO)
         with gr.Tab("Image", id="image"):
-            image_tab.build(image_tab.image_model(image), Path(workdir) / "image")
+            image_tab.build(image_tab.image_model(image, device), Path(workdir) / "image")
         with gr.Tab("Speech", id="speech"):
-            speech_tab.build(speech_tab.speech_model(speech))
+            speech_tab.build(speech_tab.speech_model(speech, device))
         with gr.Tab("Text", id="text"):
-            text_tab.build(text_tab.text_model(text))
+            text_tab.build(text_tab.text_model(text, device))
         # the video modality adds its tab here: with gr.Tab("Video", id="video"): video_tab.build(...)
     app.queue(default_concurrency_limit=1)
     return app
@@ -93,6 +95,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--image-model", default="builtin:fashion-mnist", help="image model (builtin name or directory)")
     p.add_argument("--speech-model", default="builtin:base", help="Whisper model (builtin:base, builtin:tiny.en or a directory)")
     p.add_argument("--text-model", default="builtin:smollm2", help="text model (builtin:smollm2 or a HF directory)")
+    add_device_option(p)
     return p.parse_args(argv)
 
 
@@ -105,11 +108,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.share:
             check_share()
         check_port(args.host, args.port)
+        resolve_device(args.device)                 # no GPU for --device cuda: say so now, not at a tab's first request
     except InputError as err:
         print(f"mmaccel demo: error: {err}", file=sys.stderr)
         return 2
     port = args.port or free_port(args.host)
-    app = build_app(args.image_model, args.speech_model, args.text_model)
+    app = build_app(args.image_model, args.speech_model, args.text_model, device=args.device)
     clip_dirs = sorted({str(Path(p).parent) for p in speech_tab.bundled_clips().values()})
     print(f"mmaccel demo: serving on http://{args.host}:{port} (Ctrl+C to stop)", flush=True)
     app.launch(server_name=args.host, server_port=port, share=args.share, quiet=True, ssr_mode=False,

@@ -24,9 +24,9 @@ MAX_BATCH = 8
 DISPLAY_SCALE = 3                      # the 64-px samples are shown 3x larger (nearest neighbour)
 
 
-def image_model(source: str) -> SharedModel:
+def image_model(source: str, device: str | None = None) -> SharedModel:
     def load() -> ImagePipeline:
-        pipe = ImagePipeline.from_pretrained(source)
+        pipe = ImagePipeline.from_pretrained(source, device=device)
         pipe.generate([0], "ar", seed=0)          # warm-up: first-call costs stay out of the speed-up
         return pipe
 

@@ -22,9 +22,9 @@ METHODS = tuple(DEFAULT_PARAMS)
 MAX_AUDIO_S = 600.0             # longer uploads are refused with a message (the app is a demo, not a batch job)
 
 
-def speech_model(source: str) -> SharedModel:
+def speech_model(source: str, device: str | None = None) -> SharedModel:
     def load() -> ASRPipeline:
-        asr = ASRPipeline.from_pretrained(source)
+        asr = ASRPipeline.from_pretrained(source, device=device)
         clips = bundled_clips()
         if clips:                 # warm-up: first-call costs (int8 draft weights, allocator) stay out of the speed-up
             first = min(clips.values(), key=len)

@@ -22,9 +22,9 @@ LEGEND = ("Tokens sharing a colour were committed by one target pass (accepted d
           "token); grey tokens had a pass to themselves, as in plain AR. Hover a token for its pass.")
 
 
-def text_model(source: str) -> SharedModel:
+def text_model(source: str, device: str | None = None) -> SharedModel:
     def load() -> TextPipeline:
-        pipe = TextPipeline.from_pretrained(source)
+        pipe = TextPipeline.from_pretrained(source, device=device)
         pipe.generate(["Hi."], "ar", max_new_tokens=4)          # warm-up
         return pipe
 

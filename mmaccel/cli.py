@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from mmaccel.devices import add_device_option
 from mmaccel.errors import InputError, MMAccelError
 
 
@@ -37,7 +38,7 @@ def _method_specs(text: str | None):
 def cmd_generate(args) -> int:
     from mmaccel.lm.pipeline import TextPipeline
 
-    pipe = TextPipeline.from_pretrained(args.model, draft=args.draft)
+    pipe = TextPipeline.from_pretrained(args.model, draft=args.draft, device=args.device)
     out = pipe.generate(args.prompt, args.method, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                         top_k=args.top_k, top_p=args.top_p, seed=args.seed, **dict(args.param))
     for text in out.texts:
@@ -58,7 +59,7 @@ def cmd_image_generate(args) -> int:
     labels = _labels(args.labels)
     if not labels:
         raise InputError("--labels is empty: pass class indices such as --labels 0,1,2")
-    pipe = ImagePipeline.from_pretrained(args.model, vq=args.vq, draft=args.draft)
+    pipe = ImagePipeline.from_pretrained(args.model, vq=args.vq, draft=args.draft, device=args.device)
     out = pipe.generate(labels, args.method, cfg_scale=args.cfg_scale, temperature=args.temperature,
                         top_k=args.top_k, top_p=args.top_p, seed=args.seed, **dict(args.param))
     directory = Path(args.out)
@@ -75,7 +76,7 @@ def cmd_asr_transcribe(args) -> int:
     from mmaccel.speech.pipeline import ASRPipeline, draft_option, heads_option
 
     asr = ASRPipeline.from_pretrained(args.model, heads=heads_option(args.heads), draft=draft_option(args.draft),
-                                      assistant=args.assistant)
+                                      assistant=args.assistant, device=args.device)
     out = asr.transcribe(list(args.files), args.method, batch_size=args.batch_size, language=args.language,
                          **dict(args.param))
     failed = 0
@@ -105,7 +106,7 @@ def cmd_bench(args) -> int:
         raise InputError(f"unknown benchmark suite {args.suite!r}; choose from {', '.join(SUITES)}, image-fid or report")
     extra = {}
     for option, minimum in (("samples", 2), ("inception_samples", 0), ("model", None), ("heads", None),
-                            ("draft", None)):                                       # suite-specific options
+                            ("draft", None), ("device", None)):                                       # suite-specific options
         value, flag = getattr(args, option), "--" + option.replace("_", "-")
         if value is None:
             continue
@@ -254,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0)
+    add_device_option(g)
     g.set_defaults(func=cmd_generate)
 
     image = sub.add_parser("image", help="class-conditional image generation")
@@ -273,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     ig.add_argument("--top-p", type=float, default=1.0)
     ig.add_argument("--seed", type=int, default=0)
     ig.add_argument("--out", required=True, help="directory for the PNGs")
+    add_device_option(ig)
     ig.set_defaults(func=cmd_image_generate)
 
     asr = sub.add_parser("asr", help="speech recognition with Whisper")
@@ -291,6 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="method parameter, e.g. --param depth=4 (repeatable)")
     at.add_argument("--batch-size", type=int, default=8)
     at.add_argument("--language", default="en", help="language code for multilingual models")
+    add_device_option(at)
     at.set_defaults(func=cmd_asr_transcribe)
 
     b = sub.add_parser("bench", help="run a benchmark suite (or `report` to refresh the README tables)")
@@ -305,6 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--heads", default=None,
                    help="asr suite: heads file(s), comma-separated, 'auto' (the shipped ones, default) or 'none'")
     b.add_argument("--draft", default=None, help="asr suite: draft decoder file, 'auto' (default) or 'none'")
+    add_device_option(b, default=None)
     b.add_argument("--readme", default="README.md")
     b.add_argument("--dir", default="benchmarks")
     b.set_defaults(func=cmd_bench)

@@ -21,11 +21,12 @@ DEFAULT_METHODS = [
 ]
 
 
-def build_core_suite(quick: bool = False, methods: list[MethodSpec] | None = None, pipeline=None) -> Suite:
+def build_core_suite(quick: bool = False, methods: list[MethodSpec] | None = None, pipeline=None,
+                     device: str | None = None) -> Suite:
     from mmaccel.lm.pipeline import TextPipeline
     from mmaccel.lm.smollm2 import load_prompt_set
 
-    pipe = pipeline or TextPipeline.from_pretrained("builtin:smollm2")
+    pipe = pipeline or TextPipeline.from_pretrained("builtin:smollm2", device=device)
     prompts = load_prompt_set("core")
     per_category = 1 if quick else 4
     picked, seen = [], {}

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from mmaccel.core.sampling import race
 from mmaccel.errors import check
+from mmaccel.kernels.dispatch import use_triton
 
 
 @dataclass
@@ -77,6 +78,10 @@ def accept_speculative(draft_tokens: Tensor, draft_probs: Tensor | None, target_
     the drafts are point masses (n-gram, lookup, top-k trees): accept with p_j(x_j) and draw the
     residual from p_j with x_j removed. Every emitted token is distributed exactly as the target.
     """
+    if use_triton(target_probs):             # the fused kernel (mmaccel.kernels.speculative): same outputs
+        from mmaccel.kernels.speculative import verify_chain
+
+        return Verdict(*verify_chain(draft_tokens, draft_probs, target_probs, uniforms, exponentials))
     B, K = draft_tokens.shape
     idx = draft_tokens[..., None]
     p_x = target_probs[:, :K].gather(2, idx).squeeze(2)

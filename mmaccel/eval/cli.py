@@ -12,6 +12,8 @@ import json
 import sys
 from pathlib import Path
 
+from mmaccel.devices import add_device_option
+
 
 def _log(message: str) -> None:
     print(message, file=sys.stderr)
@@ -45,7 +47,7 @@ def cmd_eval_image(args) -> int:
             batch_size=args.batch_size, dist=dist, seed=args.seed, cfg_scale=args.cfg_scale,
             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, model=args.model, vq=args.vq,
             draft=args.draft, features=args.features, reference=args.reference,
-            bootstrap_rounds=args.bootstrap_rounds, overwrite=args.overwrite, log=_log)
+            bootstrap_rounds=args.bootstrap_rounds, overwrite=args.overwrite, log=_log, device=args.device)
     _print_summary(summary)
     return 0
 
@@ -58,7 +60,8 @@ def cmd_eval_wer(args) -> int:
         summary = evaluate_asr_method(
             args.out, audio=args.audio, method=args.method, params=dict(args.param), batch_size=args.batch_size,
             dist=dist, model=args.model, heads=args.heads, draft=args.draft, assistant=args.assistant,
-            language=args.language, compare_greedy=args.compare_greedy, overwrite=args.overwrite, log=_log)
+            language=args.language, compare_greedy=args.compare_greedy, overwrite=args.overwrite, log=_log,
+            device=args.device)
     _print_summary(summary)
     if summary is not None and summary["failed"]:
         _log(f"mmaccel: {summary['failed']} utterance(s) could not be transcribed: see 'error' in "
@@ -114,6 +117,7 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
     i.add_argument("--seed", type=int, default=0)
     i.add_argument("--reference", default="fashion-mnist-test",
                    help="fashion-mnist-test, an image folder / .npz, or none (no FID)")
+    add_device_option(i)
     i.set_defaults(func=cmd_eval_image)
 
     w = ev_sub.add_parser("wer", parents=[common], help="transcribe a test set with a method, score WER and RTFx")
@@ -133,5 +137,6 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
     w.add_argument("--overwrite", action="store_true", help="delete the earlier outputs in --out and start again")
     w.add_argument("--compare-greedy", action="store_true",
                    help="also run greedy on every batch in the same process and report the speed-ups")
+    add_device_option(w)
     w.set_defaults(func=cmd_eval_wer)
     return ev

@@ -70,6 +70,13 @@ class Dist:
         """This rank's units of 0..n-1 (round robin)."""
         return list(range(self.rank, n, self.world_size))
 
+    def device(self, requested: str | None) -> str | None:
+        """The device this rank computes on: a plain "cuda" (or "auto" with GPUs) becomes this process's
+        own GPU, cuda:LOCAL_RANK, so N processes on a node use N GPUs."""
+        if requested in ("cuda", "auto") and torch.cuda.is_available():
+            return f"cuda:{self.local_rank}"
+        return requested
+
     def barrier(self) -> None:
         if self.active:
             torch.distributed.barrier()

@@ -58,7 +58,8 @@ def evaluate_image_method(out: str | Path, *, method: str, params: dict[str, Any
                           top_p: float = 1.0, model: str = "builtin:fashion-mnist", vq: str | None = None,
                           draft: str | None = "builtin", features: str = "inception",
                           reference: str = FASHION_MNIST_TEST, bootstrap_rounds: int = BOOTSTRAP_ROUNDS,
-                          overwrite: bool = False, pipeline=None, log: Callable[[str], None] = print) -> dict | None:
+                          overwrite: bool = False, pipeline=None, log: Callable[[str], None] = print,
+                          device: str | None = None) -> dict | None:
     """Generate, save and score `num_samples` samples of `method`; returns the summary on rank 0 (None
     elsewhere). `reference="none"` skips the FID. `pipeline`: an already loaded `ImagePipeline` to use
     instead of loading `model` / `vq` / `draft` (which are then only recorded in config.json)."""
@@ -76,10 +77,11 @@ def evaluate_image_method(out: str | Path, *, method: str, params: dict[str, Any
     built = build_image_method(method, **params)               # unknown method / bad parameter: fail early
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
     plan = plan_batches(num_samples, batch_size, seed)
-    pipe = pipeline or ImagePipeline.from_pretrained(model, vq=vq, draft=draft)
+    pipe = pipeline or ImagePipeline.from_pretrained(model, vq=vq, draft=draft, device=dist.device(device))
     pipe.resources(cfg_scale)                                  # checks cfg_scale against the model
     classes = pipe.model.num_classes
     config = {"command": "eval image", "model": str(model), "vq": vq, "draft": draft, "weights": pipe.fingerprint(),
+              "device": next(pipe.model.parameters()).device.type,
               "method": method, "params": params, "cfg_scale": cfg_scale, "temperature": sampling.temperature,
               "top_k": sampling.top_k, "top_p": sampling.top_p, "seed": seed, "num_samples": num_samples,
               "batch_size": batch_size, "labels": f"i mod {classes}", "batch_seed": "seed + batch index"}

@@ -104,7 +104,7 @@ def evaluate_asr_method(out: str | Path, *, audio: str | os.PathLike, method: st
                         batch_size: int, dist: Dist, model: str = "builtin:base", heads: str = "auto",
                         draft: str | None = "auto", assistant: str | None = None, language: str = "en",
                         compare_greedy: bool = False, overwrite: bool = False, pipeline=None,
-                        log: Callable[[str], None] = print) -> dict | None:
+                        log: Callable[[str], None] = print, device: str | None = None) -> dict | None:
     """Transcribe, save and score; returns the summary on rank 0 (None elsewhere). `pipeline`: an
     already loaded `ASRPipeline` to use instead of loading `model` / `heads` / `draft` / `assistant`."""
     from mmaccel.speech.methods import build_asr_method
@@ -116,11 +116,12 @@ def evaluate_asr_method(out: str | Path, *, audio: str | os.PathLike, method: st
     utts = load_utterances(audio)
     plan = plan_batches(len(utts), batch_size)
     asr = pipeline or ASRPipeline.from_pretrained(model, heads=heads_option(heads), draft=draft_option(draft),
-                                                  assistant=assistant)
+                                                  assistant=assistant, device=dist.device(device))
     config = {"command": "eval wer", "audio": str(Path(audio).expanduser().resolve()), "utterances": len(utts),
               "utterances_digest": utterances_digest(utts), "order": "duration desc, then id", "model": model,
               "heads": asr.heads_source, "draft": asr.draft_source, "assistant": assistant, "method": method,
-              "params": params, "batch_size": batch_size, "language": language, "compare_greedy": compare_greedy}
+              "params": params, "batch_size": batch_size, "language": language, "compare_greedy": compare_greedy,
+              "device": asr.model.device.type}
     status = dist.on_main(lambda: prepare_run_dir(root, config, OUTPUTS, overwrite))
     if dist.is_main and status != "new":
         log(f"[eval wer] {root}: {'resuming' if status == 'resume' else 'overwrote the earlier run'}")

@@ -19,6 +19,7 @@ from torch import Tensor
 from mmaccel.core.methods import Method, Resources
 from mmaccel.core.sampling import CFG, Sampling
 from mmaccel.core.stats import DecodeStats
+from mmaccel.devices import check_same_device, resolve_device, resolve_dtype
 from mmaccel.errors import InputError, ModelNotFoundError, check
 from mmaccel.image.methods import build_image_method
 from mmaccel.image.models.gpt import LlamaGenGPT, load_gpt
@@ -61,17 +62,22 @@ class ImagePipeline:
         check(model.vocab_size == vq.codebook_size, f"the GPT has {model.vocab_size} token ids but the tokenizer "
               f"has {vq.codebook_size} codes: they were not trained together")
         check(draft is None or draft.vocab_size == model.vocab_size, "the drafter's vocabulary differs from the target's")
+        check_same_device([("target GPT", model), ("tokenizer", vq), ("drafter", draft)])
         self.model, self.vq, self.draft = model.eval(), vq.eval(), None if draft is None else draft.eval()
         self.class_names = tuple(class_names) if class_names is not None else None
         self.grid = model.config.grid_size
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path = BUILTIN, *, vq: str | Path | None = None,
-                        draft: str | Path | None = "builtin", dtype: torch.dtype | None = None) -> "ImagePipeline":
+                        draft: str | Path | None = "builtin", device: str | torch.device | None = None,
+                        dtype: str | torch.dtype | None = None) -> "ImagePipeline":
         """`"builtin:fashion-mnist"` (the shipped Fashion-MNIST GPT, tokenizer and drafter), a directory
         holding `gpt.*` and `vq.*` (and optionally `draft.*`) checkpoints, or a GPT checkpoint file
         (an official `c2i_*.pt` too) with `vq=` its tokenizer (`vq_ds16_c2i.pt`). `draft` is a drafter
-        checkpoint, "builtin" (the directory's or built-in one, if any) or None."""
+        checkpoint, "builtin" (the directory's or built-in one, if any) or None. `device`: cpu (default),
+        cuda, cuda:N or auto; `dtype`: the GPTs' parameter dtype (default: the checkpoint's)."""
+        device = resolve_device(device)
+        dtype = resolve_dtype(dtype, device)
         name = str(name_or_path)
         names = None
         if name == BUILTIN:
@@ -105,7 +111,7 @@ class ImagePipeline:
         drafter = load_gpt(draft_path, dtype=dtype) if draft_path is not None and Path(draft_path).exists() else None
         if draft not in (None, "builtin") and drafter is None:
             raise ModelNotFoundError(f"drafter checkpoint {draft_path} not found")
-        return cls(model, tokenizer, drafter, names)
+        return cls(model.to(device), tokenizer.to(device), None if drafter is None else drafter.to(device), names)
 
     def fingerprint(self) -> str:
         """A digest of the target, tokenizer and drafter weights (cache keys of derived results)."""

@@ -256,7 +256,7 @@ def _verify_rows(plan, rows, tokens, filled, probs, noise, sampler, sampling, ru
     ks = torch.tensor([k for *_, k in items])
     n = torch.minimum(n_raw, ks)
     bonus = p_rows.argmax(-1) if sampling.greedy else race(p_rows, e_rows)          # [M, K+1]
-    nxt = torch.where(n_raw >= ks, bonus[torch.arange(M), ks], verdict.next_token.cpu()).cpu()
+    nxt = torch.where(n_raw >= ks, bonus[torch.arange(M), ks].cpu(), verdict.next_token.cpu())   # host-side rows
     if verdict.deviation is not None:
         spent = verdict.deviation.cpu()
         stats.deviation += float(spent.sum())

