@@ -92,7 +92,7 @@ def grow_tree(root_logprobs: Tensor, expand, depth: int, width: int, root: Tenso
     B = root.shape[0]
     scores, tokens = root_logprobs.topk(width, dim=-1)                    # [B, W]
     all_tokens = [root[:, None], tokens]
-    all_parents = [torch.full((B, 1), -1), torch.zeros(B, width, dtype=torch.long)]
+    all_parents = [torch.full((B, 1), -1, device=root.device), torch.zeros(B, width, dtype=torch.long, device=root.device)]
     level_start = 1
     for _ in range(depth - 1):
         tree = TokenTree(torch.cat(all_tokens, 1), torch.cat(all_parents, 1))

@@ -1,0 +1,171 @@
+"""A CUDA device emulated on the CPU, for device-consistency and host-sync checks without a GPU.
+
+Inside `emulated_cuda()` torch believes a GPU is present: `device="cuda"` factories, `.to("cuda")` and
+`.cuda()` give `Emulated` tensors (CPU data that report `cuda:0`), modules move onto it, and every torch
+call that mixes an emulated tensor with a CPU tensor of one or more dimensions fails with CUDA's own
+message, as a GPU would (0-dim CPU tensors are scalars there; CPU index tensors are copied over, as
+CUDA indexing allows). So a stray CPU tensor in a decode path is caught by a CPU-only test.
+
+The context also counts what makes the host wait on a GPU (`Report.syncs`): reading values back
+(`.item()`, `.tolist()`, `bool()`, `int()`, `.cpu()`), data-dependent shapes (`nonzero`, boolean-mask
+indexing) and CPU index tensors. A sync-free decode step shows no growth of that count with the
+number of steps.
+
+Triton kernels are not emulated: the context sets MMACCEL_KERNELS=torch, so the dispatcher takes the
+PyTorch references (the kernels themselves are checked under TRITON_INTERPRET=1 in tests/kernels).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections import Counter
+from unittest import mock
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves, tree_map
+
+# calls that read device values on the host (or size an output by them)
+SYNCS = {"tolist", "item", "__bool__", "__int__", "__float__", "__index__", "numpy", "nonzero", "masked_select",
+         "unique", "unique_consecutive", "argwhere", "__len__"}
+READS = {"tolist", "item", "__bool__", "__int__", "__float__", "__index__", "numpy", "__len__"}   # host values out
+# calls where a CPU source tensor is a legal host-to-device copy
+COPIES = {"copy_", "__setitem__", "index_put_", "module_load"}
+INDEXING = {"__getitem__", "__setitem__", "index", "index_put_"}
+
+
+class Report:
+    """What the host waited for inside the context, by kind."""
+
+    def __init__(self):
+        self.syncs: list[str] = []
+
+    def count(self) -> int:
+        return len(self.syncs)
+
+    def kinds(self) -> Counter:
+        return Counter(self.syncs)
+
+
+class Emulated(torch.Tensor):
+    """CPU data reporting cuda:0. Only the function mode below handles it: an op that reaches the
+    dispatcher directly would compute on no data, so that is an error."""
+
+    @staticmethod
+    def __new__(cls, inner: torch.Tensor):
+        return torch.Tensor._make_wrapper_subclass(cls, inner.shape, strides=inner.stride(), dtype=inner.dtype,
+                                                   device=torch.device("cuda", 0), requires_grad=inner.requires_grad,
+                                                   storage_offset=inner.storage_offset())
+
+    def __init__(self, inner: torch.Tensor):
+        self.inner = inner
+
+    def __repr__(self) -> str:
+        return f"Emulated({self.inner!r})"
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise RuntimeError(f"emulated CUDA: {func} reached the dispatcher outside the function mode")
+
+
+def _wrap(x):
+    return Emulated(x) if isinstance(x, torch.Tensor) and not isinstance(x, Emulated) else x
+
+
+def _unwrap(x):
+    return x.inner if isinstance(x, Emulated) else x
+
+
+class _Mode(TorchFunctionMode):
+    def __init__(self, report: Report):
+        super().__init__()
+        self.report = report
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        name = getattr(func, "__name__", "")
+        if name in ("to", "cuda", "cpu"):
+            return self._move(name, args, kwargs)
+        tensors = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+        emulated = any(isinstance(x, Emulated) for x in tensors)
+        if name == "_has_compatible_shallow_copy_type":          # Module.to: new parameters, never `.data = `
+            return not emulated
+        if emulated and name not in ("__get__", "__set__"):      # properties read the wrapper's own metadata
+            self._check_devices(name, tensors)
+            out = func(*tree_map(_unwrap, args), **tree_map(_unwrap, kwargs))
+            if name in READS or (name == "module_load" and not isinstance(args[0], Emulated)):
+                return out                                        # host values; a CPU module loading device data
+            return tree_map(_wrap, out)
+        device = kwargs.get("device")
+        if device is not None and torch.device(device).type == "cuda":   # a factory: torch.zeros(..., device="cuda")
+            kwargs["device"] = "cpu"
+            return tree_map(_wrap, func(*args, **kwargs))
+        return func(*args, **kwargs)
+
+    def _check_devices(self, name: str, tensors: list[torch.Tensor]) -> None:
+        stray = [x for x in tensors if not isinstance(x, Emulated) and x.dim() > 0]
+        if stray and name in INDEXING and all(not x.is_floating_point() for x in stray):
+            self.report.syncs.append("cpu index")                 # legal: CUDA copies the indices over
+            stray = []
+        if stray and name not in COPIES:
+            raise RuntimeError("Expected all tensors to be on the same device, but found at least two devices, "
+                               f"cuda:0 and cpu! (emulated CUDA: {name} got a CPU tensor of shape {tuple(stray[0].shape)})")
+        if name in SYNCS or (name == "__getitem__" and any(x.dtype == torch.bool for x in tensors[1:])):
+            self.report.syncs.append(name)
+
+    def _move(self, name: str, args, kwargs):
+        tensor = args[0]
+        if name == "cuda":
+            device, dtype = torch.device("cuda"), None
+        elif name == "cpu":
+            device, dtype = torch.device("cpu"), None
+        else:
+            device, dtype, _, _ = torch._C._nn._parse_to(*args[1:], **kwargs)
+        inner = _unwrap(tensor)
+        if dtype is not None:
+            inner = inner.to(dtype)
+        if device is None:
+            return Emulated(inner) if isinstance(tensor, Emulated) else inner
+        if device.type == "cuda":
+            return tensor if isinstance(tensor, Emulated) and dtype is None else Emulated(inner)
+        if isinstance(tensor, Emulated):
+            self.report.syncs.append("cpu")
+            return inner.clone()
+        return inner
+
+
+@contextlib.contextmanager
+def emulated_cuda():
+    """Run the body with a CUDA device emulated on the CPU; yields the `Report` of host syncs.
+
+    The body runs under `torch.inference_mode()` (what every decode path uses; autograd would ask the
+    absent driver for a stream)."""
+    report = Report()
+    swap = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)     # Module.to keeps parameter identity (ties)
+    try:
+        with _emulation(report):
+            yield report
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(swap)
+
+
+@contextlib.contextmanager
+def _emulation(report: Report):
+    with mock.patch.dict(os.environ, {"MMACCEL_KERNELS": "torch"}), \
+            mock.patch.object(torch.cuda, "_lazy_init", lambda: None), \
+            mock.patch.object(torch.cuda, "is_available", lambda: True), \
+            mock.patch.object(torch.cuda, "device_count", lambda: 1), \
+            mock.patch.object(torch.cuda, "is_bf16_supported", lambda *a, **k: True), \
+            mock.patch.object(torch.cuda, "get_device_name", lambda *a, **k: "emulated CUDA"), \
+            mock.patch.object(torch.cuda, "synchronize", lambda *a, **k: None), \
+            mock.patch.object(torch.cuda, "reset_peak_memory_stats", lambda *a, **k: None), \
+            mock.patch.object(torch.cuda, "max_memory_allocated", lambda *a, **k: 0), \
+            torch.inference_mode(), _Mode(report):
+        yield
+
+
+def on_host(x):
+    """A result of the emulated device as plain CPU data (tensors inside lists, dicts, dataclasses' tensors)."""
+    return tree_map(_unwrap, x)

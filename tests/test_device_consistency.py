@@ -1,0 +1,107 @@
+"""Every method of every modality runs on a CUDA device without a stray CPU tensor, checked on the CPU
+through the emulated device of tests/emulated_cuda.py: the pipeline is loaded with device="cuda", every
+method decodes, and the output equals the same call on the CPU token for token (the emulation computes on
+CPU data, so equality also says the device path changes nothing)."""
+
+import pytest
+import torch
+
+from mmaccel.errors import ModelNotFoundError
+from tests.emulated_cuda import Emulated, emulated_cuda, on_host
+
+LIBRIVOX = "/usr/share/pocketsphinx/test/data/librivox/sense_and_sensibility_01_austen_64kb-{}.wav"
+
+
+def test_the_emulated_device_fails_where_cuda_fails():
+    with emulated_cuda() as report:
+        x = torch.arange(6, device="cuda").reshape(2, 3)
+        assert isinstance(x, Emulated) and x.is_cuda and x.device == torch.device("cuda", 0)
+        assert torch.equal(on_host(x * 2 + torch.tensor(1)), torch.arange(6).reshape(2, 3) * 2 + 1)   # 0-dim: a scalar
+        with pytest.raises(RuntimeError, match="same device.*where got a CPU tensor"):
+            torch.where(x > 2, x, torch.zeros(2, 3, dtype=torch.long))
+        assert x[torch.tensor([1, 0])].shape == (2, 3)          # CPU indices are copied over, as CUDA does
+        linear = torch.nn.Linear(3, 2).to("cuda")
+        assert isinstance(linear.weight, torch.nn.Parameter) and linear.weight.is_cuda
+        with pytest.raises(RuntimeError, match="same device"):
+            linear(torch.ones(1, 3))
+        x.tolist()
+        bool(x.any())
+    assert report.kinds() == {"cpu index": 1, "tolist": 1, "__bool__": 1}
+
+
+# greedy for every method, sampled for each sampling rule (sjd-coupled equals sjd when greedy)
+IMAGE_CASES = [(m, 0.0) for m in ("ar", "speculative", "tree", "sjd", "early-exit", "lantern", "gsd", "zipar")] + \
+              [(m, 1.0) for m in ("speculative", "tree", "sjd-coupled", "lantern", "gsd", "zipar")]
+
+
+@pytest.fixture(scope="module")
+def image_pipes():
+    from mmaccel.image.pipeline import ImagePipeline
+
+    with emulated_cuda():
+        on_device = ImagePipeline.from_pretrained(device="cuda")
+    return ImagePipeline.from_pretrained(), on_device
+
+
+@pytest.mark.parametrize("method, temperature", IMAGE_CASES)
+def test_image_methods_on_a_cuda_device(image_pipes, method, temperature):
+    cpu, cuda = image_pipes
+    expected = cpu.generate([3], method, seed=0, temperature=temperature)
+    with emulated_cuda():
+        out = cuda.generate([3], method, seed=0, temperature=temperature)
+    assert torch.equal(on_host(out.tokens), expected.tokens) and out.stats.nfe == expected.stats.nfe
+
+
+@pytest.fixture(scope="module")
+def text_pipes(tiny_lm_dir):
+    from mmaccel.lm.pipeline import TextPipeline
+
+    with emulated_cuda():
+        on_device = TextPipeline.from_pretrained(str(tiny_lm_dir), draft=str(tiny_lm_dir), device="cuda")
+    return TextPipeline.from_pretrained(str(tiny_lm_dir), draft=str(tiny_lm_dir)), on_device
+
+
+@pytest.mark.parametrize("method, params, temperature", [
+    ("ar", {}, 0.0), ("speculative", {"k": 3}, 0.0), ("ngram", {}, 0.0), ("sjd", {"window": 3}, 0.0),
+    ("tree", {"depth": 2, "width": 2}, 0.0), ("early-exit", {"exit_layer": 1}, 0.0), ("sjd-coupled", {}, 1.0),
+    ("speculative", {"k": 3}, 1.0), ("tree", {"depth": 2, "width": 2}, 1.0)])
+def test_text_methods_on_a_cuda_device(text_pipes, method, params, temperature):
+    cpu, cuda = text_pipes
+    prompts = ["the cat sat on the mat", "a dog ran"]
+    expected = cpu.generate(prompts, method, max_new_tokens=10, temperature=temperature, **params)
+    with emulated_cuda():
+        out = cuda.generate(prompts, method, max_new_tokens=10, temperature=temperature, **params)
+    assert out.tokens == expected.tokens
+
+
+@pytest.fixture(scope="module")
+def speech_pipes():
+    from mmaccel.speech.pipeline import ASRPipeline, builtin_heads_path
+
+    if not builtin_heads_path("base").is_file():
+        pytest.skip("no shipped heads")
+    try:
+        cpu = ASRPipeline.from_pretrained("builtin:base", assistant="builtin:tiny.en")
+    except ModelNotFoundError as err:
+        pytest.skip(f"Whisper base or tiny.en not installed: {err}")
+    with emulated_cuda():
+        on_device = ASRPipeline.from_pretrained("builtin:base", assistant="builtin:tiny.en", device="cuda")
+    return cpu, on_device
+
+
+@pytest.mark.parametrize("method, params", [
+    ("greedy", {}), ("beam", {"num_beams": 2}), ("speculative", {"k": 4}), ("speculative-cross", {"k": 3}),
+    ("tree", {"depth": 3, "width": 2}), ("medusa", {"depth": 2, "width": 2}), ("medusa-typical", {"depth": 2}),
+    ("medusa-block", {"depth": 3, "width": 2}), ("eagle", {"k": 4}), ("early-exit", {"k": 2, "exit_layer": 5}),
+    ("calm", {"threshold": 0.9}), ("ngram", {})])
+def test_speech_methods_on_a_cuda_device(speech_pipes, method, params):
+    import os
+
+    clip = LIBRIVOX.format("0880")
+    if not os.path.isfile(clip):
+        pytest.skip("apt-get install pocketsphinx-testdata")
+    cpu, cuda = speech_pipes
+    expected = cpu.transcribe([clip], method, **params)
+    with emulated_cuda():
+        out = cuda.transcribe([clip], method, **params)
+    assert out.texts == expected.texts and out.stats.nfe == expected.stats.nfe
