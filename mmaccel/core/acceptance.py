@@ -124,6 +124,10 @@ def accept_pooled(draft_tokens: Tensor, draft_probs: Tensor | None, target_probs
     check(0 <= delta <= 1, f"delta (total-variation budget) must be in [0, 1], got {delta}")
     check(neighbours.dim() == 2 and neighbours.shape[0] == target_probs.shape[-1],
           f"neighbours must be a [vocab={target_probs.shape[-1]}, M] table, got {tuple(neighbours.shape)}")
+    if use_triton(target_probs):             # the fused kernel (mmaccel.kernels.pooled): same outputs
+        from mmaccel.kernels.pooled import verify_pooled
+
+        return Verdict(*verify_pooled(draft_tokens, draft_probs, target_probs, uniforms, exponentials, neighbours, delta))
     K = draft_tokens.shape[1]
     p = target_probs[:, :K]
     q = _draft_law(draft_tokens, draft_probs, target_probs)
@@ -140,16 +144,20 @@ def accept_pooled(draft_tokens: Tensor, draft_probs: Tensor | None, target_probs
     return Verdict(n, _correction(target_probs, q, n, exponentials), deviation=(moved * kept).sum(-1))
 
 
+def _check_clusters(V: int, distances: Tensor, p_threshold: float, d_threshold: float, half_window: int) -> None:
+    check(0 <= p_threshold <= 1, f"p_threshold must be in [0, 1], got {p_threshold}")
+    check(d_threshold >= 0, f"d_threshold must be >= 0, got {d_threshold}")
+    check(isinstance(half_window, int) and half_window >= 0, f"half_window must be an int >= 0, got {half_window}")
+    check(distances.shape == (V, V), f"distances must be a [{V}, {V}] matrix, got {tuple(distances.shape)}")
+
+
 def _clusters(p: Tensor, x: Tensor, distances: Tensor, p_threshold: float, d_threshold: float,
               half_window: int) -> tuple[Tensor, Tensor]:
     """GSD's dynamic clusters around drafts `x` [B, K, 1] under `p` [B, K, V]: the candidate tokens
     [B, K, 2w+1] within `half_window` ranks of x, and which of them join x's group (|Δp| and latent
     distance below the thresholds; x itself excluded). One sort for all positions, no vocabulary loop."""
-    check(0 <= p_threshold <= 1, f"p_threshold must be in [0, 1], got {p_threshold}")
-    check(d_threshold >= 0, f"d_threshold must be >= 0, got {d_threshold}")
-    check(isinstance(half_window, int) and half_window >= 0, f"half_window must be an int >= 0, got {half_window}")
     V = p.shape[-1]
-    check(distances.shape == (V, V), f"distances must be a [{V}, {V}] matrix, got {tuple(distances.shape)}")
+    _check_clusters(V, distances, p_threshold, d_threshold, half_window)
     order = torch.sort(p, dim=-1, descending=True, stable=True).indices                 # [B, K, V] tokens by rank
     rank = torch.empty_like(order).scatter_(-1, order, torch.arange(V, device=p.device).expand_as(order))
     offsets = torch.arange(-half_window, half_window + 1, device=p.device)
@@ -176,6 +184,12 @@ def accept_grouped(draft_tokens: Tensor, draft_probs: Tensor | None, target_prob
     `d_threshold = 0` leaves G = {x}: exact speculative sampling. `Verdict.deviation` is the mass
     p(G) - p(x) of the kept drafts.
     """
+    if use_triton(target_probs):             # the fused kernel (mmaccel.kernels.grouped): same outputs
+        from mmaccel.kernels.grouped import verify_grouped
+
+        _check_clusters(target_probs.shape[-1], distances, p_threshold, d_threshold, half_window)
+        return Verdict(*verify_grouped(draft_tokens, draft_probs, target_probs, uniforms, exponentials, distances,
+                                       p_threshold, d_threshold, half_window))
     K = draft_tokens.shape[1]
     p = target_probs[:, :K]
     q = _draft_law(draft_tokens, draft_probs, target_probs)
@@ -200,6 +214,12 @@ def accept_grouped_coupled(draft_tokens: Tensor, draft_probs: Tensor | None, tar
     (coupling inequality). `Verdict.deviation` counts the swaps among the kept drafts: an unbiased
     estimate of that total-variation bound. A zero threshold makes it `accept_coupled` (lossless).
     """
+    if use_triton(target_probs):             # the fused kernel (mmaccel.kernels.grouped): same outputs
+        from mmaccel.kernels.grouped import verify_grouped_coupled
+
+        _check_clusters(target_probs.shape[-1], distances, p_threshold, d_threshold, half_window)
+        return Verdict(*verify_grouped_coupled(draft_tokens, target_probs, exponentials, distances, p_threshold,
+                                               d_threshold, half_window))
     K = draft_tokens.shape[1]
     exact = (target_probs / exponentials).argmax(-1)                     # [B, K+1] the coupled target samples
     x = draft_tokens[..., None]

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from mmaccel.core.sampling import race
 from mmaccel.errors import check
+from mmaccel.kernels.dispatch import use_triton
 
 
 @dataclass
@@ -36,6 +37,10 @@ class TokenTree:
 
     def mask(self) -> Tensor:
         """Ancestor-or-self mask [B, N, N]: node i may attend to node j (computed once)."""
+        if self._mask is None and use_triton(self.parents):    # the fused kernel (mmaccel.kernels.tree_mask)
+            from mmaccel.kernels.tree_mask import ancestor_mask
+
+            self._mask = ancestor_mask(self.parents)
         if self._mask is None:
             B, N = self.parents.shape
             m = torch.eye(N, dtype=torch.bool, device=self.parents.device).expand(B, N, N).clone()
@@ -96,6 +101,10 @@ def verify_tree_greedy(tree: TokenTree, target_logits: Tensor) -> tuple[Tensor, 
     [B, D+1] (node indices, root first, padded), the number of accepted drafts [B] (path length - 1)
     and the next token [B] (the argmax after the path's last node).
     """
+    if use_triton(target_logits):            # the fused kernel (mmaccel.kernels.tree_verify): same outputs
+        from mmaccel.kernels.tree_verify import verify_tree_argmax
+
+        return verify_tree_argmax(tree.tokens, tree.parents, target_logits, int(tree.depth().max()))
     B, N = tree.tokens.shape
     pred = target_logits.argmax(-1)                                    # [B, N]
     rows = torch.arange(B, device=pred.device)
@@ -120,6 +129,10 @@ def verify_tree_sampled(tree: TokenTree, target_probs: Tensor, uniforms: Tensor,
     rejected, draw the next token from r. This is sequential sampling from p, hence exact.
     uniforms [B, N] (one per node), exponentials [B, N, V] (one per node for the final draw).
     """
+    if use_triton(target_probs):             # the fused kernel (mmaccel.kernels.tree_verify): same outputs
+        from mmaccel.kernels.tree_verify import verify_tree
+
+        return verify_tree(tree.tokens, tree.parents, target_probs, uniforms, exponentials, int(tree.depth().max()))
     B, N = tree.tokens.shape
     mask = tree.mask()
     max_depth = int((mask.sum(-1) - 1).max())
