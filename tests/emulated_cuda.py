@@ -8,8 +8,10 @@ CUDA indexing allows). So a stray CPU tensor in a decode path is caught by a CPU
 
 The context also counts what makes the host wait on a GPU (`Report.syncs`): reading values back
 (`.item()`, `.tolist()`, `bool()`, `int()`, `.cpu()`), data-dependent shapes (`nonzero`, boolean-mask
-indexing) and CPU index tensors. A sync-free decode step shows no growth of that count with the
-number of steps.
+indexing) and CPU index tensors; and host tensors uploaded (`Report.uploads`: from pageable memory the
+host waits for those as well). A sync-free decode step shows no growth of either with the number of
+steps. `torch.Generator(device="cuda")` gives a CPU generator, `torch.cuda.Event` is a no-op and
+`pin_memory=True` plain host memory, so device-side code paths run unchanged.
 
 Triton kernels are not emulated: the context sets MMACCEL_KERNELS=torch, so the dispatcher takes the
 PyTorch references (the kernels themselves are checked under TRITON_INTERPRET=1 in tests/kernels).
@@ -40,6 +42,8 @@ class Report:
 
     def __init__(self):
         self.syncs: list[str] = []
+        self.uploads = 0        # host tensors copied to the device (from pageable memory the host waits for those too)
+        self.pinned = 0         # page-locked host buffers asked for (the emulation gives plain ones)
 
     def count(self) -> int:
         return len(self.syncs)
@@ -97,6 +101,8 @@ class _Mode(TorchFunctionMode):
             if name in READS or (name == "module_load" and not isinstance(args[0], Emulated)):
                 return out                                        # host values; a CPU module loading device data
             return tree_map(_wrap, out)
+        if kwargs.pop("pin_memory", False):                      # page-locked host memory needs the driver
+            self.report.pinned += 1
         device = kwargs.get("device")
         if device is not None and torch.device(device).type == "cuda":   # a factory: torch.zeros(..., device="cuda")
             kwargs["device"] = "cpu"
@@ -128,6 +134,8 @@ class _Mode(TorchFunctionMode):
         if device is None:
             return Emulated(inner) if isinstance(tensor, Emulated) else inner
         if device.type == "cuda":
+            if not isinstance(tensor, Emulated):
+                self.report.uploads += 1
             return tensor if isinstance(tensor, Emulated) and dtype is None else Emulated(inner)
         if isinstance(tensor, Emulated):
             self.report.syncs.append("cpu")
@@ -151,9 +159,35 @@ def emulated_cuda():
         torch.__future__.set_swap_module_params_on_conversion(swap)
 
 
+_Generator = torch.Generator
+
+
+class _Event:
+    """torch.cuda.Event on the emulated device: the work is done when it is queued."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def record(self, stream=None) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
+class _EmulatedGenerator(_Generator):
+    """torch.Generator(device="cuda") on the emulated device: a CPU generator (emulated tensors hold CPU data)."""
+
+    def __new__(cls, device="cpu"):
+        return _Generator("cpu" if torch.device(device).type == "cuda" else device)
+
+
 @contextlib.contextmanager
 def _emulation(report: Report):
-    with mock.patch.dict(os.environ, {"MMACCEL_KERNELS": "torch"}), \
+    with mock.patch.object(torch, "Generator", _EmulatedGenerator), mock.patch.object(torch.cuda, "Event", _Event), mock.patch.dict(os.environ, {"MMACCEL_KERNELS": "torch"}), \
             mock.patch.object(torch.cuda, "_lazy_init", lambda: None), \
             mock.patch.object(torch.cuda, "is_available", lambda: True), \
             mock.patch.object(torch.cuda, "device_count", lambda: 1), \

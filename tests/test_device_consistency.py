@@ -49,7 +49,32 @@ def test_image_methods_on_a_cuda_device(image_pipes, method, temperature):
     expected = cpu.generate([3], method, seed=0, temperature=temperature)
     with emulated_cuda():
         out = cuda.generate([3], method, seed=0, temperature=temperature)
-    assert torch.equal(on_host(out.tokens), expected.tokens) and out.stats.nfe == expected.stats.nfe
+    assert torch.equal(on_host(out.tokens), expected.tokens)
+    # on a GPU the loop learns that every row is done one pass late (it never waits for the host)
+    assert expected.stats.nfe <= out.stats.nfe <= expected.stats.nfe + 1
+
+
+@pytest.mark.parametrize("method, temperature", [("ar", 0.0), ("ar", 1.0), ("sjd", 0.0), ("sjd", 1.0),
+                                                 ("sjd-coupled", 1.0), ("gsd", 1.0)])
+def test_the_decode_loop_never_waits_for_the_host(image_pipes, method, temperature):
+    """What the host reads back from the device, or uploads to it, does not grow with the number of
+    passes: the bookkeeping of a step stays on the device (only the final tokens are read)."""
+    from mmaccel.core.sampling import Sampling
+    from mmaccel.image.methods import build_image_method
+
+    cuda = image_pipes[1]
+    seen = []
+    for n in (8, 24):
+        with emulated_cuda() as report:
+            resources, _ = cuda.resources(2.0)
+            report.syncs.clear()
+            report.uploads = 0
+            out = build_image_method(method).run(resources, ([1, 2], [cuda.model.num_classes] * 2), max_new_tokens=n,
+                                                 sampling=Sampling(temperature=temperature), seed=0)
+        assert out.stats.nfe > 4 and all(len(row) == n for row in out.tokens)
+        seen.append((report.kinds(), report.uploads))
+    assert seen[0] == seen[1], seen
+    assert seen[0][1] == 0 and set(seen[0][0]) <= {"tolist"}, seen
 
 
 @pytest.fixture(scope="module")
@@ -104,4 +129,4 @@ def test_speech_methods_on_a_cuda_device(speech_pipes, method, params):
     expected = cpu.transcribe([clip], method, **params)
     with emulated_cuda():
         out = cuda.transcribe([clip], method, **params)
-    assert out.texts == expected.texts and out.stats.nfe == expected.stats.nfe
+    assert out.texts == expected.texts and expected.stats.nfe <= out.stats.nfe <= expected.stats.nfe + 1

@@ -16,15 +16,31 @@ from torch import Tensor
 from mmaccel.errors import InputError, check
 
 
-def as_row_counts(n: int | Tensor, batch: int, name: str = "n") -> Tensor:
-    """Normalise an int or a [B] tensor of per-row counts to a CPU LongTensor [B] (checked >= 0)."""
+def on_host(device: torch.device | str) -> bool:
+    """Whether decoding bookkeeping on `device` may read values on the host at no cost: everywhere but a
+    GPU, where a read waits for every queued kernel. The two backends of the small helpers below (and
+    of the decode loop's) are chosen by this."""
+    return torch.device(device).type != "cuda"
+
+
+def expect(condition: Tensor, message: str) -> None:
+    """A check on tensor values: an `InputError` at once on the host; on a GPU an asynchronous device
+    assert (raised at the next synchronisation, without making the host wait here)."""
+    if on_host(condition.device):
+        check(bool(condition.all()), message)
+    else:
+        torch._assert_async(condition.all(), message)
+
+
+def as_row_counts(n: int | Tensor, batch: int, name: str = "n", device: torch.device | str = "cpu") -> Tensor:
+    """Normalise an int or a [B] tensor of per-row counts to a LongTensor [B] on `device` (checked >= 0)."""
     if isinstance(n, Tensor):
         check(n.dim() == 1 and n.shape[0] == batch, f"{name} must be an int or a [{batch}] tensor, got shape {tuple(n.shape)}")
-        counts = n.detach().to("cpu", torch.long)
+        counts = n.detach().to(device, torch.long)
     else:
         check(isinstance(n, int), f"{name} must be an int or a tensor, got {type(n).__name__}")
-        counts = torch.full((batch,), n, dtype=torch.long)
-    check(bool((counts >= 0).all()), f"{name} must be >= 0, got {counts.tolist()}")
+        counts = torch.full((batch,), n, dtype=torch.long, device=device)
+    expect(counts >= 0, f"{name} must be >= 0")
     return counts
 
 
@@ -58,7 +74,13 @@ class CacheWrite:
 
 
 class KVCache:
-    """Preallocated keys/values `[B, H, capacity, D]` per layer and committed lengths `[B]`."""
+    """Preallocated keys/values `[B, H, capacity, D]` per layer and committed lengths `[B]`.
+
+    On the host (CPU) the lengths live on the CPU: a step attends to the slots up to the longest row
+    and writes with one slice when the rows are level. On a GPU they live on the device and a step
+    attends over the whole capacity under a mask: fixed shapes, no host reads (the shapes a CUDA
+    graph needs); overflow and rollback checks become device asserts.
+    """
 
     def __init__(self, num_layers: int, batch_size: int, num_heads: int, head_dim: int, capacity: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
@@ -67,8 +89,9 @@ class KVCache:
         shape = (batch_size, num_heads, capacity, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.lengths = torch.zeros(batch_size, dtype=torch.long)  # CPU: host-side bookkeeping
         self.capacity, self.device = capacity, torch.device(device)
+        self.host = on_host(self.device)
+        self.lengths = torch.zeros(batch_size, dtype=torch.long, device="cpu" if self.host else self.device)
         self._placed: tuple[Tensor, Tensor] | None = None
         self._placed_mask: Tensor | None = None
 
@@ -99,6 +122,12 @@ class KVCache:
             self._placed_mask = visible.repeat(reps, 1, 1)[:, None].to(self.device)
             return CacheWrite(self, slots.repeat(reps, 1).to(self.device), self.capacity, None), self.lengths.clone()
         start = self.lengths.clone()
+        if not self.host:
+            slots = start[:, None] + torch.arange(num_new, device=self.device)[None, :]
+            expect(slots[:, -1] < self.capacity, f"KV cache overflow: {num_new} more tokens do not fit the capacity "
+                   f"{self.capacity}; allocate the state with a larger capacity")
+            self.lengths = start + num_new
+            return CacheWrite(self, slots, self.capacity, None), start
         starts = start.tolist()
         if max(starts) + num_new > self.capacity:
             raise InputError(
@@ -120,9 +149,9 @@ class KVCache:
         if self._placed_mask is not None:
             mask, self._placed_mask = self._placed_mask, None
             return mask
-        T, S = num_new, int(self.lengths.max())
+        T, S = num_new, int(self.lengths.max()) if self.host else self.capacity
         if tree_mask is None:
-            tree_mask = torch.ones(T, T, dtype=torch.bool).tril()[None]
+            tree_mask = torch.ones(T, T, dtype=torch.bool, device=self.device).tril()[None]
         W = tree_mask.shape[-1]
         window_start = (start + T - W).to(self.device)                      # [B]
         rel = torch.arange(S, device=self.device)[None, :] - window_start[:, None]  # [B, S]
@@ -134,9 +163,10 @@ class KVCache:
 
     def rollback(self, n: int | Tensor) -> None:
         """Drop the last `n` committed entries (an int, or one count per row) in O(1)."""
-        counts = as_row_counts(n, self.batch_size)
-        if bool((counts > self.lengths).any()):
+        counts = as_row_counts(n, self.batch_size, device=self.lengths.device)
+        if self.host and bool((counts > self.lengths).any()):
             raise InputError(f"cannot roll back {counts.tolist()} entries from lengths {self.lengths.tolist()}")
+        expect(counts <= self.lengths, "cannot roll back more entries than a row holds")
         self.lengths = self.lengths - counts
 
     def select_rows(self, index: Tensor) -> None:
@@ -144,7 +174,7 @@ class KVCache:
         idx = index.to(self.device)
         self.k = [k.index_select(0, idx) for k in self.k]
         self.v = [v.index_select(0, idx) for v in self.v]
-        self.lengths = self.lengths.index_select(0, index.cpu())
+        self.lengths = self.lengths.index_select(0, index.to(self.lengths.device))
 
     def keep_appended(self, offsets: Tensor, counts: Tensor, appended: int) -> None:
         """After appending `appended` entries, keep only those at `offsets` [B, L] (relative to the
@@ -154,19 +184,21 @@ class KVCache:
         copied to the slots right after the prefix. Costs O(L) copies per layer.
         """
         start = self.lengths - appended
-        counts = as_row_counts(counts, self.batch_size, "counts")
-        offsets = offsets.cpu().clamp(0, appended - 1)
-        # entries already in place (a chain-shaped path) stay: only the columns from the first one
-        # out of place on, which is none for a chain and one for a path that ends on a sibling
-        places = torch.arange(offsets.shape[1])[None, :]
-        moved = (offsets != places) & (places < counts[:, None])
+        counts = as_row_counts(counts, self.batch_size, "counts", self.lengths.device)
+        offsets = offsets.to(self.lengths.device).clamp(0, appended - 1)
         self.lengths = start + counts
-        if not bool(moved.any()):
-            return
-        first = int(moved.any(0).nonzero()[0, 0])
+        first = 0
+        if self.host:
+            # entries already in place (a chain-shaped path) stay: only the columns from the first one
+            # out of place on, which is none for a chain and one for a path that ends on a sibling
+            places = torch.arange(offsets.shape[1])[None, :]
+            moved = (offsets != places) & (places < counts[:, None])
+            if not bool(moved.any()):
+                return
+            first = int(moved.any(0).nonzero()[0, 0])
         L = offsets.shape[1] - first
         src = (start[:, None] + offsets[:, first:]).to(self.device)
-        dst = (start[:, None] + first + torch.arange(L)[None, :]).to(self.device)
+        dst = (start[:, None] + first + torch.arange(L, device=start.device)[None, :]).to(self.device)
         for buf in (*self.k, *self.v):
             H, D = buf.shape[1], buf.shape[3]
             entries = buf.gather(2, src[:, None, :, None].expand(-1, H, -1, D))
@@ -238,8 +270,7 @@ def check_step_args(state: DecodeState, tokens: Tensor, tree_mask: Tensor | None
     check(tokens.shape[0] == state.batch_size,
           f"tokens batch {tokens.shape[0]} does not match the state's batch {state.batch_size}")
     check(tokens.shape[1] > 0, "tokens must hold at least one token per row")
-    low, high = torch.aminmax(tokens)
-    check(int(low) >= 0 and int(high) < vocab_size, f"token ids must lie in [0, {vocab_size})")
+    expect((tokens >= 0) & (tokens < vocab_size), f"token ids must lie in [0, {vocab_size})")
     if tree_mask is not None:
         T = tokens.shape[1]
         check(tree_mask.dim() == 3 and tree_mask.shape[1] == T and tree_mask.shape[2] >= T
@@ -250,10 +281,10 @@ def check_step_args(state: DecodeState, tokens: Tensor, tree_mask: Tensor | None
 def default_positions(start: Tensor, num_new: int, tree_mask: Tensor | None) -> Tensor:
     """Positions [B, T] of new tokens: consecutive after `start`, or prefix + depth for a tree."""
     if tree_mask is None:
-        return start[:, None] + torch.arange(num_new)[None, :]
+        return start[:, None] + torch.arange(num_new, device=start.device)[None, :]
     W = tree_mask.shape[-1]
     depth = tree_mask.to(torch.long).sum(-1) - 1                      # ancestors inside the window
-    return (start[:, None] + num_new - W) + depth.cpu().expand(start.shape[0], -1)
+    return (start[:, None] + num_new - W) + depth.to(start.device).expand(start.shape[0], -1)
 
 
 def append_ragged(model: DecoderModel, state: DecodeState, rows: list[Tensor], step=None) -> Tensor:

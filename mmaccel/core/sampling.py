@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mmaccel.core.model import DecodeState, DecoderModel, as_row_counts
+from mmaccel.core.model import DecodeState, DecoderModel, as_row_counts, on_host
 from mmaccel.errors import check
 
 
@@ -76,33 +76,56 @@ class TokenSampler:
 
     BLOCK = 32  # generated positions per noise block in coupled mode
 
-    def __init__(self, seed: int, batch_size: int, vocab_size: int, coupled: bool = False, device="cpu"):
+    def __init__(self, seed: int, batch_size: int, vocab_size: int, coupled: bool = False, device="cpu",
+                 positions: int | None = None):
+        """On a GPU the noise is drawn there (a host draw would be a copy the host waits for); coupled
+        noise then needs `positions`, the most generated positions a call can ask for: the table is
+        drawn once, so no request has to read an index on the host."""
         check(isinstance(seed, int), f"seed must be an int, got {type(seed).__name__}")
         self.seed, self.batch_size, self.vocab_size, self.coupled = seed, batch_size, vocab_size, coupled
         self.device = torch.device(device)
-        self.generator = torch.Generator(device="cpu").manual_seed(seed)
-        self._tables = [torch.empty(0, vocab_size) for _ in range(batch_size)]  # per row: noise so far
-        self._row_gens = [torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + r) for r in range(batch_size)]
+        self.host = on_host(self.device)
+        where = "cpu" if self.host else self.device
+        self.generator = torch.Generator(device=where).manual_seed(seed)
+        self._row_gens = [torch.Generator(device=where).manual_seed(seed * 1_000_003 + r) for r in range(batch_size)]
+        self._tables = [torch.empty(0, vocab_size, device=where) for _ in range(batch_size)]  # per row: noise so far
+        if coupled and not self.host:
+            check(positions is not None, "coupled noise on a GPU needs the number of positions up front")
+            for r in range(batch_size):
+                self._grow(r, positions)
+            self._table = torch.stack(self._tables)                          # [B, positions', V]
 
     def uniform(self, shape: tuple[int, ...]) -> Tensor:
-        return torch.rand(shape, generator=self.generator).to(self.device)
+        if self.host:
+            return torch.rand(shape, generator=self.generator).to(self.device)
+        return torch.rand(shape, generator=self.generator, device=self.device)
 
     def exponential(self, shape: tuple[int, ...]) -> Tensor:
-        return torch.empty(shape).exponential_(generator=self.generator).to(self.device)
+        if self.host:
+            return torch.empty(shape).exponential_(generator=self.generator).to(self.device)
+        return torch.empty(shape, device=self.device).exponential_(generator=self.generator)
+
+    def _grow(self, r: int, need: int) -> None:
+        """Row r's noise table to at least `need` positions, block by block: the same noise whatever
+        the order of requests."""
+        have = self._tables[r].shape[0]
+        if have < need:
+            fresh = [torch.empty(self.BLOCK, self.vocab_size, device=self._tables[r].device)
+                     .exponential_(generator=self._row_gens[r]) for _ in range(-(-(need - have) // self.BLOCK))]
+            self._tables[r] = torch.cat([self._tables[r], *fresh])
 
     def noise(self, index: Tensor) -> Tensor:
         """Exp(1) noise [B, T, V] for generated-token indices `index` [B, T]."""
         B, T = index.shape
         if not self.coupled:
             return self.exponential((B, T, self.vocab_size))
+        if not self.host:
+            rows = torch.arange(B, device=self.device)[:, None]
+            return self._table[rows, index.to(self.device)]
         index = index.cpu()
         out = torch.empty(B, T, self.vocab_size)
         for r in range(B):
-            need = int(index[r].max()) + 1
-            if self._tables[r].shape[0] < need:  # grow block by block: the same noise whatever the order of requests
-                fresh = [torch.empty(self.BLOCK, self.vocab_size).exponential_(generator=self._row_gens[r])
-                         for _ in range(-(-(need - self._tables[r].shape[0]) // self.BLOCK))]
-                self._tables[r] = torch.cat([self._tables[r], *fresh])
+            self._grow(r, int(index[r].max()) + 1)
             out[r] = self._tables[r][index[r]]
         return out.to(self.device)
 
@@ -127,11 +150,11 @@ class CFGState(DecodeState):
         return self.inner.lengths[: self._batch]
 
     def rollback(self, n) -> None:
-        counts = as_row_counts(n, self._batch)
+        counts = as_row_counts(n, self._batch, device=self.inner.lengths.device)
         self.inner.rollback(torch.cat([counts, counts]))
 
     def keep_appended(self, offsets: Tensor, counts: Tensor, appended: int) -> None:
-        counts = as_row_counts(counts, self._batch, "counts")
+        counts = as_row_counts(counts, self._batch, "counts", self.inner.lengths.device)
         self.inner.keep_appended(torch.cat([offsets, offsets]), torch.cat([counts, counts]), appended)
 
 

@@ -6,14 +6,15 @@ token), so the baseline and every method share one code path, one sampler and on
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
 
 from mmaccel.core.acceptance import RULES, Verdict
-from mmaccel.core.model import DecoderModel
+from mmaccel.core.model import DecoderModel, on_host
 from mmaccel.core.proposers import DraftContext, Proposer
 from mmaccel.core.sampling import Sampling, TokenSampler
 from mmaccel.core.stats import DecodeStats, track_peak_memory
@@ -64,6 +65,11 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
 
     Greedy (`sampling.temperature == 0`) with the greedy rule reproduces plain greedy decoding;
     sampled runs are seeded (same seed, same output).
+
+    The bookkeeping (emitted tokens, counts, finished rows, acceptance, rollback) is tensors on the
+    model's device, so on a GPU a pass never waits for the host: the loop learns that every row is
+    done one pass late (`_AllDone`) and its length is otherwise bounded by counters it keeps itself.
+    Proposers and models that read values on the host say so in their own code.
     """
     check(isinstance(max_new_tokens, int) and max_new_tokens >= 1, f"max_new_tokens must be an int >= 1, got {max_new_tokens}")
     rule_name = _effective_rule(config, sampling)
@@ -77,7 +83,7 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
 
     proposer = config.proposer
     ahead = _drafts_ahead(model, config, rule_name)
-    skip_filler = rule_name == "greedy" and getattr(model, "skips_filler", False)
+    skip_filler = rule_name == "greedy" and getattr(model, "skips_filler", False) and on_host(device)
     with torch.inference_mode(), track_peak_memory(stats, device), stats.timed("total"):
         block = None            # (drafts, logits) of a prefill that also scored the first drafts
         if ahead:
@@ -93,25 +99,22 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
                 logits = state.logits
             stats.nfe += 1
         B, V = logits.shape[0], logits.shape[-1]
-        stats.deviation_per_row = [0.0] * B
-        sampler = TokenSampler(seed, B, V, coupled=config.coupled, device=logits.device)
+        dev = logits.device
+        sampler = TokenSampler(seed, B, V, coupled=config.coupled, device=dev, positions=room + 1)
+        out = _Emitted(B, max_new_tokens + width + 1, dev, eos_token_id, prompt_tokens)
         if ahead:               # nothing is emitted before the first block (pending -1: no token yet)
-            pending = torch.full((B,), -1, device=logits.device)
-            out = [[] for _ in range(B)]
+            pending = torch.full((B,), -1, device=dev)
         else:
             pending = _sample_first(logits, sampling, sampler)
-            out = [[t] for t in pending.tolist()]
-        passes = [[stats.nfe] * len(r) for r in out]
-        history = [list(p) + r for p, r in zip(prompt_tokens or [[]] * B, out)]
-        done = torch.tensor([bool(r) and (r[-1] == eos_token_id or max_new_tokens <= 1) for r in out])
+            out.first(pending, stats.nfe, max_new_tokens)
+        hist = torch.zeros(width + 2, dtype=torch.long, device=dev)          # accepted-length histogram
+        spent = torch.zeros(B, dtype=torch.float64, device=dev)              # relaxed rules' deviation per row
         hidden = None if state.hidden is None else state.hidden[:, -1]
         committed = None if state.hidden is None or ahead else (state.hidden, torch.full((B,), state.hidden.shape[1]))
 
         def context() -> DraftContext:
-            return DraftContext(pending=pending, history=history,
-                                num_generated=torch.tensor([len(r) for r in out], device=pending.device),
-                                sampling=sampling, sampler=sampler, target_hidden=hidden,
-                                active=~done.to(pending.device),
+            return DraftContext(pending=pending, history=out.history(), num_generated=out.count,
+                                sampling=sampling, sampler=sampler, target_hidden=hidden, active=~out.done,
                                 committed_hidden=None if committed is None else committed[0],
                                 committed_counts=None if committed is None else committed[1])
 
@@ -120,7 +123,11 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
                 proposer.start(inputs, room, context())
             stats.draft_passes += proposer.passes()
 
-        while not bool(done.all()):
+        all_done = _AllDone(dev)
+        # every pass emits at least one token per unfinished row: the host's own bound on the passes
+        for _ in range(max_new_tokens - (0 if ahead else 1)):
+            if all_done(out.done):
+                break
             ctx = context()
             lengths = None      # [B] drafts (chain) or nodes (tree) per row before the filler, where known
             with stats.timed("draft"):
@@ -147,6 +154,7 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
                     if skip_filler:
                         # finished rows and the filler after a row's own drafts need no logits;
                         # filler drafts become -1 for verification, so no row can accept them
+                        done = out.done.cpu()
                         own = torch.full((B,), drafts.shape[1]) if lengths is None else lengths.cpu()
                         logits = model.step(state, fed, valid=torch.where(done, 0, own + 1))   # [B, K+1, V]
                         if lengths is not None:
@@ -159,22 +167,22 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
                     fed = tree.tokens.clamp(min=0)          # filler nodes (-1, never accepted) as any id
                     if skip_filler:                         # finished rows and filler nodes need no logits
                         nodes = torch.full((B,), fed.shape[1]) if lengths is None else lengths
-                        logits = model.step(state, fed, tree_mask=tree.mask(), valid=torch.where(done, 0, nodes))
+                        logits = model.step(state, fed, tree_mask=tree.mask(), valid=torch.where(out.done.cpu(), 0, nodes))
                     else:
                         logits = model.step(state, fed, tree_mask=tree.mask())      # [B, N, V]
                     stats.nfe += 1
                 verdict, path, target_probs = _verify(rule_name, params, logits, drafts,
                                                       draft_probs, tree, sampling, sampler, ctx)
 
-            n, nxt = verdict.num_accepted.cpu(), verdict.next_token
-            active = ~done
+            n, nxt = verdict.num_accepted.to(dev), verdict.next_token.to(dev)
+            active = ~out.done
             if tree is None:
                 state.rollback(torch.where(active, drafts.shape[1] - n, fed.shape[1]))
-                accepted = [drafts[b, : int(n[b])].tolist() for b in range(B)]
+                kept = drafts.to(dev)                                               # row b keeps its first n[b]
                 last_node = n
             else:
                 state.keep_appended(path, torch.where(active, n + 1, 0), fed.shape[1])
-                accepted = [tree.tokens[b, path[b, 1 : int(n[b]) + 1]].tolist() for b in range(B)]
+                kept = tree.tokens.to(dev).gather(1, path[:, 1:].to(dev).clamp(min=0))
                 last_node = _row_index(path, n)
             if state.hidden is not None:
                 hidden = torch.where(active[:, None].to(state.hidden.device), _row_index(state.hidden, last_node), hidden)
@@ -186,33 +194,115 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
 
             if proposer is not None:
                 with stats.timed("draft"):
-                    proposer.observe(ctx, verdict.num_accepted, nxt, target_probs, accepted)
+                    proposer.observe(ctx, verdict.num_accepted, nxt, target_probs, RowLists(lambda: [
+                        row[:c] for row, c in zip(kept.tolist(), n.tolist())]))
                 stats.draft_passes += proposer.passes()
 
-            emitted = []
-            for b in range(B):
-                if not bool(active[b]):
-                    continue
-                new = accepted[b] + [int(nxt[b])]
-                emitted.append(len(new))
-                for t in new:
-                    out[b].append(t)
-                    passes[b].append(stats.nfe)
-                    history[b].append(t)
-                    if t == eos_token_id or len(out[b]) >= max_new_tokens:
-                        done[b] = True
-                        break
-            stats.record_accepted(emitted)
+            out.emit(kept, n, nxt, active, stats.nfe, max_new_tokens)
+            hist.index_add_(0, (n + 1).clamp(max=width + 1), active.long())
             if verdict.deviation is not None:
-                spent = torch.where(active, verdict.deviation.cpu(), 0.0)
-                stats.deviation += float(spent.sum())
-                stats.deviation_per_row = [a + b for a, b in zip(stats.deviation_per_row, spent.tolist())]
+                spent += torch.where(active, verdict.deviation.to(dev), 0.0).double()
             # rows that ended keep their last fed token (after the prefill block, that is none yet)
-            pending = torch.where(done.to(nxt.device) & (pending >= 0), pending, nxt)
+            pending = torch.where(out.done & (pending >= 0), pending, nxt)
 
-    tokens = [r[:max_new_tokens] for r in out]
+    stats.accepted_hist.update({k: v for k, v in enumerate(hist.tolist()) if v})
+    stats.deviation_per_row = spent.tolist()
+    stats.deviation = float(sum(stats.deviation_per_row))
+    tokens, passes = out.rows(max_new_tokens)
     stats.new_tokens = sum(len(r) for r in tokens)
-    return Generation(tokens, stats, [p[:max_new_tokens] for p in passes])
+    return Generation(tokens, stats, passes)
+
+
+class RowLists(Sequence):
+    """Per-row token lists read back from the device only when a proposer asks for them (a proposer
+    that keeps host-side state pays that read; the loop itself never does)."""
+
+    def __init__(self, read: Callable[[], list[list[int]]]):
+        self._read, self._rows = read, None
+
+    def _get(self) -> list[list[int]]:
+        if self._rows is None:
+            self._rows = self._read()
+        return self._rows
+
+    def __getitem__(self, i):
+        return self._get()[i]
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+
+class _Emitted:
+    """The tokens each row has emitted, the pass that committed each, counts and finished rows, kept
+    as device tensors [B, capacity] (+ one scratch column that takes the writes of no token)."""
+
+    def __init__(self, batch: int, capacity: int, device: torch.device, eos: int | None,
+                 prompts: list[list[int]] | None):
+        self.tokens = torch.full((batch, capacity + 1), -1, dtype=torch.long, device=device)
+        self.passes = torch.zeros(batch, capacity + 1, dtype=torch.long, device=device)
+        self.count = torch.zeros(batch, dtype=torch.long, device=device)
+        self.done = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.capacity, self.eos, self.prompts = capacity, eos, prompts or [[] for _ in range(batch)]
+
+    def first(self, token: Tensor, nfe: int, max_new: int) -> None:
+        """The prefill's token [B]."""
+        self.tokens[:, 0] = token
+        self.passes[:, 0] = nfe
+        self.count += 1
+        self.done = self._is_eos(token) | (max_new <= 1)
+
+    def _is_eos(self, tokens: Tensor) -> Tensor:
+        return torch.zeros_like(tokens, dtype=torch.bool) if self.eos is None else tokens == self.eos
+
+    def emit(self, kept: Tensor, n: Tensor, nxt: Tensor, active: Tensor, nfe: int, max_new: int) -> None:
+        """Active row b emits kept[b, :n[b]] then nxt[b], cut after an EOS or at max_new tokens."""
+        B, L = kept.shape
+        seq = torch.cat([kept, kept.new_zeros(B, 1)], 1).scatter(1, n[:, None], nxt[:, None])   # [B, L+1]
+        j = torch.arange(L + 1, device=seq.device)[None, :]
+        eos = self._is_eos(seq) & (j <= n[:, None])
+        upto_eos = (eos.cumsum(1) == 0).sum(1) + 1                     # through the first EOS (or all)
+        take = torch.minimum(torch.minimum(n + 1, upto_eos), max_new - self.count)
+        take = torch.where(active, take, 0)
+        written = j < take[:, None]
+        slots = torch.where(written, self.count[:, None] + j, self.capacity)
+        self.tokens.scatter_(1, slots, seq)
+        self.passes.scatter_(1, slots, torch.full_like(seq, nfe))
+        self.count += take
+        self.done = self.done | (active & ((eos & written).any(1) | (self.count >= max_new)))
+
+    def history(self) -> RowLists:
+        """Per row: prompt tokens + every emitted token (read on demand)."""
+        return RowLists(lambda: [p + row[:c] for p, row, c in zip(self.prompts, self.tokens.tolist(), self.count.tolist())])
+
+    def rows(self, max_new: int) -> tuple[list[list[int]], list[list[int]]]:
+        counts = self.count.clamp(max=max_new).tolist()
+        return ([row[:c] for row, c in zip(self.tokens.tolist(), counts)],
+                [row[:c] for row, c in zip(self.passes.tolist(), counts)])
+
+
+class _AllDone:
+    """Whether every row is done. On the host a plain read. On a GPU the answer as of the pass before,
+    copied into pinned memory behind the queued work: the host reads it once the pass before is
+    finished while the latest pass runs, so the queue never drains; the loop may run one pass more,
+    on finished rows only (they emit nothing and roll it back)."""
+
+    def __init__(self, device: torch.device):
+        self.host = on_host(device)
+        if not self.host:
+            self.flag = torch.zeros((), dtype=torch.bool, pin_memory=True)
+            self.event = None
+
+    def __call__(self, done: Tensor) -> bool:
+        if self.host:
+            return bool(done.all())
+        answer = False
+        if self.event is not None:
+            self.event.synchronize()
+            answer = bool(self.flag)
+        self.flag.copy_(done.all(), non_blocking=True)
+        self.event = torch.cuda.Event()
+        self.event.record()
+        return answer
 
 
 def _drafts_ahead(model: DecoderModel, config: LoopConfig, rule_name: str) -> bool:
@@ -226,7 +316,7 @@ def _drafts_ahead(model: DecoderModel, config: LoopConfig, rule_name: str) -> bo
 def _sample_first(logits: Tensor, sampling: Sampling, sampler: TokenSampler) -> Tensor:
     if sampling.greedy:
         return logits.argmax(-1)
-    index = torch.zeros(logits.shape[0], 1, dtype=torch.long)
+    index = torch.zeros(logits.shape[0], 1, dtype=torch.long, device=logits.device)
     return sampler.sample(sampling.probs(logits)[:, None], index)[:, 0]
 
 

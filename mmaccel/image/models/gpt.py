@@ -16,6 +16,8 @@ also lets speculative loops feed a few draft positions past the last grid cell h
 
 from __future__ import annotations
 
+import functools
+
 import json
 import numbers
 import os
@@ -133,6 +135,13 @@ def gpt_config(name: str, **overrides: Any) -> GPTConfig:
     return GPTConfig(**{"n_layer": n_layer, "n_head": n_head, "dim": dim, **overrides})
 
 
+@functools.lru_cache(maxsize=16)
+def _rope_freqs(half: int, base: float, device: torch.device) -> Tensor:
+    """f_j computed on the CPU (as the official code precomputes them) and moved once per device:
+    a decode step uploads nothing."""
+    return (1.0 / (base ** (torch.arange(0, half, 2)[: half // 2].float() / half))).to(device)
+
+
 def rope_2d(positions: Tensor, config: GPTConfig) -> Tensor:
     """Rotary (cos, sin) [..., head_dim // 2, 2] for image-token indices `positions` [...] (raster order).
 
@@ -140,9 +149,7 @@ def rope_2d(positions: Tensor, config: GPTConfig) -> Tensor:
     the same float32 ops as the official `precompute_freqs_cis_2d`. Indices past the grid continue
     the raster (extra rows).
     """
-    half = config.head_dim // 2
-    freqs = 1.0 / (config.rope_base ** (torch.arange(0, half, 2)[: half // 2].float() / half))
-    freqs = freqs.to(positions.device)
+    freqs = _rope_freqs(config.head_dim // 2, config.rope_base, positions.device)
     row = (positions // config.grid_size).float()[..., None] * freqs
     col = (positions % config.grid_size).float()[..., None] * freqs
     angles = torch.cat([row, col], dim=-1)
