@@ -102,8 +102,11 @@ def cmd_bench(args) -> int:
         return 0
     if args.suite == "image-fid":
         return _bench_image_fid(args)
+    if args.suite == "kernels":
+        return _bench_kernels(args)
     if args.suite not in SUITES:
-        raise InputError(f"unknown benchmark suite {args.suite!r}; choose from {', '.join(SUITES)}, image-fid or report")
+        raise InputError(f"unknown benchmark suite {args.suite!r}; choose from {', '.join(SUITES)}, image-fid, kernels "
+                         "or report")
     extra = {}
     for option, minimum in (("samples", 2), ("inception_samples", 0), ("model", None), ("heads", None),
                             ("draft", None), ("device", None)):                                       # suite-specific options
@@ -147,6 +150,27 @@ def _bench_image_fid(args) -> int:
     out.write_text(json.dumps(doc, indent=2) + "\n")
     out.with_suffix(".md").write_text(f"# Benchmark `image-fid`\n\n`{doc['command']}`\n\n"
                                       f"Config: `{json.dumps(doc['config'])}`\n\n{markdown(doc)}")
+    print(markdown(doc))
+    print(f"wrote {out}, {out.with_suffix('.md')}")
+    return 0
+
+
+def _bench_kernels(args) -> int:
+    from mmaccel.bench.kernels_suite import markdown, run_kernels
+
+    given = [f"--{o.replace('_', '-')}" for o in ("methods", "samples", "inception_samples", "model", "heads", "draft")
+             if getattr(args, o) is not None]
+    if given:
+        raise InputError(f"kernels takes --quick, --device and --out, not {', '.join(given)}")
+    doc = run_kernels(args.device or "cpu", quick=args.quick, log=lambda m: print(m, file=sys.stderr))
+    doc["command"] = " ".join(["mmaccel bench kernels"] + (["--quick"] if args.quick else [])
+                              + ([f"--device {args.device}"] if args.device else []))
+    out = Path(args.out) if args.out else Path("benchmarks") / f"kernels{'-quick' if args.quick else ''}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    out.with_suffix(".md").write_text(f"# Benchmark `kernels`\n\n`{doc['command']}`\n\n{doc['device']}, torch {doc['torch']}, "
+                                      f"Triton {doc['triton']}, {doc['date']}\n\nConfig: `{json.dumps(doc['config'])}`"
+                                      f"\n\n{markdown(doc)}")
     print(markdown(doc))
     print(f"wrote {out}, {out.with_suffix('.md')}")
     return 0
@@ -298,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     at.set_defaults(func=cmd_asr_transcribe)
 
     b = sub.add_parser("bench", help="run a benchmark suite (or `report` to refresh the README tables)")
-    b.add_argument("suite", help="core | image | image-fid | asr | report")
+    b.add_argument("suite", help="core | image | image-fid | asr | kernels | report")
     b.add_argument("--quick", action="store_true", help="reduced run (same code path, fewer samples)")
     b.add_argument("--out", help="JSON path (Markdown and PNG are written beside it)")
     b.add_argument("--methods", help="comma-separated methods, e.g. 'speculative:k=6,ngram'")

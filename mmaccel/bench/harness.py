@@ -106,10 +106,11 @@ def run_suite(suite: Suite, seed: int = 0, log: Callable[[str], None] = print) -
     return doc
 
 
-def device_name() -> str:
-    """The device results were measured on (GPU name, or CPU model and threads)."""
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name(0)
+def device_name(device: torch.device | None = None) -> str:
+    """The device results were measured on (GPU name, or CPU model and threads); without `device`, the
+    GPU when there is one."""
+    if device is None and torch.cuda.is_available() or device is not None and device.type == "cuda":
+        return torch.cuda.get_device_name(device)
     return f"cpu ({_cpu_model()}, {torch.get_num_threads()} threads)"
 
 

@@ -21,6 +21,12 @@ def render(bench_dir: Path) -> str:
             parts.append(f"### `image-fid` — `{doc['command']}`\n\n{doc['device']}, torch {doc['torch']}, {doc['date']}; "
                          f"source `{path.parent.name}/{path.name}`\n\n{markdown(doc)}\n")
             continue
+        if doc["suite"] == "kernels":
+            from mmaccel.bench.kernels_suite import markdown
+
+            parts.append(f"### `kernels` — `{doc['command']}`\n\n{doc['device']}, torch {doc['torch']}, Triton "
+                         f"{doc['triton']}, {doc['date']}; source `{path.parent.name}/{path.name}`\n\n{markdown(doc)}\n")
+            continue
         validate_document(doc)
         quick = " --quick" if doc["config"].get("quick") else ""
         command = doc.get("command") or COMMANDS.get(doc["suite"], f"mmaccel bench {doc['suite']}") + quick
