@@ -164,9 +164,11 @@ class KVCache:
     def rollback(self, n: int | Tensor) -> None:
         """Drop the last `n` committed entries (an int, or one count per row) in O(1)."""
         counts = as_row_counts(n, self.batch_size, device=self.lengths.device)
-        if self.host and bool((counts > self.lengths).any()):
-            raise InputError(f"cannot roll back {counts.tolist()} entries from lengths {self.lengths.tolist()}")
-        expect(counts <= self.lengths, "cannot roll back more entries than a row holds")
+        if self.host:
+            if bool((counts > self.lengths).any()):
+                raise InputError(f"cannot roll back {counts.tolist()} entries from lengths {self.lengths.tolist()}")
+        else:
+            expect(counts <= self.lengths, "cannot roll back more entries than a row holds")
         self.lengths = self.lengths - counts
 
     def select_rows(self, index: Tensor) -> None:
