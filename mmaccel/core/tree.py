@@ -126,7 +126,8 @@ def verify_tree_sampled(tree: TokenTree, target_probs: Tensor, uniforms: Tensor,
 
     At a node, try its children in index order: accept child c with probability r(c) where r is the
     target distribution with earlier-rejected siblings removed and renormalised; if every child is
-    rejected, draw the next token from r. This is sequential sampling from p, hence exact.
+    rejected, draw the next token from r. This is sequential sampling from p, hence exact. Filler
+    children (token -1) are skipped: never accepted, r unchanged.
     uniforms [B, N] (one per node), exponentials [B, N, V] (one per node for the final draw).
     """
     if use_triton(target_probs):             # the fused kernel (mmaccel.kernels.tree_verify): same outputs
@@ -151,6 +152,8 @@ def verify_tree_sampled(tree: TokenTree, target_probs: Tensor, uniforms: Tensor,
             moved = False
             for c in children[b][node]:
                 tok = tokens[b][c]
+                if tok < 0:         # filler: never accepted, and r[-1] would be the last id's mass
+                    continue
                 total = r.sum()
                 if total > 0 and uniforms[b, c] * total <= r[tok]:
                     node, moved = c, True

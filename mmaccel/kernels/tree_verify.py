@@ -9,8 +9,8 @@ Sampled (SpecInfer / EAGLE-2 rule, reference video_core.md B.1-3): at the curren
 children in order; accept child c with probability r(c) / sum(r), r being the node's target
 distribution with the earlier-rejected siblings zeroed; after the last accepted node draw from r as
 argmax(r / E) (from p where r is empty). The rejected siblings of the current node are kept as a
-small vector of tokens (one lane per node), so the sum of r is one masked sweep over the row. Token
-ids index the row as the reference's Python indexing does (-1 is the last column).
+small vector of tokens (one lane per node), so the sum of r is one masked sweep over the row. A filler
+child (token -1) is skipped as in the reference: never accepted, r unchanged.
 
 Greedy: node c is on an accepted path when its parent is and its token is the target's argmax after
 the parent; the answer is the deepest such node, the first among equals. The argmax of a row is
@@ -82,17 +82,20 @@ def _verify_tree_sampled(tokens_ptr, parents_ptr, p_ptr, u_ptr, e_ptr, path_ptr,
     for c in range(1, N):
         if tl.load(parents_ptr + b * N + c).to(tl.int32) == node:
             tok = tl.load(tokens_ptr + b * N + c).to(tl.int32)
-            tok = tl.where(tok < 0, tok + V, tok)
+            real = tok >= 0                          # filler (-1): never accepted, r unchanged
             row_p = p_ptr + (b * N + node) * V
             total = _remaining_mass(row_p, rejected, V, BLOCK)
-            r_tok = tl.where(tl.max((rejected == tok).to(tl.int32), axis=0) > 0, 0.0, tl.load(row_p + tok))
-            accept = (total > 0.0) & (tl.load(u_ptr + b * N + c) * total <= r_tok)
+            r_tok = tl.where(tl.max((rejected == tok).to(tl.int32), axis=0) > 0, 0.0,
+                             tl.load(row_p + tl.maximum(tok, 0)))
+            accept = real & (total > 0.0) & (tl.load(u_ptr + b * N + c) * total <= r_tok)
             node = tl.where(accept, c, node)
             depth += accept.to(tl.int32)
             # lane-wise selections by scalar positions (a scalar bool is not spread over lanes: the interpreter
-            # spreads it as float): the accepted child goes to path[depth]; its siblings' lanes are cleared
+            # spreads it as float): the accepted child goes to path[depth]; its siblings' lanes are cleared; a
+            # rejected real child's token fills lane c (a filler's lane stays empty)
             path = tl.where(slots == tl.where(accept, depth, -1), c, path)
-            rejected = tl.where(slots < tl.where(accept, 0, NB), tl.where(slots == c, tok, rejected), -1)
+            rejected = tl.where(slots < tl.where(accept, 0, NB),
+                                tl.where(slots == tl.where(real, c, -1), tok, rejected), -1)
     token = _draw_remaining(p_ptr + (b * N + node) * V, e_ptr + (b * N + node) * V, rejected, V, BLOCK)
     tl.store(path_ptr + b * N + slots, tl.where(slots > depth, node, path), mask=slots < N)
     tl.store(n_ptr + b, depth)

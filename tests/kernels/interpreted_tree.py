@@ -1,6 +1,7 @@
 """Checks of the Triton token-tree kernels, run by test_tree.py in a fresh process with TRITON_INTERPRET=1:
 the ancestor mask, greedy and sampled tree verification equal their references (`TokenTree.mask`,
-`verify_tree_greedy`, `verify_tree_sampled`), and sampled verification keeps the target law."""
+`verify_tree_greedy`, `verify_tree_sampled`), neither accepts a filler node, and sampled verification keeps the
+target law."""
 
 import os
 
@@ -57,6 +58,21 @@ def greedy_prefers_the_deeper_duplicate():
     assert all(torch.equal(a, b) for a, b in zip(ref, fused))
 
 
+def never_accepts_filler():
+    """A filler child (token -1) is skipped by both: the kernel once read the last column for it, so a
+    filler was accepted where the target put its mass on the last id, and a rejected one zeroed that
+    column before the final draw (the reference had the same flaw through r[-1])."""
+    tree = TokenTree(torch.tensor([[1, -1, 0], [1, -1, 0]]), torch.tensor([[-1, 0, 0], [-1, 0, 0]]))
+    p = torch.tensor([[[0.0, 0.0, 1.0]] * 3, [[0.1, 0.4, 0.5]] * 3])
+    u = torch.tensor([[0.5] * 3, [1.0] * 3])
+    ref, fused = with_reference(verify_tree_sampled, tree, p, u, torch.ones(2, 3, 3))
+    for path, n, nxt in (ref, fused):
+        assert n.tolist() == [0, 0] and nxt.tolist() == [2, 2] and path[:, 0].tolist() == [0, 0], (ref, fused)
+    ref, fused = with_reference(verify_tree_greedy, tree, p.log())
+    for path, n, nxt in (ref, fused):
+        assert n.tolist() == [0, 0] and nxt.tolist() == [2, 2], (ref, fused)
+
+
 def keeps_the_target_law():
     """Root children tokens 0 and 1 (nodes 1, 2), each with a child of its own. The first emitted token
     follows p_root, and the second, after node 1 or node 2 was accepted, follows that node's law
@@ -91,6 +107,7 @@ def keeps_the_target_law():
 if __name__ == "__main__":
     assert os.environ.get("TRITON_INTERPRET") == "1"
     greedy_prefers_the_deeper_duplicate()
+    never_accepts_filler()
     equals_the_reference()
     keeps_the_target_law()
     print("kernel checks passed")
