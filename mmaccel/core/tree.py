@@ -3,6 +3,12 @@
 Node 0 is the root (the last emitted token, not yet in the target's cache); every other node has a
 parent with a smaller index, so one pass in index order closes the ancestor relation (the EAGLE-2 /
 Medusa mask construction, reference video_core.md B.12).
+
+Like the decode loop, the helpers here have a host backend and a device one: on the host they read values
+back where that is free (the exact depth of a tree, a per-row walk over child lists); on a GPU they never
+do, so a pass does not wait for the host: shapes come from what the host knows (N nodes bound the depth,
+so paths are [B, N] there), the sampled walk is N - 1 vectorised steps over the rows, checks are device
+asserts (`expect`).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from mmaccel.core.model import expect, on_host
 from mmaccel.core.sampling import race
 from mmaccel.errors import check
 from mmaccel.kernels.dispatch import use_triton
@@ -27,9 +34,9 @@ class TokenTree:
         check(self.tokens.shape == self.parents.shape and self.tokens.dim() == 2,
               f"tree tokens and parents must both be [B, N], got {tuple(self.tokens.shape)} and {tuple(self.parents.shape)}")
         idx = torch.arange(self.parents.shape[1], device=self.parents.device)
-        check(bool((self.parents[:, 0] == -1).all()), "node 0 must be the root (parent -1)")
-        check(bool((self.parents[:, 1:] >= 0).all() and (self.parents[:, 1:] < idx[1:]).all()),
-              "every non-root node needs a parent with a smaller index")
+        expect(self.parents[:, 0] == -1, "node 0 must be the root (parent -1)")
+        expect((self.parents[:, 1:] >= 0) & (self.parents[:, 1:] < idx[1:]),
+               "every non-root node needs a parent with a smaller index")
 
     @property
     def size(self) -> int:
@@ -44,13 +51,19 @@ class TokenTree:
         if self._mask is None:
             B, N = self.parents.shape
             m = torch.eye(N, dtype=torch.bool, device=self.parents.device).expand(B, N, N).clone()
+            rows = torch.arange(B, device=self.parents.device)
             for i in range(1, N):
-                m[:, i] |= m[torch.arange(B), self.parents[:, i]]
+                m[:, i] |= m[rows, self.parents[:, i]]
             self._mask = m
         return self._mask
 
     def depth(self) -> Tensor:
         return self.mask().sum(-1) - 1
+
+    def max_depth(self) -> int:
+        """The width of verification paths less one: on the host the deepest node's depth (a free read),
+        on a GPU the bound N - 1 the host knows without waiting (paths are padded with their last node)."""
+        return int(self.depth().max()) if on_host(self.parents.device) else self.size - 1
 
 
 def chain_tree(root: Tensor, drafts: Tensor, lengths: Tensor, alternatives: Tensor) -> tuple[TokenTree, Tensor]:
@@ -61,7 +74,7 @@ def chain_tree(root: Tensor, drafts: Tensor, lengths: Tensor, alternatives: Tens
     lengths[b] - 1; -1: none). Row b's nodes: 0 the root, 1..L_b its own drafts, then its
     alternatives as siblings of node L_b (children of node L_b - 1), then filler. Filler nodes carry
     token -1, so verification never accepts them (feed them as any valid id). Returns the tree and
-    the number of nodes worth computing per row [B] (1 + L_b + its alternatives).
+    the number of nodes worth computing per row [B] (1 + L_b + its alternatives), on the drafts' device.
     """
     B, K = drafts.shape
     M = alternatives.shape[1]
@@ -79,13 +92,13 @@ def chain_tree(root: Tensor, drafts: Tensor, lengths: Tensor, alternatives: Tens
     tokens = torch.where(own, drafts.gather(1, chain_at), torch.where(sibling, alternatives.gather(1, alt_at), -1))
     parents = torch.where(sibling, lengths - 1, node - 1)
     tree = TokenTree(torch.cat([root[:, None], tokens], 1), torch.cat([torch.full((B, 1), -1, device=drafts.device), parents], 1))
-    return tree, (1 + lengths + n_alt)[:, 0].cpu()
+    return tree, (1 + lengths + n_alt)[:, 0]
 
 
 def _path_to(mask: Tensor, node: Tensor, max_depth: int) -> tuple[Tensor, Tensor]:
     """Root-to-node paths [B, max_depth + 1] (padded with the node itself) and their lengths [B]."""
     B, N, _ = mask.shape
-    on_path = mask[torch.arange(B), node]                              # [B, N] ancestors of node
+    on_path = mask[torch.arange(B, device=mask.device), node]          # [B, N] ancestors of node
     length = on_path.sum(-1)
     # ancestors come in increasing index order, so sorting indices by (not on path, index) lists them
     order = torch.where(on_path, torch.arange(N, device=mask.device), N + torch.arange(N, device=mask.device))
@@ -98,13 +111,13 @@ def verify_tree_greedy(tree: TokenTree, target_logits: Tensor) -> tuple[Tensor, 
     """Greedy tree verification: the deepest node whose whole path matches the target argmax.
 
     target_logits [B, N, V] are the target's outputs after each node. Returns the accepted path
-    [B, D+1] (node indices, root first, padded), the number of accepted drafts [B] (path length - 1)
-    and the next token [B] (the argmax after the path's last node).
+    [B, D+1] (node indices, root first, padded with its last node; D = `tree.max_depth()`), the number
+    of accepted drafts [B] (path length - 1) and the next token [B] (the argmax after the path's last node).
     """
     if use_triton(target_logits):            # the fused kernel (mmaccel.kernels.tree_verify): same outputs
         from mmaccel.kernels.tree_verify import verify_tree_argmax
 
-        return verify_tree_argmax(tree.tokens, tree.parents, target_logits, int(tree.depth().max()))
+        return verify_tree_argmax(tree.tokens, tree.parents, target_logits, tree.max_depth())
     B, N = tree.tokens.shape
     pred = target_logits.argmax(-1)                                    # [B, N]
     rows = torch.arange(B, device=pred.device)
@@ -116,7 +129,7 @@ def verify_tree_greedy(tree: TokenTree, target_logits: Tensor) -> tuple[Tensor, 
     depth = mask.sum(-1) - 1
     score = torch.where(ok, depth * N - torch.arange(N, device=pred.device), -1)  # deepest, then first
     best = score.argmax(-1)
-    path, length = _path_to(mask, best, int(depth.max()))
+    path, length = _path_to(mask, best, tree.max_depth())
     return path, length - 1, pred[rows, best]
 
 
@@ -128,15 +141,24 @@ def verify_tree_sampled(tree: TokenTree, target_probs: Tensor, uniforms: Tensor,
     target distribution with earlier-rejected siblings removed and renormalised; if every child is
     rejected, draw the next token from r. This is sequential sampling from p, hence exact. Filler
     children (token -1) are skipped: never accepted, r unchanged.
-    uniforms [B, N] (one per node), exponentials [B, N, V] (one per node for the final draw).
+    uniforms [B, N] (one per node), exponentials [B, N, V] (one per node for the final draw). Returns
+    what `verify_tree_greedy` does. The host walks each row over its child lists; a GPU takes the same
+    walk for all rows at once (`_walk_nodes`), with the same outputs.
     """
     if use_triton(target_probs):             # the fused kernel (mmaccel.kernels.tree_verify): same outputs
         from mmaccel.kernels.tree_verify import verify_tree
 
-        return verify_tree(tree.tokens, tree.parents, target_probs, uniforms, exponentials, int(tree.depth().max()))
+        return verify_tree(tree.tokens, tree.parents, target_probs, uniforms, exponentials, tree.max_depth())
+    walk = _walk_rows if on_host(tree.parents.device) and on_host(target_probs.device) else _walk_nodes
+    last, nxt = walk(tree, target_probs, uniforms, exponentials)
+    path, length = _path_to(tree.mask(), last, tree.max_depth())
+    return path, length - 1, nxt
+
+
+def _walk_rows(tree: TokenTree, target_probs: Tensor, uniforms: Tensor, exponentials: Tensor) -> tuple[Tensor, Tensor]:
+    """The rule row by row over child lists read on the host (the reference): the last accepted node and
+    the next token, both [B]."""
     B, N = tree.tokens.shape
-    mask = tree.mask()
-    max_depth = int((mask.sum(-1) - 1).max())
     children = [[[] for _ in range(N)] for _ in range(B)]
     parents = tree.parents.tolist()
     for b in range(B):
@@ -165,6 +187,31 @@ def verify_tree_sampled(tree: TokenTree, target_probs: Tensor, uniforms: Tensor,
                 nxt[b] = race(r, exponentials[b, node])
                 last[b] = node
                 break
-    last = last.to(tree.tokens.device)
-    path, length = _path_to(mask, last, max_depth)
-    return path, length - 1, nxt.to(tree.tokens.device)
+    return last.to(tree.tokens.device), nxt.to(tree.tokens.device)
+
+
+def _walk_nodes(tree: TokenTree, target_probs: Tensor, uniforms: Tensor, exponentials: Tensor) -> tuple[Tensor, Tensor]:
+    """The same walk for all rows at once, without reading anything on the host: one step per node in
+    index order (a parent comes before its children, so each node's children are met after it, in
+    their order; the Triton kernel scans the same way). r [B, V] is the current node's law with its
+    rejected children zeroed; a row whose current node is not node c's parent leaves r as it is."""
+    B, N = tree.tokens.shape
+    dev = target_probs.device
+    tokens, parents = tree.tokens.to(dev), tree.parents.to(dev)
+    uniforms = uniforms.to(dev)
+    rows = torch.arange(B, device=dev)
+    node = torch.zeros(B, dtype=torch.long, device=dev)
+    r = target_probs[:, 0].clone()
+    for c in range(1, N):
+        tok = tokens[:, c]
+        tried = (parents[:, c] == node) & (tok >= 0)              # filler: never accepted, r unchanged
+        tok = tok.clamp(min=0)[:, None]
+        r_tok = r.gather(1, tok)[:, 0]
+        total = r.sum(-1)
+        accept = tried & (total > 0) & (uniforms[:, c] * total <= r_tok)
+        r.scatter_(1, tok, torch.where(tried & ~accept, 0, r_tok)[:, None])     # a rejected child leaves r
+        node = torch.where(accept, c, node)
+        r = torch.where(accept[:, None], target_probs[:, c], r)
+    r = torch.where(r.sum(-1, keepdim=True) > 0, r, target_probs[rows, node])
+    nxt = race(r, exponentials.to(dev)[rows, node])
+    return node.to(tree.tokens.device), nxt.to(tree.tokens.device)

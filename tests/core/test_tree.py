@@ -1,10 +1,14 @@
-"""Token trees: a draft chain with runner-up siblings, and greedy verification through a sibling."""
+"""Token trees: a draft chain with runner-up siblings, greedy verification through a sibling, filler never
+accepted, and the device backend (vectorised walk, no host reads) equal to the host's."""
 
 import pytest
 import torch
 
+from mmaccel.core import tree as tree_module
 from mmaccel.core.tree import TokenTree, chain_tree, verify_tree_greedy, verify_tree_sampled
 from mmaccel.errors import InputError
+from tests.emulated_cuda import emulated_cuda, on_host
+from tests.kernels.cases import laws, random_tree
 
 
 def test_chain_tree_puts_siblings_beside_each_rows_last_own_draft():
@@ -66,3 +70,78 @@ def test_sampled_verification_never_accepts_filler_nor_lets_it_change_the_draw()
     for _ in range(20):
         path, n, nxt = verify_tree_greedy(tree, p / torch.empty(1, 3, 3).exponential_(generator=g))
         assert (tree.tokens.gather(1, path)[0, : n + 1] >= 0).all()
+
+
+# (B, N nodes, V): a lone root, a binary-ish tree, a large vocabulary, V smaller than N, a deep one
+SHAPES = [(2, 1, 7), (3, 7, 50), (4, 13, 1500), (5, 9, 3), (3, 24, 33)]
+
+
+def _cases():
+    """Random trees (repeated sibling tokens, filler nodes, ragged rows) with laws, uniforms and exponentials:
+    dyadic laws with exact ties, continuous ones, float64 ones, and target laws with empty rows."""
+    g = torch.Generator().manual_seed(0)
+    for B, N, V in SHAPES:
+        for dyadic, ragged, dtype in ((True, False, torch.float32), (False, True, torch.float32),
+                                      (True, True, torch.float32), (False, False, torch.float64)):
+            for _ in range(4):
+                p = laws(g, (B, N, V), dyadic)
+                tree = random_tree(g, p, filler=0.2, ragged=ragged)
+                if dyadic and ragged:       # a point mass at some nodes: its child is accepted or r empties
+                    p = torch.where(torch.rand(B, N, 1, generator=g) < 0.3,
+                                    torch.nn.functional.one_hot(tree.tokens.clamp(min=0), V).float(), p)
+                u = torch.rand(B, N, generator=g, dtype=dtype)
+                yield (B, N, V, dyadic, ragged), tree, p.to(dtype), u, torch.empty(B, N, V).exponential_(generator=g)
+
+
+def test_the_device_walk_equals_the_host_walk():
+    """The vectorised walk (one step per node over all rows, the GPU backend) gives the same last node and
+    next token as the per-row walk over child lists (the host backend) for the same noise."""
+    for where, tree, p, u, e in _cases():
+        host = tree_module._walk_rows(tree, p, u, e)
+        device = tree_module._walk_nodes(tree, p, u, e)
+        assert all(torch.equal(a, b) for a, b in zip(host, device)), (where, host, device)
+
+
+def test_tree_verification_reads_nothing_back_on_a_gpu():
+    """On the emulated CUDA device, building a tree (checks included), its mask and depths, chain_tree and
+    greedy, coupled and sampled verification read nothing back and upload nothing; the outputs equal the
+    CPU's (paths there are [B, N]: the CPU's columns, then the last node repeated)."""
+    for where, tree, p, u, e in _cases():
+        B, N, V = where[:3]
+        expected = (verify_tree_greedy(tree, p.log()), verify_tree_greedy(tree, p / e),
+                    verify_tree_sampled(tree, p, u, e))
+        with emulated_cuda() as report:
+            on = [x.to("cuda") for x in (tree.tokens, tree.parents, p, u, e)]
+            report.uploads = 0
+            tree_d = TokenTree(on[0], on[1])
+            depth = tree_d.depth()
+            got = (verify_tree_greedy(tree_d, on[2].log()), verify_tree_greedy(tree_d, on[2] / on[4]),
+                   verify_tree_sampled(tree_d, *on[2:]))
+            assert not report.syncs and not report.uploads, (where, report.kinds(), report.uploads)
+        assert torch.equal(on_host(depth), tree.depth())
+        for (path, n, nxt), (path_d, n_d, nxt_d) in zip(expected, on_host(got)):
+            assert path_d.shape == (B, N) and torch.equal(n_d, n) and torch.equal(nxt_d, nxt), where
+            W = path.shape[1]
+            assert torch.equal(path_d[:, :W], path) and (path_d[:, W:] == path[:, -1:]).all(), where
+
+
+def test_chain_tree_reads_nothing_back_on_a_gpu():
+    drafts, lengths, alternatives = torch.tensor([[10, 11, 12, 13], [20, 21, 22, 23]]), torch.tensor([2, 4]), \
+        torch.tensor([[30, 31], [-1, -1]])
+    tree, nodes = chain_tree(torch.tensor([1, 2]), drafts, lengths, alternatives)
+    with emulated_cuda() as report:
+        on = [x.to("cuda") for x in (torch.tensor([1, 2]), drafts, lengths, alternatives)]
+        report.uploads = 0
+        tree_d, nodes_d = chain_tree(*on)
+        mask = tree_d.mask()
+        assert not report.syncs and not report.uploads, (report.kinds(), report.uploads)
+    assert nodes_d.is_cuda and torch.equal(on_host(nodes_d), nodes)
+    assert torch.equal(on_host(tree_d.tokens), tree.tokens) and torch.equal(on_host(mask), tree.mask())
+
+
+def test_a_malformed_tree_fails_on_the_device_too():
+    """The constructor's checks are device asserts there: they still fail (at the next synchronisation)."""
+    with emulated_cuda(), pytest.raises(RuntimeError, match="parent with a smaller index"):
+        TokenTree(torch.tensor([[1, 2, 3]], device="cuda"), torch.tensor([[-1, 2, 0]], device="cuda"))
+    with pytest.raises(InputError, match="node 0 must be the root"):
+        TokenTree(torch.tensor([[1, 2]]), torch.tensor([[0, 0]]))

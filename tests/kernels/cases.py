@@ -30,3 +30,24 @@ def with_reference(fn, *args, **kwargs):
     ref = fn(*args, **kwargs)
     os.environ["MMACCEL_KERNELS"] = "triton"
     return ref, fn(*args, **kwargs)
+
+
+def random_tree(g: torch.Generator, p: torch.Tensor, filler: float = 0.1, ragged: bool = False):
+    """A TokenTree for laws p [B, N, V]: parents drawn below each node; a child's token is likely under its
+    parent's law (so paths get accepted deep), with repeated sibling tokens and some filler (-1) nodes;
+    ragged: each row's nodes from a random count on are all filler (as chain_tree pads a row's tail)."""
+    from mmaccel.core.tree import TokenTree
+
+    B, N, V = p.shape
+    parents = torch.stack([torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, N)])
+                           for _ in range(B)])
+    likely = torch.multinomial(p.reshape(B * N, V), 2, replacement=True, generator=g).reshape(B, N, 2)
+    at_parent = likely.gather(1, parents.clamp_min(0)[..., None].expand(-1, -1, 2))
+    pick = torch.randint(0, 2, (B, N, 1), generator=g)
+    tokens = torch.where(torch.rand(B, N, generator=g) < 0.8, at_parent.gather(2, pick)[..., 0],
+                         torch.randint(0, V, (B, N), generator=g))
+    tokens = torch.where((torch.rand(B, N, generator=g) < filler) & (parents >= 0), -1, tokens)
+    if ragged:
+        real = torch.randint(1, N + 1, (B, 1), generator=g)
+        tokens = torch.where(torch.arange(N)[None, :] >= real, -1, tokens)
+    return TokenTree(tokens, parents)

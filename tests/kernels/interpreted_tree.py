@@ -9,38 +9,23 @@ import torch
 
 from mmaccel.core.tree import TokenTree, verify_tree_greedy, verify_tree_sampled
 from tests.core.test_speculative import chi2_rejects
-from tests.kernels.cases import laws, with_reference
+from tests.kernels.cases import laws, random_tree, with_reference
 
 SHAPES = [(3, 7, 50), (2, 1, 7), (4, 13, 1500), (5, 9, 3), (2, 16, 33)]      # (B, N nodes, V)
-
-
-def random_tree(g, p, filler=0.1):
-    """Parents drawn below each node; a child's token is likely under its parent's law (so paths get
-    accepted deep), with repeated sibling tokens and some filler (-1) nodes."""
-    B, N, V = p.shape
-    parents = torch.stack([torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, N)])
-                           for _ in range(B)])
-    likely = torch.multinomial(p.reshape(B * N, V), 2, replacement=True, generator=g).reshape(B, N, 2)
-    at_parent = likely.gather(1, parents.clamp_min(0)[..., None].expand(-1, -1, 2))
-    pick = torch.randint(0, 2, (B, N, 1), generator=g)
-    tokens = torch.where(torch.rand(B, N, generator=g) < 0.8, at_parent.gather(2, pick)[..., 0],
-                         torch.randint(0, V, (B, N), generator=g))
-    tokens = torch.where((torch.rand(B, N, generator=g) < filler) & (parents >= 0), -1, tokens)
-    return TokenTree(tokens, parents)
 
 
 def equals_the_reference():
     g = torch.Generator().manual_seed(0)
     for B, N, V in SHAPES:
-        for dyadic in (True, False):
+        for dyadic, ragged in ((True, False), (False, False), (True, True)):
             p = laws(g, (B, N, V), dyadic)
-            tree = random_tree(g, p)
+            tree = random_tree(g, p, ragged=ragged)
             u, e = torch.rand(B, N, generator=g), torch.empty(B, N, V).exponential_(generator=g)
             os.environ["MMACCEL_KERNELS"] = "torch"
             mask = TokenTree(tree.tokens, tree.parents).mask()
             os.environ["MMACCEL_KERNELS"] = "triton"
             assert torch.equal(mask, TokenTree(tree.tokens, tree.parents).mask()), (B, N, V)
-            where = (B, N, V, dyadic)
+            where = (B, N, V, dyadic, ragged)
             ref, fused = with_reference(verify_tree_sampled, tree, p, u, e)
             assert all(torch.equal(a, b) for a, b in zip(ref, fused)), (where, ref, fused)
             # greedy on logits with ties (coarse) and on the coupled scores p / E
