@@ -5,8 +5,13 @@ import pytest
 import torch
 
 from mmaccel.core import tree as tree_module
+from mmaccel.core.proposers import HeadsProposer, MedusaHead
+from mmaccel.core.sampling import Sampling
+from mmaccel.core.speculative import LoopConfig, decode
 from mmaccel.core.tree import TokenTree, chain_tree, verify_tree_greedy, verify_tree_sampled
 from mmaccel.errors import InputError
+from mmaccel.lm.hf import HFCausalLM
+from tests.conftest import tiny_llama
 from tests.emulated_cuda import emulated_cuda, on_host
 from tests.kernels.cases import laws, random_tree
 
@@ -145,3 +150,42 @@ def test_a_malformed_tree_fails_on_the_device_too():
         TokenTree(torch.tensor([[1, 2, 3]], device="cuda"), torch.tensor([[-1, 2, 0]], device="cuda"))
     with pytest.raises(InputError, match="node 0 must be the root"):
         TokenTree(torch.tensor([[1, 2]]), torch.tensor([[0, 0]]))
+
+
+@pytest.fixture(scope="module")
+def medusa_models():
+    """A tiny LM on the CPU and on the emulated device, with Medusa heads that read out through the LM's own
+    vocabulary matrix (so their top-16 often holds the next token and trees get accepted)."""
+    cpu = HFCausalLM(tiny_llama(0, layers=3))
+    heads = torch.nn.ModuleList(MedusaHead(64, 97) for _ in range(2))
+    with torch.no_grad():
+        for head in heads:
+            head.proj.weight.copy_(cpu.hf.lm_head.weight)
+    with emulated_cuda():
+        cuda = HFCausalLM(tiny_llama(0, layers=3).to("cuda"))
+        heads_on = torch.nn.ModuleList(MedusaHead(64, 97) for _ in range(2))
+        heads_on.load_state_dict(heads.state_dict())
+        heads_on = heads_on.to("cuda")
+    return (cpu, heads), (cuda, heads_on)
+
+
+@pytest.mark.parametrize("rule, temperature", [("greedy", 0.0), ("speculative", 1.0), ("coupled", 1.0)])
+def test_tree_decoding_never_waits_for_the_host(medusa_models, rule, temperature):
+    """The decode loop's tree branch (propose a tree, verify it, keep the accepted path in the cache, emit)
+    on the emulated device, with a proposer that keeps nothing on the host (Medusa heads): what it reads
+    back and uploads does not grow from 8 to 24 tokens, and the tokens equal the CPU's."""
+    prompts, seen = [[3, 4, 5, 6, 7], [8, 9, 10]], []
+
+    def run(models, n):
+        model, heads = models
+        config = LoopConfig(HeadsProposer(heads), rule, 0, (2, 16), coupled=rule == "coupled")
+        return decode(model, prompts, config, max_new_tokens=n, sampling=Sampling(temperature=temperature))
+
+    for n in (8, 24):
+        expected = run(medusa_models[0], n)
+        with emulated_cuda() as report:
+            out = run(medusa_models[1], n)
+        assert out.tokens == expected.tokens
+        seen.append((report.kinds(), report.uploads))
+    assert out.stats.nfe < 24, "no tree was accepted: the test would not see the accepted paths' bookkeeping"
+    assert seen[0] == seen[1], seen
