@@ -29,6 +29,7 @@ class TokenTree:
     tokens: Tensor    # [B, N] node tokens, node 0 = root
     parents: Tensor   # [B, N] parent index per node, -1 for the root; parents[:, i] < i
     _mask: Tensor | None = field(default=None, init=False, repr=False, compare=False)
+    _depth: Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         check(self.tokens.shape == self.parents.shape and self.tokens.dim() == 2,
@@ -58,7 +59,10 @@ class TokenTree:
         return self._mask
 
     def depth(self) -> Tensor:
-        return self.mask().sum(-1) - 1
+        """Each node's depth [B, N], the root's 0 (computed once)."""
+        if self._depth is None:
+            self._depth = self.mask().sum(-1) - 1
+        return self._depth
 
     def max_depth(self) -> int:
         """The width of verification paths less one: on the host the deepest node's depth (a free read),
@@ -126,7 +130,7 @@ def verify_tree_greedy(tree: TokenTree, target_logits: Tensor) -> tuple[Tensor, 
     match[:, 0] = True
     mask = tree.mask()
     ok = ~(mask & ~match[:, None, :]).any(-1)
-    depth = mask.sum(-1) - 1
+    depth = tree.depth()
     score = torch.where(ok, depth * N - torch.arange(N, device=pred.device), -1)  # deepest, then first
     best = score.argmax(-1)
     path, length = _path_to(mask, best, tree.max_depth())
