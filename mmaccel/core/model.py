@@ -314,3 +314,34 @@ def append_ragged(model: DecoderModel, state: DecodeState, rows: list[Tensor], s
     if state.hidden is not None:
         state.hidden = state.hidden[torch.arange(len(rows)), last][:, None]
     return out[torch.arange(len(rows), device=out.device), last]
+
+
+def append_padded(model: DecoderModel, state: DecodeState, tokens: Tensor, counts: Tensor, step=None) -> Tensor:
+    """`append_ragged` over a padded batch: row b appends its first `counts[b]` (>= 1) of `tokens`
+    [B, P]; returns the logits [B, V] after each row's last (or `step`'s output there).
+
+    On the host the counts are read and the block is cut to the longest row (one plain step when the
+    rows are level). On a GPU all P columns run as one fixed-shape step and each row's padding is
+    rolled back by a device tensor, so nothing is read back.
+    """
+    B, P = tokens.shape
+    counts = counts.to(state.cache.lengths.device)
+    if on_host(state.cache.device):
+        sizes = counts.tolist()
+        check(min(sizes) > 0 and max(sizes) <= P, f"every row appends between 1 and {P} tokens, got {sizes}")
+        P = max(sizes)
+        tokens = tokens[:, :P]
+        if sizes.count(P) == B:                                         # level rows: one plain step
+            out = (step or model.step)(state, tokens.to(state.cache.device))
+            if state.hidden is not None:
+                state.hidden = state.hidden[:, -1:]
+            return out[:, -1]
+    else:
+        expect((counts > 0) & (counts <= P), f"every row appends between 1 and {P} tokens")
+    out = (step or model.step)(state, tokens.to(state.cache.device))
+    state.rollback(P - counts)
+    last = (counts - 1).to(out.device)
+    rows = torch.arange(B, device=out.device)
+    if state.hidden is not None:
+        state.hidden = state.hidden[rows.to(state.hidden.device), last.to(state.hidden.device)][:, None]
+    return out[rows, last]

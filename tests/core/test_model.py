@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mmaccel.core.model import KVCache
+from mmaccel.core.model import KVCache, append_padded, append_ragged
 from mmaccel.core.tree import TokenTree
 from mmaccel.errors import InputError
 
@@ -35,6 +35,32 @@ def test_ragged_rows_match_single_row_runs(target, prompts):
     for b, p in enumerate(prompts):
         seq = p + [1, 2, 3][: 3 - int(back[b])] + [7]
         torch.testing.assert_close(logits[b, 0], fresh_logits(target, seq), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("counts", [[1, 2, 3, 2], [2, 2, 2, 2]])
+def test_padded_rows_append_like_ragged_ones_on_the_host_and_a_gpu(target, prompts, counts):
+    """append_padded (a [B, P] block and counts) equals append_ragged on the host; on a GPU it runs all P
+    columns and rolls the padding back by a device tensor: the same logits and lengths, nothing read back."""
+    from mmaccel.lm.hf import HFCausalLM
+    from tests.conftest import tiny_llama
+    from tests.emulated_cuda import emulated_cuda, on_host
+
+    block = torch.tensor([[11, 12, 13, 14], [21, 22, 23, 24], [31, 32, 33, 34], [41, 42, 43, 44]])
+    ragged = target.prefill(prompts, room=32)
+    expected = append_ragged(target, ragged, [row[:c] for row, c in zip(block, counts)])
+    state = target.prefill(prompts, room=32)
+    torch.testing.assert_close(append_padded(target, state, block, torch.tensor(counts)), expected)
+    assert torch.equal(state.lengths, ragged.lengths)
+    with emulated_cuda() as report:
+        model = HFCausalLM(tiny_llama(0, layers=3).to("cuda"))
+        state = model.prefill(prompts, room=32)
+        block, counts = block.cuda(), torch.tensor(counts).cuda()
+        report.syncs.clear()
+        report.uploads = 0
+        logits = append_padded(model, state, block, counts)
+        assert not report.syncs and report.uploads == 0, (report.kinds(), report.uploads)
+        torch.testing.assert_close(on_host(logits), expected, atol=1e-5, rtol=1e-5)
+        assert torch.equal(on_host(state.lengths), ragged.lengths)
 
 
 def test_tree_step_scores_every_path_like_a_chain(target):
