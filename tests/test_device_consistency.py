@@ -54,27 +54,50 @@ def test_image_methods_on_a_cuda_device(image_pipes, method, temperature):
     assert expected.stats.nfe <= out.stats.nfe <= expected.stats.nfe + 1
 
 
-@pytest.mark.parametrize("method, temperature", [("ar", 0.0), ("ar", 1.0), ("sjd", 0.0), ("sjd", 1.0),
-                                                 ("sjd-coupled", 1.0), ("gsd", 1.0)])
-def test_the_decode_loop_never_waits_for_the_host(image_pipes, method, temperature):
+def _reads_by_length(decode) -> list:
+    """What the host reads back (by kind) and uploads during `decode(n)` on the emulated device, for n = 8
+    and 24 tokens. An unmeasured call goes first: first-use caches (rotary tables) upload once per process."""
+    seen = []
+    for n in (8, 8, 24):
+        with emulated_cuda() as report:
+            out = decode(n)
+        assert out.stats.nfe > 2 and all(len(row) == n for row in out.tokens)
+        seen.append((report.kinds(), report.uploads))
+    return seen[1:]
+
+
+# the draft-model methods (speculative, early-exit, lantern) keep the proposer's state on the device too;
+# with stop_below the chain runs all k steps there and marks the drafts after the host's stop as filler
+@pytest.mark.parametrize("method, temperature, params", [
+    ("ar", 0.0, {}), ("ar", 1.0, {}), ("sjd", 0.0, {}), ("sjd", 1.0, {}), ("sjd-coupled", 1.0, {}), ("gsd", 1.0, {}),
+    ("speculative", 0.0, {}), ("speculative", 1.0, {}), ("speculative", 0.0, {"stop_below": 0.5}),
+    ("early-exit", 0.0, {}), ("lantern", 0.0, {}), ("lantern", 1.0, {})])
+def test_the_decode_loop_never_waits_for_the_host(image_pipes, method, temperature, params):
     """What the host reads back from the device, or uploads to it, does not grow with the number of
     passes: the bookkeeping of a step stays on the device (only the final tokens are read)."""
     from mmaccel.core.sampling import Sampling
     from mmaccel.image.methods import build_image_method
 
     cuda = image_pipes[1]
-    seen = []
-    for n in (8, 24):
-        with emulated_cuda() as report:
-            resources, _ = cuda.resources(2.0)
-            report.syncs.clear()
-            report.uploads = 0
-            out = build_image_method(method).run(resources, ([1, 2], [cuda.model.num_classes] * 2), max_new_tokens=n,
-                                                 sampling=Sampling(temperature=temperature), seed=0)
-        assert out.stats.nfe > 4 and all(len(row) == n for row in out.tokens)
-        seen.append((report.kinds(), report.uploads))
+    with emulated_cuda():
+        resources, _ = cuda.resources(2.0)
+    seen = _reads_by_length(lambda n: build_image_method(method, **params).run(
+        resources, ([1, 2], [cuda.model.num_classes] * 2), max_new_tokens=n, sampling=Sampling(temperature=temperature), seed=0))
     assert seen[0] == seen[1], seen
     assert seen[0][1] == 0 and set(seen[0][0]) <= {"tolist"}, seen
+
+
+@pytest.mark.parametrize("temperature, params", [(0.0, {"stop_below": 0.5}), (0.0, {"stop_below": 0.5, "siblings": 2}),
+                                                 (1.0, {"stop_below": 0.5})])
+def test_draft_chains_that_stop_early_on_a_cuda_device(image_pipes, temperature, params):
+    """On a GPU a chain with stop_below drafts all k (it cannot know where the host stops without waiting)
+    and marks the later drafts as filler: every pass still commits the same tokens as on the CPU."""
+    cpu, cuda = image_pipes
+    expected = cpu.generate([3, 5], "speculative", seed=0, temperature=temperature, **params)
+    with emulated_cuda():
+        out = cuda.generate([3, 5], "speculative", seed=0, temperature=temperature, **params)
+    assert torch.equal(on_host(out.tokens), expected.tokens)
+    assert torch.equal(on_host(out.commit_pass), expected.commit_pass)
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +120,20 @@ def test_text_methods_on_a_cuda_device(text_pipes, method, params, temperature):
     with emulated_cuda():
         out = cuda.generate(prompts, method, max_new_tokens=10, temperature=temperature, **params)
     assert out.tokens == expected.tokens
+
+
+@pytest.mark.parametrize("method, params, temperature", [
+    ("speculative", {"k": 3}, 0.0), ("speculative", {"k": 3}, 1.0), ("early-exit", {"exit_layer": 1, "k": 3}, 0.0)])
+def test_text_drafting_never_waits_for_the_host(text_pipes, method, params, temperature):
+    """As for images: the draft model's proposer reads nothing back per pass (the prompts are uploaded once)."""
+    from mmaccel.core.methods import build_method
+    from mmaccel.core.sampling import Sampling
+
+    cuda = text_pipes[1]
+    prompts = [[3, 4, 5, 6, 7], [8, 9, 10]]
+    seen = _reads_by_length(lambda n: build_method(method, **params).run(
+        cuda.resources, prompts, max_new_tokens=n, sampling=Sampling(temperature=temperature), seed=0))
+    assert seen[0] == seen[1], seen
 
 
 @pytest.fixture(scope="module")

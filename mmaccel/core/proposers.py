@@ -8,13 +8,14 @@ roll its own state back. Proposers never decide acceptance: that is the rule's j
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
 
-from mmaccel.core.model import DecoderModel, append_ragged
+from mmaccel.core.model import DecoderModel, append_padded, on_host
 from mmaccel.core.sampling import Sampling, TokenSampler
 from mmaccel.core.tree import TokenTree
 from mmaccel.errors import check
@@ -22,7 +23,7 @@ from mmaccel.errors import check
 
 @dataclass
 class Draft:
-    tokens: Tensor              # [B, K]
+    tokens: Tensor              # [B, K]; -1: filler, never accepted (fed to the target as any id)
     probs: Tensor | None = None  # [B, K, V] distributions the tokens were drawn from; None = point masses
     # [B] drafts worth verifying per row (its chain would have stopped there; the later ones are
     # filler, drafted because other rows went on); None: all K
@@ -65,8 +66,11 @@ class Proposer:
         raise TypeError(f"{type(self).__name__} does not propose token trees; use a chain method")
 
     def observe(self, ctx: DraftContext, num_accepted: Tensor, next_token: Tensor,
-                target_probs: Tensor | None, accepted_tokens: list[list[int]]) -> None:
-        """After verification: row b kept `num_accepted[b]` drafts (`accepted_tokens[b]`) then `next_token[b]`."""
+                target_probs: Tensor | None, accepted_tokens: Sequence[list[int]]) -> None:
+        """After verification: row b kept `num_accepted[b]` drafts (`accepted_tokens[b]`) then `next_token[b]`.
+
+        `accepted_tokens` reads the lists back from the device when indexed; its `padded` [B, L] holds
+        the same tokens on the device (row b's first num_accepted[b]), for a proposer that must not wait."""
 
     def passes(self) -> int:
         """Draft forward passes run since the last call (for DecodeStats)."""
@@ -119,7 +123,11 @@ class DraftModelProposer(Proposer):
     token is often among them, and the pass then gains one more token.
 
     Its cache is kept in step with the target's: tokens the target emitted but the draft has not
-    yet seen wait in `pending` and are fed (ragged, one pass) at the start of the next proposal.
+    yet seen wait in `pending` (a padded block [B, P] and counts [B] on the draft's device) and are
+    fed (ragged, one pass) at the start of the next proposal. On a GPU nothing is read back: the
+    pending block is fed at its full width with the padding rolled back per row, a chain with
+    `stop_below` runs all k steps (the drafts after the point where the host would have stopped are
+    -1, filler that is never accepted) and siblings are always offered (-1 where a row has none).
     """
 
     drafts_from_prompt = True
@@ -141,7 +149,8 @@ class DraftModelProposer(Proposer):
     def start(self, inputs, room, ctx):
         self.state = self.draft.prefill(inputs, room)
         self._passes += 1
-        self.pending = [[int(t)] for t in ctx.pending.tolist()]
+        self.pending = ctx.pending[:, None]                 # [B, P] tokens the draft has not seen yet
+        self.pending_counts = torch.ones_like(ctx.pending)  # [B] row b's first counts[b] of them
 
     def start_drafting(self, inputs: Any, room: int, k: int) -> Tensor:
         """`start` ahead of the target: greedy drafts [B, <= k] of the first tokens from the prompt
@@ -149,14 +158,14 @@ class DraftModelProposer(Proposer):
         check(k >= 1, f"draft length k must be >= 1, got {k}")
         self.state = self.draft.prefill(inputs, room)
         self._passes += 1
-        B = self.state.logits.shape[0]
-        self.pending = [[] for _ in range(B)]
-        self._fed_pending = torch.zeros(B, dtype=torch.long)
-        return self._chain(self.state.logits, None, torch.ones(B, dtype=torch.bool), k).tokens
+        logits = self.state.logits
+        self.pending = torch.zeros(logits.shape[0], 0, dtype=torch.long, device=logits.device)
+        self.pending_counts = self._fed_pending = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
+        return self._chain(logits, None, None, k).tokens
 
     def _feed_pending(self, step=None) -> Tensor:
-        self._fed_pending = torch.tensor([len(p) for p in self.pending])
-        out = append_ragged(self.draft, self.state, [torch.tensor(p) for p in self.pending], step)
+        self._fed_pending = self.pending_counts
+        out = append_padded(self.draft, self.state, self.pending, self.pending_counts, step)
         self._passes += 1
         return out
 
@@ -169,8 +178,7 @@ class DraftModelProposer(Proposer):
         check(k >= 1, f"draft length k must be >= 1, got {k}")
         if ctx.sampling.greedy:
             step, ids = self._greedy_step()
-            active = ctx.active if ctx.active is not None else torch.ones(len(self.pending), dtype=torch.bool)
-            return self._chain(self._feed_pending(step), ids, active, k)
+            return self._chain(self._feed_pending(step), ids, ctx.active, k)
         logits = self._feed_pending()
         tokens, probs = [], []
         for j in range(k):
@@ -184,36 +192,56 @@ class DraftModelProposer(Proposer):
         self._drafts = torch.stack(tokens, 1)
         return Draft(self._drafts, torch.stack(probs, 1))
 
-    def _chain(self, logits: Tensor, ids: Tensor | None, active: Tensor, k: int) -> Draft:
+    def _chain(self, logits: Tensor, ids: Tensor | None, active: Tensor | None, k: int) -> Draft:
         """Arg-max drafts from the next token's `logits` [B, V or S] (column j is token `ids[j]`, or
         j itself), through the model's shortlist (`shortlist_step`) where it has one; with
-        `stop_below`, drafting ends after a position where no active row's draft is that likely."""
+        `stop_below`, drafting ends after a position where no `active` row's (None: no row's) draft
+        is that likely: on the host it stops there; on a GPU, which cannot know it without waiting,
+        it drafts on and marks the later drafts -1."""
         step, shortlist = self._greedy_step()
+        B, dev = logits.shape[0], logits.device
+        host, stop = on_host(dev), self.stop_below > 0
+        active = None if active is None else active.to(dev)
+        lengths = torch.full((B,), k, device=dev) if stop else None
+        alternatives = torch.full((B, self.siblings), -1, device=dev) if self.siblings else None
         tokens = []
-        B = logits.shape[0]
-        lengths = torch.full((B,), k) if self.stop_below > 0 else None
-        alternatives = torch.full((B, self.siblings), -1) if self.siblings else None
+        going = None            # GPU, with stop_below: [] whether the host would still be drafting
+        drafted = []            # ... that flag as each draft after the first was made
         for j in range(k):
-            if self.stop_below > 0:
+            if stop:
                 confidence, index = logits.softmax(-1).max(-1)
-                first = (confidence < self.stop_below).cpu() & (lengths == k)
+                first = (confidence < self.stop_below) & (lengths == k)
+                first = first if going is None else first & going
                 lengths = torch.where(first, j + 1, lengths)
-                if alternatives is not None and bool(first.any()):
-                    runners = logits.topk(1 + self.siblings, dim=-1).indices[:, 1:].cpu()
-                    runners = runners if ids is None else ids.cpu()[runners]
+                if alternatives is not None and (not host or bool(first.any())):
+                    runners = logits.topk(1 + self.siblings, dim=-1).indices[:, 1:]
+                    runners = runners if ids is None else ids[runners]
                     alternatives = torch.where(first[:, None], runners, alternatives)
             else:
-                confidence, index = None, logits.argmax(-1)
+                index = logits.argmax(-1)
             tokens.append(index if ids is None else ids[index])
-            if j == k - 1 or (confidence is not None and not bool((confidence[active] >= self.stop_below).any())):
+            if going is not None:
+                drafted.append(going)
+            if j == k - 1:
                 break
+            if stop:
+                sure = confidence >= self.stop_below
+                sure = (sure if active is None else sure & active).any()
+                if host and not bool(sure):
+                    break
+                going = None if host else sure if going is None else going & sure
             logits, ids = step(self.state, tokens[-1][:, None])[:, 0], shortlist
             self._passes += 1
-        self._fed, self._tree = len(tokens) - 1, None
-        self._drafts = torch.stack(tokens, 1)
-        self._branched = alternatives is not None and bool((alternatives >= 0).any())
-        return Draft(self._drafts, lengths=None if lengths is None else lengths.clamp(max=len(tokens)),
-                     alternatives=alternatives if self._branched else None)
+        drafts = torch.stack(tokens, 1)                                     # [B, K]
+        if drafted:             # filler after the host's stop: never accepted (the loop feeds -1 as any id)
+            made = torch.stack([drafted[0].new_ones(())] + drafted)        # [K]
+            drafts = drafts.masked_fill(~made[None, :], -1)
+            lengths = torch.minimum(lengths, made.sum())
+        elif lengths is not None:
+            lengths = lengths.clamp(max=len(tokens))
+        self._fed, self._tree, self._drafts = len(tokens) - 1, None, drafts
+        self._branched = alternatives is not None and (not host or bool((alternatives >= 0).any()))
+        return Draft(drafts, lengths=lengths, alternatives=alternatives if self._branched else None)
 
     def propose_tree(self, ctx, depth, width):
         logits = self._feed_pending()
@@ -230,23 +258,32 @@ class DraftModelProposer(Proposer):
         return tree
 
     def observe(self, ctx, num_accepted, next_token, target_probs, accepted_tokens):
+        dev = self.pending.device
+        n = num_accepted.to(dev)
+        accepted = accepted_tokens.padded.to(dev)          # [B, L]: row b's first n[b] (no read-back)
+        L = accepted.shape[1]
         if self._tree is not None:
-            keep = torch.zeros_like(num_accepted)
+            keep = torch.zeros_like(n)
         elif self._branched:        # an accepted sibling ends the part of the chain kept
-            drafts = self._drafts.tolist()
-            keep = torch.tensor([next((i for i, (a, d) in enumerate(zip(acc, row)) if a != d), len(acc))
-                                 for acc, row in zip(accepted_tokens, drafts)]).clamp(max=self._fed)
+            K = min(L, self._drafts.shape[1])
+            j = torch.arange(K, device=dev)[None, :]
+            agree = (accepted[:, :K] == self._drafts[:, :K]) | (j >= n[:, None])
+            keep = agree.long().cumprod(1).sum(1).minimum(n).clamp(max=self._fed)
         else:
-            keep = num_accepted.clamp(max=self._fed)
-        active = ctx.active if ctx.active is not None else torch.ones_like(num_accepted, dtype=torch.bool)
-        fed_pending = self._fed_pending
+            keep = n.clamp(max=self._fed)
+        active = torch.ones_like(n, dtype=torch.bool) if ctx.active is None else ctx.active.to(dev)
         # inactive rows drop everything fed this round and keep their pending tokens
-        drop = torch.where(active.cpu(), self._fed - keep.cpu(), self._fed + fed_pending)
-        self.state.rollback(drop)
-        nxt = next_token.tolist()
-        for b in range(len(self.pending)):
-            if bool(active[b]):
-                self.pending[b] = accepted_tokens[b][int(keep[b]):] + [nxt[b]]
+        self.state.rollback(torch.where(active, self._fed - keep, self._fed + self._fed_pending))
+        # row b's pending: its accepted tokens after the first keep[b], then next_token[b]. At most
+        # 1 + (drafts not fed) of a chain (only a sibling ends the kept part before that), 1 + L of a tree
+        P = max(1 + (L if self._tree is not None else max(1, self._drafts.shape[1] - self._fed)), self.pending.shape[1])
+        count = n - keep + 1
+        j = torch.arange(P, device=dev)[None, :]
+        after = accepted.gather(1, (keep[:, None] + j).clamp(max=L - 1)) if L else torch.zeros_like(j).expand(len(n), -1)
+        fresh = torch.where(j < count[:, None] - 1, after, torch.where(j == count[:, None] - 1, next_token.to(dev)[:, None], 0))
+        old = nn.functional.pad(self.pending, (0, P - self.pending.shape[1]))
+        self.pending = torch.where(active[:, None], fresh, old)
+        self.pending_counts = torch.where(active, count, self.pending_counts)
 
 
 class EarlyExitProposer(DraftModelProposer):

@@ -92,7 +92,7 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
             stats.draft_passes += proposer.passes()
         with stats.timed("prefill"):
             if ahead:
-                state, logits = model.prefill_with(inputs, room, drafts)
+                state, logits = model.prefill_with(inputs, room, drafts.clamp(min=0))
                 block = drafts, logits
             else:
                 state = model.prefill(inputs, room)
@@ -150,7 +150,7 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
                 if block is not None:
                     fed, block = drafts, None                                       # scored by the prefill
                 elif tree is None:
-                    fed = torch.cat([pending[:, None], drafts], 1)
+                    fed = torch.cat([pending[:, None], drafts.clamp(min=0)], 1)           # filler (-1) as any id
                     if skip_filler:
                         # finished rows and the filler after a row's own drafts need no logits;
                         # filler drafts become -1 for verification, so no row can accept them
@@ -195,7 +195,7 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
             if proposer is not None:
                 with stats.timed("draft"):
                     proposer.observe(ctx, verdict.num_accepted, nxt, target_probs, RowLists(lambda: [
-                        row[:c] for row, c in zip(kept.tolist(), n.tolist())]))
+                        row[:c] for row, c in zip(kept.tolist(), n.tolist())], padded=kept))
                 stats.draft_passes += proposer.passes()
 
             out.emit(kept, n, nxt, active, stats.nfe, max_new_tokens)
@@ -215,10 +215,11 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
 
 class RowLists(Sequence):
     """Per-row token lists read back from the device only when a proposer asks for them (a proposer
-    that keeps host-side state pays that read; the loop itself never does)."""
+    that keeps host-side state pays that read; the loop itself never does). `padded` [B, L], where
+    given, holds the rows on the device, each followed by padding, for proposers that must not wait."""
 
-    def __init__(self, read: Callable[[], list[list[int]]]):
-        self._read, self._rows = read, None
+    def __init__(self, read: Callable[[], list[list[int]]], padded: Tensor | None = None):
+        self._read, self._rows, self.padded = read, None, padded
 
     def _get(self) -> list[list[int]]:
         if self._rows is None:
