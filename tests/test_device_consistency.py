@@ -66,11 +66,12 @@ def _reads_by_length(decode) -> list:
     return seen[1:]
 
 
-# the draft-model methods (speculative, early-exit, lantern) keep the proposer's state on the device too;
+# the draft-model methods (speculative, tree, early-exit, lantern) keep the proposer's state on the device too;
 # with stop_below the chain runs all k steps there and marks the drafts after the host's stop as filler
 @pytest.mark.parametrize("method, temperature, params", [
     ("ar", 0.0, {}), ("ar", 1.0, {}), ("sjd", 0.0, {}), ("sjd", 1.0, {}), ("sjd-coupled", 1.0, {}), ("gsd", 1.0, {}),
     ("speculative", 0.0, {}), ("speculative", 1.0, {}), ("speculative", 0.0, {"stop_below": 0.5}),
+    ("speculative", 0.0, {"stop_below": 0.5, "siblings": 2}), ("tree", 0.0, {}), ("tree", 1.0, {}),
     ("early-exit", 0.0, {}), ("lantern", 0.0, {}), ("lantern", 1.0, {})])
 def test_the_decode_loop_never_waits_for_the_host(image_pipes, method, temperature, params):
     """What the host reads back from the device, or uploads to it, does not grow with the number of
