@@ -229,7 +229,8 @@ class DraftModelProposer(Proposer):
                 sure = (sure if active is None else sure & active).any()
                 if host and not bool(sure):
                     break
-                going = None if host else sure if going is None else going & sure
+                if not host:
+                    going = sure if going is None else going & sure
             logits, ids = step(self.state, tokens[-1][:, None])[:, 0], shortlist
             self._passes += 1
         drafts = torch.stack(tokens, 1)                                     # [B, K]
@@ -279,7 +280,7 @@ class DraftModelProposer(Proposer):
         P = max(1 + (L if self._tree is not None else max(1, self._drafts.shape[1] - self._fed)), self.pending.shape[1])
         count = n - keep + 1
         j = torch.arange(P, device=dev)[None, :]
-        after = accepted.gather(1, (keep[:, None] + j).clamp(max=L - 1)) if L else torch.zeros_like(j).expand(len(n), -1)
+        after = accepted.gather(1, (keep[:, None] + j).clamp(max=L - 1))     # L >= 1: a proposal has a draft
         fresh = torch.where(j < count[:, None] - 1, after, torch.where(j == count[:, None] - 1, next_token.to(dev)[:, None], 0))
         old = nn.functional.pad(self.pending, (0, P - self.pending.shape[1]))
         self.pending = torch.where(active[:, None], fresh, old)
