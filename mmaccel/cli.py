@@ -38,7 +38,7 @@ def _method_specs(text: str | None):
 def cmd_generate(args) -> int:
     from mmaccel.lm.pipeline import TextPipeline
 
-    pipe = TextPipeline.from_pretrained(args.model, draft=args.draft, device=args.device)
+    pipe = TextPipeline.from_pretrained(args.model, draft=args.draft, device=args.device, cuda_graphs=args.cuda_graphs)
     out = pipe.generate(args.prompt, args.method, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                         top_k=args.top_k, top_p=args.top_p, seed=args.seed, **dict(args.param))
     for text in out.texts:
@@ -59,7 +59,8 @@ def cmd_image_generate(args) -> int:
     labels = _labels(args.labels)
     if not labels:
         raise InputError("--labels is empty: pass class indices such as --labels 0,1,2")
-    pipe = ImagePipeline.from_pretrained(args.model, vq=args.vq, draft=args.draft, device=args.device)
+    pipe = ImagePipeline.from_pretrained(args.model, vq=args.vq, draft=args.draft, device=args.device,
+                                         cuda_graphs=args.cuda_graphs)
     out = pipe.generate(labels, args.method, cfg_scale=args.cfg_scale, temperature=args.temperature,
                         top_k=args.top_k, top_p=args.top_p, seed=args.seed, **dict(args.param))
     directory = Path(args.out)
@@ -76,7 +77,7 @@ def cmd_asr_transcribe(args) -> int:
     from mmaccel.speech.pipeline import ASRPipeline, draft_option, heads_option
 
     asr = ASRPipeline.from_pretrained(args.model, heads=heads_option(args.heads), draft=draft_option(args.draft),
-                                      assistant=args.assistant, device=args.device)
+                                      assistant=args.assistant, device=args.device, cuda_graphs=args.cuda_graphs)
     out = asr.transcribe(list(args.files), args.method, batch_size=args.batch_size, language=args.language,
                          **dict(args.param))
     failed = 0
@@ -109,9 +110,9 @@ def cmd_bench(args) -> int:
                          "or report")
     extra = {}
     for option, minimum in (("samples", 2), ("inception_samples", 0), ("model", None), ("heads", None),
-                            ("draft", None), ("device", None)):                                       # suite-specific options
+                            ("draft", None), ("device", None), ("cuda_graphs", None)):               # suite-specific options
         value, flag = getattr(args, option), "--" + option.replace("_", "-")
-        if value is None:
+        if value is None or value is False:
             continue
         if option not in inspect.signature(SUITES[args.suite]).parameters:
             raise InputError(f"{flag} does not apply to the {args.suite!r} suite")
@@ -122,7 +123,7 @@ def cmd_bench(args) -> int:
     doc = run_suite(suite, log=lambda m: print(m, file=sys.stderr))
     doc["command"] = " ".join(["mmaccel bench", args.suite] + (["--quick"] if args.quick else [])
                               + ([f"--methods {args.methods}"] if args.methods else [])
-                              + [f"--{k.replace('_', '-')} {v}" for k, v in extra.items()])
+                              + [f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in extra.items()])
     out = Path(args.out) if args.out else Path("benchmarks") / f"{args.suite}{'-quick' if args.quick else ''}.json"
     paths = write_results(doc, out, suite.primary_quality)
     if suite.artifacts is not None:
@@ -158,8 +159,8 @@ def _bench_image_fid(args) -> int:
 def _bench_kernels(args) -> int:
     from mmaccel.bench.kernels_suite import markdown, run_kernels
 
-    given = [f"--{o.replace('_', '-')}" for o in ("methods", "samples", "inception_samples", "model", "heads", "draft")
-             if getattr(args, o) is not None]
+    given = [f"--{o.replace('_', '-')}" for o in ("methods", "samples", "inception_samples", "model", "heads", "draft",
+                                                  "cuda_graphs") if getattr(args, o) not in (None, False)]
     if given:
         raise InputError(f"kernels takes --quick, --device and --out, not {', '.join(given)}")
     doc = run_kernels(args.device or "cpu", quick=args.quick, log=lambda m: print(m, file=sys.stderr))

@@ -56,8 +56,10 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 
 
 def add_device_option(parser, default: str | None = "cpu") -> None:
-    """The `--device` option every command shares."""
+    """The `--device` and `--cuda-graphs` options every command shares."""
     parser.add_argument("--device", default=default, help="cpu (default), cuda, cuda:N or auto (cuda when there is a GPU)")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="replay the fixed-shape decode steps as CUDA graphs (with --device cuda)")
 
 
 def module_device(module: Any) -> torch.device | None:
@@ -81,3 +83,17 @@ def check_same_device(named: Iterable[tuple[str, Any]]) -> None:
                 raise InputError(f"the {name} is on {device} but the {other} is on {other_device}: load them on "
                                  f"one device (from_pretrained(..., device=...)) or move them with .to(device)")
         seen.append((name, device))
+
+
+def use_cuda_graphs(enabled: bool, device: torch.device, *models: Any) -> None:
+    """Replay the fixed-shape decode steps of `models` as CUDA graphs (`mmaccel.core.graphs`) when
+    `enabled`: on a GPU only, and for models that offer it (a `cuda_graphs` switch)."""
+    check(isinstance(enabled, bool), f"cuda_graphs must be True or False, got {enabled!r}")
+    if not enabled:
+        return
+    check(device.type == "cuda", f"cuda_graphs=True needs device='cuda', got {str(device)!r}: CUDA graphs replay "
+          "GPU kernels (on the CPU the eager steps run)")
+    for model in models:
+        if model is not None:
+            check(hasattr(model, "cuda_graphs"), f"{type(model).__name__} does not offer CUDA graphs")
+            model.cuda_graphs = True

@@ -13,6 +13,14 @@ host waits for those as well). A sync-free decode step shows no growth of either
 steps. `torch.Generator(device="cuda")` gives a CPU generator, `torch.cuda.Event` is a no-op and
 `pin_memory=True` plain host memory, so device-side code paths run unchanged.
 
+CUDA graphs are emulated as they behave: `torch.cuda.graph(g)` records the aten ops of the region
+(`_Capture`), and its effects are undone when it ends (memory written is restored, memory allocated
+in it holds garbage), since a real capture runs nothing; `g.replay()` runs the recorded ops again on
+the same tensors, writing fresh results into the tensors the capture allocated. Python code does not
+run again at replay, so a step that reassigns an attribute or reads a value on the host instead of
+updating its tensors in place gives wrong results here, as on a GPU. A host read or an upload inside a
+capture is an error, as on a GPU. `Report.replays` counts replays.
+
 Triton kernels are not emulated: the context sets MMACCEL_KERNELS=torch, so the dispatcher takes the
 PyTorch references (the kernels themselves are checked under TRITON_INTERPRET=1 in tests/kernels).
 """
@@ -26,6 +34,7 @@ from unittest import mock
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
 # calls that read device values on the host (or size an output by them)
@@ -44,6 +53,18 @@ class Report:
         self.syncs: list[str] = []
         self.uploads = 0        # host tensors copied to the device (from pageable memory the host waits for those too)
         self.pinned = 0         # page-locked host buffers asked for (the emulation gives plain ones)
+        self.capturing = False  # inside torch.cuda.graph: a host read or upload is an error there
+        self.replays = 0        # CUDA graph replays
+
+    def sync(self, kind: str) -> None:
+        if self.capturing:
+            raise RuntimeError(f"emulated CUDA: operation not permitted when stream is capturing ({kind} reads the device on the host)")
+        self.syncs.append(kind)
+
+    def upload(self) -> None:
+        if self.capturing:
+            raise RuntimeError("emulated CUDA: operation not permitted when stream is capturing (a host tensor copied to the device)")
+        self.uploads += 1
 
     def count(self) -> int:
         return len(self.syncs)
@@ -112,13 +133,13 @@ class _Mode(TorchFunctionMode):
     def _check_devices(self, name: str, tensors: list[torch.Tensor]) -> None:
         stray = [x for x in tensors if not isinstance(x, Emulated) and x.dim() > 0]
         if stray and name in INDEXING and all(not x.is_floating_point() for x in stray):
-            self.report.syncs.append("cpu index")                 # legal: CUDA copies the indices over
+            self.report.sync("cpu index")                         # legal: CUDA copies the indices over
             stray = []
         if stray and name not in COPIES:
             raise RuntimeError("Expected all tensors to be on the same device, but found at least two devices, "
                                f"cuda:0 and cpu! (emulated CUDA: {name} got a CPU tensor of shape {tuple(stray[0].shape)})")
         if name in SYNCS or (name == "__getitem__" and any(x.dtype == torch.bool for x in tensors[1:])):
-            self.report.syncs.append(name)
+            self.report.sync(name)
 
     def _move(self, name: str, args, kwargs):
         tensor = args[0]
@@ -135,10 +156,10 @@ class _Mode(TorchFunctionMode):
             return Emulated(inner) if isinstance(tensor, Emulated) else inner
         if device.type == "cuda":
             if not isinstance(tensor, Emulated):
-                self.report.uploads += 1
+                self.report.upload()
             return tensor if isinstance(tensor, Emulated) and dtype is None else Emulated(inner)
         if isinstance(tensor, Emulated):
-            self.report.syncs.append("cpu")
+            self.report.sync("cpu")
             return inner.clone()
         return inner
 
@@ -152,10 +173,12 @@ def emulated_cuda():
     report = Report()
     swap = torch.__future__.get_swap_module_params_on_conversion()
     torch.__future__.set_swap_module_params_on_conversion(True)     # Module.to keeps parameter identity (ties)
+    _ACTIVE.append(report)
     try:
         with _emulation(report):
             yield report
     finally:
+        _ACTIVE.pop()
         torch.__future__.set_swap_module_params_on_conversion(swap)
 
 
@@ -185,6 +208,95 @@ class _EmulatedGenerator(_Generator):
         return _Generator("cpu" if torch.device(device).type == "cuda" else device)
 
 
+class _Stream:
+    """torch.cuda.Stream on the emulated device: one queue, in order."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def wait_stream(self, other) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
+def _storage(t: torch.Tensor):
+    return t.untyped_storage()
+
+
+class _Capture(TorchDispatchMode):
+    """Records the aten ops of a captured region on the emulated device's CPU data (see the module doc)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[tuple] = []
+        self.saved: dict[int, tuple] = {}       # memory from before the capture written in it: its old bytes
+        self.created: dict[int, torch.Tensor] = {}   # fresh outputs by storage: garbage after the capture
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        schema = func._schema
+        given = dict(zip((a.name for a in schema.arguments), args)) | kwargs
+        for arg in schema.arguments:
+            value = given.get(arg.name)
+            if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, torch.Tensor):
+                st = _storage(value)
+                if st.data_ptr() not in self.created and st.data_ptr() not in self.saved:
+                    self.saved[st.data_ptr()] = (st, st.clone())
+        out = func(*args, **kwargs)
+        # new memory or a view of its inputs? By storage, not by schema: composite ops seen here may
+        # return an input as it is (x.float() of a float) or a view of a copy (reshape)
+        inputs = {_storage(x).data_ptr() for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)}
+        outs = [x for x in tree_leaves(out) if isinstance(x, torch.Tensor)]
+        fresh = not any(_storage(x).data_ptr() in inputs for x in outs)
+        self.ops.append((func, args, kwargs, out, fresh))
+        if fresh:
+            self.created.update((_storage(x).data_ptr(), x) for x in outs)
+        return out
+
+    def finish(self) -> None:
+        """A real capture ran nothing: restore what it wrote, leave garbage in what it allocated."""
+        for st, old in self.saved.values():
+            st.copy_(old)
+        for t in self.created.values():
+            t.fill_(float("nan") if t.is_floating_point() else (True if t.dtype == torch.bool else -987654321))
+
+
+_ACTIVE: list[Report] = []      # the reports of the open contexts, innermost last
+
+
+class _Graph:
+    """torch.cuda.CUDAGraph on the emulated device (it may outlive the context that captured it)."""
+
+    def __init__(self):
+        self.ops = None
+
+    def replay(self) -> None:
+        assert self.ops is not None, "replay of a graph never captured"
+        _ACTIVE[-1].replays += 1
+        with torch.inference_mode():
+            for func, args, kwargs, out, fresh in self.ops:
+                result = func(*args, **kwargs)
+                if fresh:
+                    for mine, new in zip(tree_leaves(out), tree_leaves(result)):
+                        if isinstance(mine, torch.Tensor):
+                            mine.copy_(new)
+
+
+@contextlib.contextmanager
+def _captured(report: Report, graph: _Graph, **kwargs):
+    mode = _Capture()
+    report.capturing = True
+    try:
+        with mode:
+            yield
+    finally:
+        report.capturing = False
+    mode.finish()
+    graph.ops = mode.ops
+
+
 @contextlib.contextmanager
 def _emulation(report: Report):
     with mock.patch.object(torch, "Generator", _EmulatedGenerator), mock.patch.object(torch.cuda, "Event", _Event), mock.patch.dict(os.environ, {"MMACCEL_KERNELS": "torch"}), \
@@ -196,6 +308,11 @@ def _emulation(report: Report):
             mock.patch.object(torch.cuda, "synchronize", lambda *a, **k: None), \
             mock.patch.object(torch.cuda, "reset_peak_memory_stats", lambda *a, **k: None), \
             mock.patch.object(torch.cuda, "max_memory_allocated", lambda *a, **k: 0), \
+            mock.patch.object(torch.cuda, "Stream", _Stream), \
+            mock.patch.object(torch.cuda, "current_stream", lambda *a, **k: _Stream()), \
+            mock.patch.object(torch.cuda, "stream", lambda *a, **k: contextlib.nullcontext()), \
+            mock.patch.object(torch.cuda, "CUDAGraph", _Graph), \
+            mock.patch.object(torch.cuda, "graph", lambda graph, **k: _captured(report, graph, **k)), \
             torch.inference_mode(), _Mode(report):
         yield
 

@@ -70,6 +70,7 @@ def main(argv=None) -> int:
     parser.add_argument("--methods", nargs="+", default=["ar", "sjd-coupled", "gsd"])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--compile", action="store_true", help="also time the official compiled decode")
+    parser.add_argument("--cuda-graphs", action="store_true", help="also time our methods with CUDA graphs (a GPU only)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     device = resolve_device(args.device)
@@ -93,12 +94,17 @@ def main(argv=None) -> int:
                 row["official_compiled_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
         resources, guided = pipe.resources(2.0)
         inputs = (labels.tolist(), [pipe.model.num_classes] * batch) if guided else labels.tolist()
-        for name in args.methods:
-            method = build_image_method(name)
-            ours_s, gen = timed(lambda: method.run(resources, inputs, max_new_tokens=tokens,
-                                                   sampling=Sampling(temperature=1.0), seed=0), device, args.reps)
-            row[name] = {"s": round(ours_s, 4), "ms_per_token": round(1e3 * ours_s / tokens, 3), "nfe": gen.stats.nfe,
-                         "speedup_vs_official": round(peer_s / ours_s, 3)}
+        for graphs in [False] + ([True] if args.cuda_graphs else []):
+            for m in (pipe.model, pipe.draft):
+                if m is not None:
+                    m.cuda_graphs = graphs
+            for name in args.methods:
+                method = build_image_method(name)
+                ours_s, gen = timed(lambda: method.run(resources, inputs, max_new_tokens=tokens,
+                                                       sampling=Sampling(temperature=1.0), seed=0), device, args.reps)
+                row[name + (" +graphs" if graphs else "")] = {
+                    "s": round(ours_s, 4), "ms_per_token": round(1e3 * ours_s / tokens, 3), "nfe": gen.stats.nfe,
+                    "speedup_vs_official": round(peer_s / ours_s, 3)}
         rows.append(row)
         print(json.dumps(row), flush=True)
     doc = {"command": "python benchmarks/peers/llamagen_official.py " + " ".join(sys.argv[1:] if argv is None else argv),

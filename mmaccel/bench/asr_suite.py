@@ -82,7 +82,7 @@ def load_corpus(tts_utterances: int) -> list[tuple[str, Audio, str]]:
 
 def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None, model: str = "builtin:base",
                     tts_utterances: int | None = None, pipeline=None, heads: str = "auto", draft: str = "auto",
-                    device: str | None = None) -> Suite:
+                    device: str | None = None, cuda_graphs: bool = False) -> Suite:
     """`heads` / `draft`: as `mmaccel asr transcribe` takes them ("auto", "none", or files; heads comma-separated)."""
     from mmaccel.speech.pipeline import ASRPipeline, draft_option, heads_option
 
@@ -90,7 +90,7 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
     # speculative-cross drafts with another Whisper: tiny.en for the builtin base
     assistant = "builtin:tiny.en" if model == "builtin:base" and any(m.name == "speculative-cross" for m in methods) else None
     asr = pipeline or ASRPipeline.from_pretrained(model, heads=heads_option(heads), draft=draft_option(draft),
-                                                  assistant=assistant, device=device)
+                                                  assistant=assistant, device=device, cuda_graphs=cuda_graphs)
     if methods[0].name != "greedy":
         methods = [MethodSpec("greedy")] + [m for m in methods if m.name not in ("greedy", "ar")]
     tts = tts_utterances if tts_utterances is not None else (QUICK_TTS if quick else FULL_TTS)

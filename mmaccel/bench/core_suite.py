@@ -22,11 +22,11 @@ DEFAULT_METHODS = [
 
 
 def build_core_suite(quick: bool = False, methods: list[MethodSpec] | None = None, pipeline=None,
-                     device: str | None = None) -> Suite:
+                     device: str | None = None, cuda_graphs: bool = False) -> Suite:
     from mmaccel.lm.pipeline import TextPipeline
     from mmaccel.lm.smollm2 import load_prompt_set
 
-    pipe = pipeline or TextPipeline.from_pretrained("builtin:smollm2", device=device)
+    pipe = pipeline or TextPipeline.from_pretrained("builtin:smollm2", device=device, cuda_graphs=cuda_graphs)
     prompts = load_prompt_set("core")
     per_category = 1 if quick else 4
     picked, seen = [], {}

@@ -61,10 +61,10 @@ DEMO_METHODS = [spec for spec in DEFAULT_METHODS if spec.key in ("ar", "speculat
 def build_image_suite(quick: bool = False, methods: list[MethodSpec] | None = None, pipeline=None,
                       samples: int | None = None, inception_samples: int | None = None,
                       cache_dir: str | Path | None = None, log: Callable[[str], None] = print,
-                      device: str | None = None) -> Suite:
+                      device: str | None = None, cuda_graphs: bool = False) -> Suite:
     from mmaccel.image.pipeline import ImagePipeline
 
-    pipe = pipeline or ImagePipeline.from_pretrained("builtin:fashion-mnist", device=device)
+    pipe = pipeline or ImagePipeline.from_pretrained("builtin:fashion-mnist", device=device, cuda_graphs=cuda_graphs)
     classes = pipe.model.num_classes
     if quick:        # the demo and the CI acceptance test: a few images, batch 1 and one batch of 8
         counts = {1: 2, 8: 8}

@@ -13,6 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from mmaccel.core.graphs import StepGraphs
 from mmaccel.errors import InputError, check
 
 
@@ -94,10 +95,23 @@ class KVCache:
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device="cpu" if self.host else self.device)
         self._placed: tuple[Tensor, Tensor] | None = None
         self._placed_mask: Tensor | None = None
+        self.graphs = StepGraphs()      # captured steps over these buffers (used on a GPU when asked for)
 
     @property
     def batch_size(self) -> int:
         return self.lengths.shape[0]
+
+    @property
+    def graphs_apply(self) -> bool:
+        """Whether the next append may run as a captured step: on a GPU, at the next free slots (a
+        placed append writes where a planner says, a different place every time)."""
+        return not self.host and self._placed is None
+
+    @torch.inference_mode()
+    def reset(self) -> None:
+        """Empty every row (the buffers stay, and so do the captured steps over them)."""
+        self.lengths.zero_()
+        self._placed = self._placed_mask = None
 
     def place_next(self, slots: Tensor, visible: Tensor) -> None:
         """Make the next append write its T entries at explicit `slots` [b, T] (overwriting what is
@@ -126,7 +140,7 @@ class KVCache:
             slots = start[:, None] + torch.arange(num_new, device=self.device)[None, :]
             expect(slots[:, -1] < self.capacity, f"KV cache overflow: {num_new} more tokens do not fit the capacity "
                    f"{self.capacity}; allocate the state with a larger capacity")
-            self.lengths = start + num_new
+            self.lengths.add_(num_new)      # in place, always: a captured step replays on this tensor
             return CacheWrite(self, slots, self.capacity, None), start
         starts = start.tolist()
         if max(starts) + num_new > self.capacity:
@@ -135,7 +149,7 @@ class KVCache:
                 "allocate the state with a larger capacity (prompt length + max_new_tokens + draft width)"
             )
         slots = (start[:, None] + torch.arange(num_new)[None, :]).to(self.device)
-        self.lengths = start + num_new
+        self.lengths.add_(num_new)
         same = starts.count(starts[0]) == len(starts)
         return CacheWrite(self, slots, max(starts) + num_new, starts[0] if same else None), start
 
@@ -161,6 +175,7 @@ class KVCache:
         mask = (rel < 0)[:, None, :] | (in_window[:, None, :] & picked)
         return mask[:, None]
 
+    @torch.inference_mode()    # the buffers are inference tensors, changed in place
     def rollback(self, n: int | Tensor) -> None:
         """Drop the last `n` committed entries (an int, or one count per row) in O(1)."""
         counts = as_row_counts(n, self.batch_size, device=self.lengths.device)
@@ -169,15 +184,24 @@ class KVCache:
                 raise InputError(f"cannot roll back {counts.tolist()} entries from lengths {self.lengths.tolist()}")
         else:
             expect(counts <= self.lengths, "cannot roll back more entries than a row holds")
-        self.lengths = self.lengths - counts
+        self.lengths.sub_(counts)
 
+    @torch.inference_mode()    # the buffers are inference tensors, changed in place
     def select_rows(self, index: Tensor) -> None:
-        """Keep rows `index` [B'] of the batch, in that order (repeats allowed): beam search."""
+        """Keep rows `index` [B'] of the batch, in that order (repeats allowed): beam search. On a GPU,
+        with as many rows as before, the buffers are rewritten in place (captured steps stay valid)."""
         idx = index.to(self.device)
+        lengths = self.lengths.index_select(0, index.to(self.lengths.device))
+        if not self.host and idx.shape[0] == self.batch_size:
+            for buf in (*self.k, *self.v):
+                buf.copy_(buf.index_select(0, idx))
+            self.lengths.copy_(lengths)
+            return
         self.k = [k.index_select(0, idx) for k in self.k]
         self.v = [v.index_select(0, idx) for v in self.v]
-        self.lengths = self.lengths.index_select(0, index.to(self.lengths.device))
+        self.lengths, self.graphs = lengths, StepGraphs()
 
+    @torch.inference_mode()    # the buffers are inference tensors, changed in place
     def keep_appended(self, offsets: Tensor, counts: Tensor, appended: int) -> None:
         """After appending `appended` entries, keep only those at `offsets` [B, L] (relative to the
         append, ascending), the first `counts[b]` of them per row, packed contiguously; drop the rest.
@@ -188,7 +212,7 @@ class KVCache:
         start = self.lengths - appended
         counts = as_row_counts(counts, self.batch_size, "counts", self.lengths.device)
         offsets = offsets.to(self.lengths.device).clamp(0, appended - 1)
-        self.lengths = start + counts
+        self.lengths.copy_(start + counts)
         first = 0
         if self.host:
             # entries already in place (a chain-shaped path) stay: only the columns from the first one
@@ -205,6 +229,33 @@ class KVCache:
             H, D = buf.shape[1], buf.shape[3]
             entries = buf.gather(2, src[:, None, :, None].expand(-1, H, -1, D))
             buf.scatter_(2, dst[:, None, :, None].expand(-1, H, -1, D), entries)
+
+
+class CachePool:
+    """A model's KV caches by shape, kept across decode calls when its steps run as CUDA graphs, so
+    that the graphs captured over a cache are replayed by later calls too (a capture costs as much as
+    many steps). Capacities are rounded up to `ROUND` so that nearby lengths share a cache. Taking a
+    cache empties it: one live state per shape and `tag` (which layers, which head) at a time.
+    """
+
+    ROUND, KEEP = 64, 4
+
+    def __init__(self):
+        self.caches: dict[tuple, KVCache] = {}
+
+    def take(self, num_layers: int, batch_size: int, num_heads: int, head_dim: int, capacity: int,
+             dtype: torch.dtype, device: torch.device, tag: Any = None) -> KVCache:
+        capacity = -(-capacity // self.ROUND) * self.ROUND
+        key = (num_layers, batch_size, num_heads, head_dim, capacity, dtype, str(device), tag)
+        cache = self.caches.pop(key, None)
+        if cache is None:
+            cache = KVCache(num_layers, batch_size, num_heads, head_dim, capacity, dtype=dtype, device=device)
+        else:
+            cache.reset()
+        self.caches[key] = cache                            # most recent last
+        while len(self.caches) > self.KEEP:
+            del self.caches[next(iter(self.caches))]
+        return cache
 
 
 @dataclass
@@ -278,6 +329,13 @@ def check_step_args(state: DecodeState, tokens: Tensor, tree_mask: Tensor | None
         check(tree_mask.dim() == 3 and tree_mask.shape[1] == T and tree_mask.shape[2] >= T
               and tree_mask.shape[0] in (1, tokens.shape[0]),
               f"tree_mask must have shape [B or 1, {T}, W >= {T}], got {tuple(tree_mask.shape)}")
+
+
+def step_key(inputs: tuple[Tensor | None, ...], *extra: Any) -> tuple:
+    """What identifies the graph of a step (`KVCache.graphs`): its inputs' shapes and dtypes (None
+    where absent) and `extra` (which layers, which head)."""
+    return tuple(None if x is None else (tuple(x.shape), x.dtype) for x in inputs) + tuple(
+        id(e) if isinstance(e, torch.nn.Module) else e for e in extra)
 
 
 def default_positions(start: Tensor, num_new: int, tree_mask: Tensor | None) -> Tensor:

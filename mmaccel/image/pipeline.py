@@ -19,7 +19,7 @@ from torch import Tensor
 from mmaccel.core.methods import Method, Resources
 from mmaccel.core.sampling import CFG, Sampling
 from mmaccel.core.stats import DecodeStats
-from mmaccel.devices import check_same_device, resolve_device, resolve_dtype
+from mmaccel.devices import check_same_device, resolve_device, resolve_dtype, use_cuda_graphs
 from mmaccel.errors import InputError, ModelNotFoundError, check
 from mmaccel.image.methods import build_image_method
 from mmaccel.image.models.gpt import LlamaGenGPT, load_gpt
@@ -70,14 +70,16 @@ class ImagePipeline:
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path = BUILTIN, *, vq: str | Path | None = None,
                         draft: str | Path | None = "builtin", device: str | torch.device | None = None,
-                        dtype: str | torch.dtype | None = None) -> "ImagePipeline":
+                        dtype: str | torch.dtype | None = None, cuda_graphs: bool = False) -> "ImagePipeline":
         """`"builtin:fashion-mnist"` (the shipped Fashion-MNIST GPT, tokenizer and drafter), a directory
         holding `gpt.*` and `vq.*` (and optionally `draft.*`) checkpoints, or a GPT checkpoint file
         (an official `c2i_*.pt` too) with `vq=` its tokenizer (`vq_ds16_c2i.pt`). `draft` is a drafter
         checkpoint, "builtin" (the directory's or built-in one, if any) or None. `device`: cpu (default),
-        cuda, cuda:N or auto; `dtype`: the GPTs' parameter dtype (default: the checkpoint's)."""
+        cuda, cuda:N or auto; `dtype`: the GPTs' parameter dtype (default: the checkpoint's);
+        `cuda_graphs`: replay the fixed-shape decode steps as CUDA graphs (a GPU only)."""
         device = resolve_device(device)
         dtype = resolve_dtype(dtype, device)
+        use_cuda_graphs(cuda_graphs, device)
         name = str(name_or_path)
         names = None
         if name == BUILTIN:
@@ -111,6 +113,7 @@ class ImagePipeline:
         drafter = load_gpt(draft_path, dtype=dtype) if draft_path is not None and Path(draft_path).exists() else None
         if draft not in (None, "builtin") and drafter is None:
             raise ModelNotFoundError(f"drafter checkpoint {draft_path} not found")
+        use_cuda_graphs(cuda_graphs, device, model, drafter)
         return cls(model.to(device), tokenizer.to(device), None if drafter is None else drafter.to(device), names)
 
     def fingerprint(self) -> str:

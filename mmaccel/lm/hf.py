@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from mmaccel.core.model import DecodeState, KVCache, append_ragged, check_step_args, default_positions
+from mmaccel.core.model import (CachePool, DecodeState, KVCache, append_ragged, check_step_args, default_positions,
+                                on_host, step_key)
 from mmaccel.errors import InputError, check
 
 
@@ -20,6 +21,8 @@ class HFCausalLM(nn.Module):
 
     `head` replaces the LM head (an early-exit head); by default the model's own head is used.
     """
+
+    cuda_graphs = False     # replay fixed-shape steps as CUDA graphs on a GPU (mmaccel.core.graphs)
 
     def __init__(self, model: nn.Module, num_layers: int | None = None, head: nn.Module | None = None):
         super().__init__()
@@ -33,6 +36,7 @@ class HFCausalLM(nn.Module):
         self.num_layers = total if num_layers is None else num_layers
         check(1 <= self.num_layers <= total, f"exit layer must be in [1, {total}], got {num_layers}")
         self.head = head if head is not None else model.lm_head
+        self._caches = CachePool()
         cfg = model.config
         self.vocab_size = cfg.vocab_size
         self.num_kv_heads = cfg.num_key_value_heads
@@ -49,12 +53,15 @@ class HFCausalLM(nn.Module):
 
     def early_exit(self, exit_layer: int, head: nn.Module | None = None) -> "HFCausalLM":
         """A view of the first `exit_layer` layers (weights shared) for self-speculative drafting."""
-        return HFCausalLM(self.hf, exit_layer, head)
+        view = HFCausalLM(self.hf, exit_layer, head)
+        view.cuda_graphs = self.cuda_graphs
+        return view
 
     def new_state(self, batch_size: int, capacity: int) -> DecodeState:
-        cache = KVCache(self.num_layers, batch_size, self.num_kv_heads, self.head_dim, capacity,
-                        dtype=self.dtype, device=self.device)
-        return DecodeState(cache)
+        shape = (self.num_layers, batch_size, self.num_kv_heads, self.head_dim, capacity)
+        if self.cuda_graphs and not on_host(self.device):        # reused across calls, with their graphs
+            return DecodeState(self._caches.take(*shape, self.dtype, self.device))
+        return DecodeState(KVCache(*shape, dtype=self.dtype, device=self.device))
 
     def prefill(self, inputs: list[list[int]] | list[Tensor], room: int) -> DecodeState:
         """Run a batch of token-id prompts (ragged lengths allowed), leaving cache room for `room` more tokens."""
@@ -70,20 +77,27 @@ class HFCausalLM(nn.Module):
     def step(self, state: DecodeState, tokens: Tensor, positions: Tensor | None = None,
              tree_mask: Tensor | None = None) -> Tensor:
         check_step_args(state, tokens, tree_mask, self.vocab_size)
-        T = tokens.shape[1]
-        write, start = state.cache.reserve(T)
-        mask = state.cache.attention_mask(start, T, tree_mask)
-        if positions is None:
-            positions = default_positions(start, T, tree_mask)
-        positions = positions.to(self.device)
-        inner = self.hf.model
-        h = inner.embed_tokens(tokens.to(self.device))
-        rope = inner.rotary_emb(h, position_ids=positions)
-        for layer in inner.layers[: self.num_layers]:
-            h = layer(h, attention_mask=mask, position_ids=positions, past_key_values=write,
-                      position_embeddings=rope)
-            if isinstance(h, tuple):  # older layer signatures return (hidden, ...)
-                h = h[0]
-        h = inner.norm(h)
-        state.hidden = h
-        return self.head(h).float()
+        cache, inner = state.cache, self.hf.model
+
+        def body(tokens: Tensor, positions: Tensor | None, tree_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+            T = tokens.shape[1]
+            write, start = cache.reserve(T)
+            mask = cache.attention_mask(start, T, tree_mask)
+            if positions is None:
+                positions = default_positions(start, T, tree_mask)
+            h = inner.embed_tokens(tokens)
+            rope = inner.rotary_emb(h, position_ids=positions)
+            for layer in inner.layers[: self.num_layers]:
+                h = layer(h, attention_mask=mask, position_ids=positions, past_key_values=write,
+                          position_embeddings=rope)
+                if isinstance(h, tuple):  # older layer signatures return (hidden, ...)
+                    h = h[0]
+            h = inner.norm(h)
+            return self.head(h).float(), h
+
+        inputs = tuple(None if x is None else x.to(self.device) for x in (tokens, positions, tree_mask))
+        if self.cuda_graphs and cache.graphs_apply:
+            logits, state.hidden = cache.graphs.run(step_key(inputs, self.num_layers, self.head), body, *inputs)
+        else:
+            logits, state.hidden = body(*inputs)
+        return logits

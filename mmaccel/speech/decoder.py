@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mmaccel.core.model import CacheWrite, DecodeState, KVCache, check_step_args, default_positions
+from mmaccel.core.model import CacheWrite, DecodeState, KVCache, check_step_args, default_positions, expect, step_key
 from mmaccel.core.quant import Int8Linear
 from mmaccel.errors import check
 
@@ -313,8 +313,8 @@ class WhisperDecoderModel:
         begin-suppression changes which token is the arg-max)."""
         check(self.projection is None and self.exit_head is None, "an arg-max view is for the full model's projection")
         readout = ArgmaxProjection(self.decoder.embed_tokens.weight, self._bias)
-        return WhisperDecoderModel(self.hf, self.suppress_tokens, self.begin_suppress_tokens,
-                                   cross_layers=self.cross_layers, argmax_readout=readout)
+        return self._same_switches(WhisperDecoderModel(self.hf, self.suppress_tokens, self.begin_suppress_tokens,
+                                                       cross_layers=self.cross_layers, argmax_readout=readout))
 
     def feature_view(self, layers: tuple[int, ...]) -> "WhisperDecoderModel":
         """This model (everything shared) with `state.hidden` [B, T, (m + 1) d]: the outputs of decoder
@@ -329,7 +329,12 @@ class WhisperDecoderModel:
     def early_exit(self, exit_layer: int, head: nn.Module | None = None) -> "WhisperDecoderModel":
         """A draft view: the first `exit_layer` decoder layers (weights shared), then `head` (an
         `ExitHead`; default: the final LayerNorm) and the tied projection."""
-        return WhisperDecoderModel(self.hf, self.suppress_tokens, self.begin_suppress_tokens, exit_layer, head)
+        return self._same_switches(WhisperDecoderModel(self.hf, self.suppress_tokens, self.begin_suppress_tokens,
+                                                       exit_layer, head))
+
+    def _same_switches(self, view: "WhisperDecoderModel") -> "WhisperDecoderModel":
+        view.cuda_graphs = self.cuda_graphs
+        return view
 
     # ---- audio --------------------------------------------------------------------------------
 
@@ -440,11 +445,22 @@ class WhisperDecoderModel:
         back (`skips_filler`)."""
         check_step_args(state, tokens, tree_mask, self.vocab_size)
         keep = self._kept(tokens.shape, valid)
-        if self.argmax_readout is not None:
-            return self._forward(state, tokens.to(self.device), positions, tree_mask, readout=self.argmax_readout, keep=keep)
-        return self._forward(state, tokens.to(self.device), positions, tree_mask, keep=keep) + self._bias
+
+        def body(tokens: Tensor, positions: Tensor | None, tree_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+            if self.argmax_readout is not None:
+                logits = self._forward(state, tokens, positions, tree_mask, readout=self.argmax_readout, keep=keep)
+            else:
+                logits = self._forward(state, tokens, positions, tree_mask, keep=keep) + self._bias
+            return logits, state.hidden
+
+        inputs = tuple(None if x is None else x.to(self.device) for x in (tokens, positions, tree_mask))
+        if self.cuda_graphs and keep is None and state.cache.graphs_apply:
+            logits, state.hidden = state.cache.graphs.run(step_key(inputs, self.argmax_readout is None), body, *inputs)
+            return logits
+        return body(*inputs)[0]
 
     skips_filler = True     # `step` takes `valid` (the DecoderModel protocol's optional filler skipping)
+    cuda_graphs = False     # replay fixed-shape steps as CUDA graphs on a GPU (mmaccel.core.graphs)
 
     def _kept(self, shape: torch.Size, valid: Tensor | None) -> Tensor | None:
         """Flat indices b * T + t of the positions `valid` asks for; None when that is all of them."""
@@ -521,16 +537,17 @@ class WhisperDecoderModel:
         T = tokens.shape[1]
         step, start = self.begin(state, T, tree_mask)
         table = self.decoder.embed_positions.weight
+        beyond = f"Whisper's decoder has {self.max_positions} positions; this transcript would exceed them"
         if positions is None and tree_mask is None and step.write.start is not None:
             first = step.write.start                  # rows at one common start: one slice of the table
-            last, pos = first + T - 1, table[first : first + T]
+            check(first + T <= self.max_positions, beyond)
+            pos = table[first : first + T]
         else:
             if positions is None:
                 positions = default_positions(start, T, tree_mask)
             positions = positions.to(self.device)
-            last, pos = int(positions.max()), table[positions]
-        check(last < self.max_positions,
-              f"Whisper's decoder has {self.max_positions} positions; this transcript would exceed them")
+            expect(positions < self.max_positions, beyond)
+            pos = table[positions.clamp(max=self.max_positions - 1)]
         h = F.embedding(tokens, self.decoder.embed_tokens.weight)
         if self.embed_scale != 1.0:
             h = h * self.embed_scale

@@ -56,9 +56,9 @@ class WhisperDraft:
         projection = None
         if self.vocab is not None:
             projection = ShortlistProjection(target.decoder.embed_tokens.weight, self.vocab, quantized=quantized)
-        return WhisperDecoderModel(self.hf, target.suppress_tokens, target.begin_suppress_tokens,
-                                   cross_layers=self.layers, projection=projection, cross_window=self.cross_window,
-                                   quantized=quantized)
+        return target._same_switches(WhisperDecoderModel(
+            self.hf, target.suppress_tokens, target.begin_suppress_tokens, cross_layers=self.layers,
+            projection=projection, cross_window=self.cross_window, quantized=quantized))
 
 
 def new_draft(target_hf, layers: list[int] | tuple[int, ...] = (0, -1), cross_window: int | None = None) -> WhisperDraft:

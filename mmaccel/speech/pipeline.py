@@ -20,9 +20,10 @@ from typing import Any, Callable
 import torch
 
 from mmaccel.core.methods import Method, Resources
+from mmaccel.core.model import on_host
 from mmaccel.core.sampling import Sampling
 from mmaccel.core.stats import DecodeStats
-from mmaccel.devices import resolve_device
+from mmaccel.devices import resolve_device, use_cuda_graphs
 from mmaccel.errors import InputError, check
 from mmaccel.paths import assets_dir
 from mmaccel.speech.audio import Audio, AudioLike, as_audio, is_silent, log_mel, split_long
@@ -100,8 +101,11 @@ class ASRPipeline:
         self.bundle = bundle
         self.model = WhisperDecoderModel(bundle.model)
         # greedy decoding and greedy-verified methods read only arg-maxes: a bf16-first projection
-        # whose arg-max is the fp32 one (`ArgmaxProjection`), where bf16 products are native
-        self.argmax_model = self.model.argmax_view() if fast_bf16_matmul(self.model.device) else self.model
+        # whose arg-max is the fp32 one (`ArgmaxProjection`), on a CPU with native bf16 products (its
+        # short list of candidates has a data-dependent size: on a GPU that would make every step wait
+        # for the host, which costs more than the fp32 projection it saves)
+        device = self.model.device
+        self.argmax_model = self.model.argmax_view() if on_host(device) and fast_bf16_matmul(device) else self.model
         self.heads = heads or WhisperHeads()
         self.heads_source: str | None = None     # the heads files (comma-separated), when loaded from files
         self.draft = draft
@@ -116,7 +120,7 @@ class ASRPipeline:
     def from_pretrained(cls, source: str = "builtin:base", *, heads: str | os.PathLike | list | None = "auto",
                         draft: str | os.PathLike | None = "auto", assistant: str | None = None,
                         cache_dir: str | os.PathLike | None = None,
-                        device: str | torch.device | None = None) -> "ASRPipeline":
+                        device: str | torch.device | None = None, cuda_graphs: bool = False) -> "ASRPipeline":
         """`source`: "builtin:base", "builtin:tiny.en" or a local Hugging Face Whisper directory.
 
         `heads`: a heads file (Medusa, exit, Medusa-Block and/or EAGLE heads) or a list of them, each
@@ -125,8 +129,10 @@ class ASRPipeline:
         `eagle.safetensors`, `draft.safetensors` inside a local directory) when present; None loads none.
         `assistant`: another Whisper (a source like "builtin:tiny.en") for `speculative-cross`.
         `device`: cpu (default), cuda, cuda:N or auto; heads and drafts follow the model.
+        `cuda_graphs`: replay the decoders' fixed-shape steps as CUDA graphs (a GPU only).
         """
         device = resolve_device(device)
+        use_cuda_graphs(cuda_graphs, device)
         bundle = load_whisper(source, cache_dir)
         bundle.model.to(device)
         builtin = source.startswith("builtin:")
@@ -145,6 +151,8 @@ class ASRPipeline:
             helper = load_whisper(assistant, cache_dir)
             helper.model.to(device)
             pipe.assistant = new_assistant(helper, bundle)
+        use_cuda_graphs(cuda_graphs, device, pipe.model, pipe.argmax_model, pipe._draft_model,
+                        None if pipe.assistant is None else pipe.assistant.model)
         return pipe
 
     def resources(self, method: Method | None = None) -> Resources:

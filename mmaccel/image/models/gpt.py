@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mmaccel.core.model import DecodeState, KVCache, check_step_args, default_positions
+from mmaccel.core.model import CachePool, DecodeState, KVCache, check_step_args, default_positions, expect, on_host, step_key
 from mmaccel.checkpoints import check_layout, read_checkpoint, unwrap_state_dict
 from mmaccel.errors import InputError, check
 
@@ -253,6 +253,8 @@ class LlamaGenGPT(nn.Module):
     Positions passed to `step` are image-token indices (0 = first image token).
     """
 
+    cuda_graphs = False     # replay fixed-shape steps as CUDA graphs on a GPU (mmaccel.core.graphs)
+
     def __init__(self, config: GPTConfig = GPTConfig()):
         super().__init__()
         check(isinstance(config, GPTConfig), f"config must be a GPTConfig, got {type(config).__name__}")
@@ -264,6 +266,7 @@ class LlamaGenGPT(nn.Module):
         self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layer))
         self.norm = RMSNorm(config.dim, config.norm_eps)
         self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
+        self._caches = CachePool()
         self.initialize_weights()
 
     def initialize_weights(self) -> None:
@@ -322,10 +325,11 @@ class LlamaGenGPT(nn.Module):
         """A draft view of the first `exit_layer` layers (weights shared) for self-speculative decoding."""
         return EarlyExitGPT(self, exit_layer, head)
 
-    def new_state(self, batch_size: int, capacity: int, depth: int | None = None) -> DecodeState:
-        cache = KVCache(depth or self.config.n_layer, batch_size, self.config.kv_heads, self.config.head_dim, capacity,
-                        dtype=self.dtype, device=self.device)
-        return DecodeState(cache)
+    def new_state(self, batch_size: int, capacity: int, depth: int | None = None, head: nn.Module | None = None) -> DecodeState:
+        shape = (depth or self.config.n_layer, batch_size, self.config.kv_heads, self.config.head_dim, capacity)
+        if self.cuda_graphs and not on_host(self.device):        # reused across calls, with their graphs
+            return DecodeState(self._caches.take(*shape, self.dtype, self.device, tag=id(head or self.output)))
+        return DecodeState(KVCache(*shape, dtype=self.dtype, device=self.device))
 
     def prefill(self, inputs: Any, room: int) -> DecodeState:
         """Run the class token of each label [B]; `state.logits` [B, V] give image token 0.
@@ -348,7 +352,7 @@ class LlamaGenGPT(nn.Module):
     def _prefill(self, inputs: Any, room: int, depth: int, head: nn.Module) -> DecodeState:
         labels = self._labels(inputs)
         check(isinstance(room, int) and not isinstance(room, bool) and room >= 0, f"room must be an int >= 0, got {room!r}")
-        state = self.new_state(labels.shape[0], self.config.cls_token_num + room, depth)
+        state = self.new_state(labels.shape[0], self.config.cls_token_num + room, depth, head)
         write, start = state.cache.reserve(self.config.cls_token_num)
         mask = state.cache.attention_mask(start, self.config.cls_token_num, None)
         h = self.cls_embedding(labels)                                         # [B, 1, dim]
@@ -362,19 +366,28 @@ class LlamaGenGPT(nn.Module):
     def _step(self, state: DecodeState, tokens: Tensor, positions: Tensor | None, tree_mask: Tensor | None,
               depth: int, head: nn.Module) -> Tensor:
         check_step_args(state, tokens, tree_mask, self.vocab_size)
-        T = tokens.shape[1]
         if positions is not None:
             check(isinstance(positions, Tensor) and positions.shape == tokens.shape,
                   f"positions must be a tensor shaped like tokens {tuple(tokens.shape)}")
-            check(bool((positions >= 0).all()), "positions are image-token indices and must be >= 0")
-        write, start = state.cache.reserve(T)
-        mask = state.cache.attention_mask(start, T, tree_mask)
-        if positions is None:
-            positions = default_positions(start, T, tree_mask) - self.config.cls_token_num
-        rope = rope_2d(positions.to(self.device), self.config)
-        h = self._run(self.tok_embeddings(tokens.to(self.device)), rope, mask, write, depth)
-        state.hidden = h
-        return head(h).float()
+            expect(positions >= 0, "positions are image-token indices and must be >= 0")
+            positions = positions.to(self.device)
+        cache = state.cache
+
+        def body(tokens: Tensor, positions: Tensor | None, tree_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+            T = tokens.shape[1]
+            write, start = cache.reserve(T)
+            mask = cache.attention_mask(start, T, tree_mask)
+            if positions is None:
+                positions = default_positions(start, T, tree_mask) - self.config.cls_token_num
+            h = self._run(self.tok_embeddings(tokens), rope_2d(positions, self.config), mask, write, depth)
+            return head(h).float(), h
+
+        inputs = (tokens.to(self.device), positions, None if tree_mask is None else tree_mask.to(self.device))
+        if self.cuda_graphs and cache.graphs_apply:
+            logits, state.hidden = cache.graphs.run(step_key(inputs, depth, head), body, *inputs)
+        else:
+            logits, state.hidden = body(*inputs)
+        return logits
 
     # ---- training -----------------------------------------------------------------------------
 
