@@ -90,6 +90,7 @@ def to_uint8_rgb(images: Images) -> Tensor:
         images = torch.from_numpy(np.ascontiguousarray(images))
     check(isinstance(images, Tensor), f"images must be a tensor, numpy array or list of PIL images, got "
                                       f"{type(images).__name__}")
+    images = images.detach().cpu()          # metrics run on host pixels, wherever the images were made
     shape = tuple(images.shape)
     layout = "[N, H, W], [N, 1, H, W] or [N, 3, H, W]"
     check(images.dim() in (3, 4), f"images must be shaped {layout}, got {shape}")

@@ -91,3 +91,22 @@ def test_inception_features_are_cached_per_chunk(tmp_path, monkeypatch):
     assert torch.allclose(feats, fake_features(pipe.decode_pixels(tokens)), rtol=1e-3)   # stored in fp16
     again = quality_inception_features(pipe, spec, n, cache_dir=tmp_path, log=lambda m: None)
     assert len(calls) == 3 and torch.equal(feats, again)                 # every chunk came from the cache
+
+
+def test_bench_image_runs_on_a_cuda_device_with_graphs():
+    """`mmaccel bench image --device cuda --cuda-graphs` end to end (decode, pixels, quality) on the emulated
+    device of tests/emulated_cuda.py: no stray CPU tensor anywhere in the suite (a tiny model keeps it quick)."""
+    from mmaccel.bench.harness import run_suite
+    from mmaccel.bench.image_suite import build_image_suite
+    from tests.emulated_cuda import emulated_cuda
+
+    pipe = _tiny_pipe()
+    with emulated_cuda() as report:
+        pipe = ImagePipeline(pipe.model.to("cuda"), pipe.vq.to("cuda"))
+        pipe.model.cuda_graphs = True
+        suite = build_image_suite(quick=True, methods=[MethodSpec("ar"), MethodSpec("sjd-coupled", {"window": 2})],
+                                  pipeline=pipe, log=lambda m: None)
+        doc = run_suite(suite, log=lambda m: None)
+    validate_document(doc)
+    assert report.replays > 0 and {r["batch"] for r in doc["results"]} == {1, 8}
+    assert all(r["nfe"] > 0 and 0 <= r["quality"]["class_acc"] <= 1 for r in doc["results"])
