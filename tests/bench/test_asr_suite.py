@@ -35,3 +35,22 @@ def test_the_suite_takes_heads_and_draft_files(tiny_en_asr, tmp_path):
         build_asr_suite(model="builtin:tiny.en", heads=str(tmp_path / "none.safetensors"), tts_utterances=0)
     with pytest.raises(ModelNotFoundError):
         build_asr_suite(model="builtin:tiny.en", heads="none", draft=str(tmp_path / "none.safetensors"), tts_utterances=0)
+
+
+@pytest.mark.slow               # ~5 min on 2 cores: the emulated graphs replay op by op in Python
+def test_bench_asr_runs_on_a_cuda_device_with_graphs(tiny_en_asr):
+    """`mmaccel bench asr --device cuda --cuda-graphs` end to end on the emulated device of
+    tests/emulated_cuda.py (Whisper tiny.en keeps it quick): no stray CPU tensor, lossless rows identical."""
+    from mmaccel.bench.asr_suite import build_asr_suite
+    from mmaccel.bench.harness import MethodSpec, run_suite
+    from mmaccel.speech.pipeline import ASRPipeline
+    from tests.emulated_cuda import emulated_cuda
+
+    with emulated_cuda() as report:
+        pipe = ASRPipeline.from_pretrained("builtin:tiny.en", device="cuda", cuda_graphs=True)
+        suite = build_asr_suite(quick=True, model="builtin:tiny.en", pipeline=pipe,
+                                methods=[MethodSpec("greedy"), MethodSpec("ngram")])
+        doc = run_suite(suite, log=lambda m: None)
+    validate_document(doc)
+    assert report.replays > 0
+    assert all(r["lossless"] for r in doc["results"]), doc["results"]
