@@ -155,8 +155,8 @@ def speech_pipes():
 @pytest.mark.parametrize("method, params", [
     ("greedy", {}), ("beam", {"num_beams": 2}), ("speculative", {"k": 4}), ("speculative-cross", {"k": 3}),
     ("tree", {"depth": 3, "width": 2}), ("medusa", {"depth": 2, "width": 2}), ("medusa-typical", {"depth": 2}),
-    ("medusa-block", {"depth": 3, "width": 2}), ("eagle", {"k": 4}), ("early-exit", {"k": 2, "exit_layer": 5}),
-    ("calm", {"threshold": 0.9}), ("ngram", {})])
+    ("medusa-block", {"depth": 3, "width": 2}), ("eagle", {"k": 4}), ("eagle", {"k": 4, "siblings": 2}),
+    ("early-exit", {"k": 2, "exit_layer": 5}), ("calm", {"threshold": 0.9}), ("ngram", {})])
 def test_speech_methods_on_a_cuda_device(speech_pipes, method, params):
     import os
 
@@ -168,3 +168,28 @@ def test_speech_methods_on_a_cuda_device(speech_pipes, method, params):
     with emulated_cuda():
         out = cuda.transcribe([clip], method, **params)
     assert out.texts == expected.texts and expected.stats.nfe <= out.stats.nfe <= expected.stats.nfe + 1
+
+
+@pytest.mark.parametrize("method, params", [
+    ("greedy", {}), ("speculative", {"k": 4}), ("tree", {"depth": 3, "width": 2}), ("early-exit", {"k": 2, "exit_layer": 5}),
+    ("medusa", {"depth": 2, "width": 2}), ("medusa-block", {"depth": 3, "width": 2}), ("eagle", {"k": 4}),
+    ("eagle", {"k": 4, "stop_below": 0.5, "siblings": 2})])
+def test_speech_drafting_never_waits_for_the_host(speech_pipes, method, params):
+    """What one transcribe reads back from the device, or uploads to it, does not grow with the transcript:
+    per call the audio and the prompt go up and the tokens and counters come back, nothing per pass (the
+    proposers' state, EAGLE's and the Medusa block's committed positions included, stays on the device)."""
+    import os
+    from types import SimpleNamespace
+
+    clip = LIBRIVOX.format("0870")      # 7 s: more than 24 tokens
+    if not os.path.isfile(clip):
+        pytest.skip("apt-get install pocketsphinx-testdata")
+    cuda = speech_pipes[1]
+
+    def transcribe(n):
+        out = cuda.transcribe([clip], method, max_new_tokens=n, **params)
+        return SimpleNamespace(tokens=[t.tokens for t in out.transcripts], stats=out.stats)
+
+    seen = _reads_by_length(transcribe)
+    assert seen[0] == seen[1], seen
+    assert set(seen[0][0]) <= {"tolist"}, seen

@@ -110,7 +110,8 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
         hist = torch.zeros(width + 2, dtype=torch.long, device=dev)          # accepted-length histogram
         spent = torch.zeros(B, dtype=torch.float64, device=dev)              # relaxed rules' deviation per row
         hidden = None if state.hidden is None else state.hidden[:, -1]
-        committed = None if state.hidden is None or ahead else (state.hidden, torch.full((B,), state.hidden.shape[1]))
+        committed = None if state.hidden is None or ahead else (
+            state.hidden, torch.full((B,), state.hidden.shape[1], device=dev))
 
         def context() -> DraftContext:
             return DraftContext(pending=pending, history=out.history(), num_generated=out.count,

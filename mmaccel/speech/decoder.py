@@ -138,7 +138,8 @@ class ShortlistProjection:
     """
 
     def __init__(self, weight: Tensor, vocab: Tensor, quantized: bool = False):
-        self.vocab = vocab.to(weight.device, torch.long).unique()       # ascending: arg-max ties as over V
+        # ascending: arg-max ties as over V (sorted where the ids are, on the host for a file's shortlist)
+        self.vocab = vocab.to(torch.long).unique().to(weight.device)
         rows = weight.detach()[self.vocab]
         self.int8 = Int8Linear.of(rows) if quantized else None
         self.weight = rows.clone() if self.int8 is None else None
@@ -426,7 +427,7 @@ class WhisperDecoderModel:
         check_step_args(state, tokens, None, self.vocab_size)
         check(tokens.shape[1] <= room, f"{tokens.shape[1]} tokens do not fit the room of {room}")
         bias = torch.cat([self._begin_bias[None], self._bias.expand(tokens.shape[1], -1)])      # [1 + T, V]
-        seq = torch.cat([inputs.prompt, tokens.cpu()], 1).to(self.device)
+        seq = torch.cat([inputs.prompt.to(self.device), tokens.to(self.device)], 1)     # drafts never come back
 
         def scores(h: Tensor) -> Tensor:
             h = h[:, P - 1:]

@@ -211,7 +211,11 @@ class EagleProposer(DraftModelProposer):
     """Greedy EAGLE drafting (chains; with `stop_below` and `siblings` as for a draft model). Each
     proposal first feeds the head the target's features of the positions committed since the last
     one, paired with the tokens that followed them; every drafted entry is dropped afterwards. A
-    head with a `start` feature drafts the first tokens from the prompt, ahead of the prefill."""
+    head with a `start` feature drafts the first tokens from the prompt, ahead of the prefill.
+
+    Those tokens are built on the device by `observe` (row b's accepted drafts, then the target's
+    next token: a padded block [B, L] beside the committed features [B, L, d]), so on a GPU a pass
+    reads nothing back, as for a draft model."""
 
     needs_committed_hidden = True
 
@@ -219,6 +223,7 @@ class EagleProposer(DraftModelProposer):
         check(isinstance(decoder, EagleDecoder), f"EagleProposer takes an EagleDecoder, got {type(decoder).__name__}")
         super().__init__(decoder, stop_below, siblings)
         self.drafts_from_prompt = decoder.head.start is not None
+        self.committed: Tensor | None = None    # [B, L]: the token after each committed position (see observe)
 
     def start(self, inputs, room, ctx):
         check(ctx.committed_hidden is not None, "EAGLE needs the target's hidden states; the model returned none")
@@ -231,23 +236,33 @@ class EagleProposer(DraftModelProposer):
         self.first = False        # the target's features start at the last prompt position, as fed next
         logits = self.draft.start(self.state, inputs.prompt)
         self._passes += 1
-        return self._chain(logits, self.draft.shortlist, torch.ones(inputs.batch_size, dtype=torch.bool), k).tokens
+        active = torch.ones(inputs.batch_size, dtype=torch.bool, device=logits.device)
+        return self._chain(logits, self.draft.shortlist, active, k).tokens
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         check(k >= 1, f"draft length k must be >= 1, got {k}")
         check(ctx.sampling.greedy, "EAGLE drafts are verified by greedy match here; it takes no temperature")
-        hidden, counts = ctx.committed_hidden, ctx.committed_counts.cpu()
-        if self.first:            # the head's sequence starts at the last prompt position
-            hidden, counts, self.first = hidden[:, -1:], counts.clamp(max=1), False
-        L = hidden.shape[1]
-        tokens = torch.zeros(len(ctx.history), L, dtype=torch.long)
-        for b, (h, c) in enumerate(zip(ctx.history, counts.tolist())):
-            if c:                 # position t's feature goes with the token that followed it
-                tokens[b, :c] = torch.tensor(h[len(h) - c:])
+        hidden, counts, tokens = ctx.committed_hidden, ctx.committed_counts, self.committed
+        if self.first:            # the head's sequence starts at the last prompt position, followed by pending
+            hidden, counts, tokens, self.first = hidden[:, -1:], counts.clamp(max=1), ctx.pending[:, None], False
+        check(tokens is not None and tokens.shape[1] == hidden.shape[1],
+              "EAGLE pairs each committed feature with the token after it: observe the last verification first")
         logits = self.draft.feed(self.state, hidden, tokens, counts)
         self._passes += 1
-        active = ctx.active if ctx.active is not None else torch.ones(len(ctx.history), dtype=torch.bool)
+        active = ctx.active if ctx.active is not None else torch.ones_like(ctx.pending, dtype=torch.bool)
         return self._chain(logits, self.draft.shortlist, active, k)
 
     def observe(self, ctx, num_accepted, next_token, target_probs, accepted_tokens):
         self.state.rollback(self._fed)        # drafted entries hold the head's guessed features
+        # the committed positions are pending's and the accepted drafts': position t's feature goes with
+        # the token after it, so row b pairs them with its accepted drafts, then the next token (zeros
+        # after those, and for rows that are done: their entries are rolled back)
+        accepted = accepted_tokens.padded
+        dev = accepted.device
+        n = num_accepted.to(dev)
+        seq = torch.cat([accepted, accepted.new_zeros(accepted.shape[0], 1)], 1)
+        seq = seq.scatter(1, n[:, None], next_token.to(dev)[:, None])                # [B, L + 1]
+        keep = torch.arange(seq.shape[1], device=dev)[None, :] <= n[:, None]
+        if ctx.active is not None:
+            keep = keep & ctx.active.to(dev)[:, None]
+        self.committed = torch.where(keep, seq, 0)

@@ -64,7 +64,7 @@ class BlockHeadsProposer(HeadsProposer):
 
     def _logits(self, ctx: DraftContext, n: int) -> Tensor:
         check(n <= len(self.heads), f"asked for {n} drafts but only {len(self.heads)} Medusa heads are loaded")
-        hidden, counts = ctx.committed_hidden, ctx.committed_counts.cpu()
+        hidden, counts = ctx.committed_hidden, ctx.committed_counts          # counts on the device: no read-back
         if self.first:                          # the block's sequence starts at the last prompt position
             hidden, counts, self.first = hidden[:, -1:], counts.clamp(max=1), False
         out = block_forward(self.block, self.state, hidden)
