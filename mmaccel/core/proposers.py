@@ -361,7 +361,10 @@ class HeadsProposer(Proposer):
 
 class NGramProposer(Proposer):
     """Prompt lookup (Saxena 2023; HF `prompt_lookup_num_tokens`): find the latest earlier occurrence
-    of the last n tokens (n from `max_ngram` down to `min_ngram`) and propose what followed it."""
+    of the last n tokens (n from `max_ngram` down to `min_ngram`) and propose what followed it.
+
+    A host algorithm by design (a string search over Python lists): every proposal reads the history
+    back from the device and uploads its drafts, so on a GPU each pass waits for the queued work."""
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         check(1 <= min_ngram <= max_ngram, f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")

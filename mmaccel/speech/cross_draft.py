@@ -11,6 +11,11 @@ the target's greedy match, so transcripts are greedy's whatever the assistant pr
 
 The assistant runs its own encoder on the same log-mel features once per utterance (both models
 take 80 mel bins).
+
+This proposer works on the host by design: tokenizers map text, so every proposal reads the
+transcript so far (`DraftContext.history`) and the assistant's tokens back from the device, and
+uploads the drafts. On a GPU each pass therefore waits for the queued work, unlike the same-tokenizer
+proposers (draft decoder, EAGLE, Medusa), whose state stays on the device.
 """
 
 from __future__ import annotations
