@@ -12,6 +12,12 @@ values exit earlier and may change tokens. Each call reports the average exit la
 (`DecodeStats.exit_hist`); the benchmark reports WER and the share of transcripts still identical
 to greedy. `calibrate_threshold` turns a tolerated token disagreement δ with greedy, measured on
 held-out audio, into a threshold (an empirical calibration, not CALM's statistical guarantee).
+
+The exit decisions are made on the host by design: skipping a row's upper layers is the method's
+whole saving, and work can only be left out once the host knows which rows left. On a GPU each step
+therefore waits for the device at every layer with an exit head (and for the step's tokens), unlike
+the decode loop. A version that never waits would run every layer for every row and keep the exited
+rows' states by a mask: CALM's tokens with none of its saving.
 """
 
 from __future__ import annotations
