@@ -87,7 +87,7 @@ def accept_speculative(draft_tokens: Tensor, draft_probs: Tensor | None, target_
     p_x = target_probs[:, :K].gather(2, idx).squeeze(2)
     q = _draft_law(draft_tokens, draft_probs, target_probs)
     q_x = q.gather(2, idx).squeeze(2)
-    n = _first_rejection(uniforms * q_x <= p_x)                     # u <= p/q without dividing by 0
+    n = _first_rejection(uniforms * q_x < p_x)      # u < p/q for u in [0, 1): never keeps a token p gives no mass
     return Verdict(n, _correction(target_probs, q, n, exponentials))
 
 
@@ -139,7 +139,7 @@ def accept_pooled(draft_tokens: Tensor, draft_probs: Tensor | None, target_probs
     moved = (p_c * within).sum(-1)                                        # [B, K] mass pooled onto x
     p_x = p.gather(2, draft_tokens[..., None]).squeeze(2) + moved
     q_x = q.gather(2, draft_tokens[..., None]).squeeze(2)
-    n = _first_rejection(uniforms * q_x <= p_x)
+    n = _first_rejection(uniforms * q_x < p_x)
     kept = torch.arange(K, device=n.device)[None, :] < n[:, None]
     return Verdict(n, _correction(target_probs, q, n, exponentials), deviation=(moved * kept).sum(-1))
 
@@ -198,7 +198,7 @@ def accept_grouped(draft_tokens: Tensor, draft_probs: Tensor | None, target_prob
     moved = (p.gather(-1, cand) * group).sum(-1)
     p_g = p.gather(-1, x).squeeze(-1) + moved
     q_g = q.gather(-1, x).squeeze(-1) + (q.gather(-1, cand) * group).sum(-1)
-    n = _first_rejection(uniforms * q_g <= p_g)
+    n = _first_rejection(uniforms * q_g < p_g)
     kept = torch.arange(K, device=n.device)[None, :] < n[:, None]
     return Verdict(n, _correction(target_probs, q, n, exponentials), deviation=(moved * kept).sum(-1))
 

@@ -181,7 +181,7 @@ def _walk_rows(tree: TokenTree, target_probs: Tensor, uniforms: Tensor, exponent
                 if tok < 0:         # filler: never accepted, and r[-1] would be the last id's mass
                     continue
                 total = r.sum()
-                if total > 0 and uniforms[b, c] * total <= r[tok]:
+                if total > 0 and uniforms[b, c] * total < r[tok]:
                     node, moved = c, True
                     break
                 r[tok] = 0
@@ -212,7 +212,7 @@ def _walk_nodes(tree: TokenTree, target_probs: Tensor, uniforms: Tensor, exponen
         tok = tok.clamp(min=0)[:, None]
         r_tok = r.gather(1, tok)[:, 0]
         total = r.sum(-1)
-        accept = tried & (total > 0) & (uniforms[:, c] * total <= r_tok)
+        accept = tried & (total > 0) & (uniforms[:, c] * total < r_tok)
         r.scatter_(1, tok, torch.where(tried & ~accept, 0, r_tok)[:, None])     # a rejected child leaves r
         node = torch.where(accept, c, node)
         r = torch.where(accept[:, None], target_probs[:, c], r)

@@ -103,7 +103,7 @@ def _accept_grouped(drafts_ptr, q_ptr, p_ptr, u_ptr, e_ptr, dist_ptr, p_threshol
             else:
                 q_x = tl.load(row_q + x)
             u = tl.load(u_ptr + b * K + j)
-            alive = (u * (q_x + moved_q) <= p_x + moved_p).to(tl.int32)
+            alive = (u * (q_x + moved_q) < p_x + moved_p).to(tl.int32)
             n += alive
             deviation += tl.where(alive == 1, moved_p, 0.0)
     x_n = tl.load(drafts_ptr + b * K + tl.minimum(n, K - 1))

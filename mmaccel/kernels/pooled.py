@@ -3,7 +3,7 @@
 The reference is `mmaccel.core.acceptance.accept_pooled` (Jang et al., ICLR 2025, §3.2): for draft
 x_j the longest prefix of its latent neighbours (table row x_j, padding -1 and x_j itself break it)
 whose target mass sums to at most delta is pooled onto x_j; keep x_j while
-u_j * q_j(x_j) <= p_j(x_j) + pooled; then the residual draw of exact speculative sampling
+u_j * q_j(x_j) < p_j(x_j) + pooled; then the residual draw of exact speculative sampling
 (`race.residual_race`). One program per batch row; the neighbour row is one vector of M lanes.
 The prefix sums accumulate in float64 and round to float32, as torch's CPU cumsum does, and the
 comparisons are float32 as in the reference; only the order of float32 sums (pooled mass, deviation)
@@ -46,7 +46,7 @@ def _accept_pooled(drafts_ptr, q_ptr, p_ptr, u_ptr, e_ptr, neighbours_ptr, delta
             else:
                 q_x = tl.load(q_ptr + (b * K + j) * V + x)
             u = tl.load(u_ptr + b * K + j)
-            alive = (u * q_x <= p_x).to(tl.int32)
+            alive = (u * q_x < p_x).to(tl.int32)
             n += alive
             deviation += tl.where(alive == 1, moved, 0.0)
     x_n = tl.load(drafts_ptr + b * K + tl.minimum(n, K - 1))

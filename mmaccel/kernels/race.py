@@ -44,10 +44,12 @@ def row_argmax(x_row, e_row, DIVIDE: tl.constexpr, V: tl.constexpr, BLOCK: tl.co
 
 @triton.jit
 def residual_race(p_row, q_row, e_row, x, has_draft, V: tl.constexpr, POINT_MASS: tl.constexpr,
-                  BLOCK: tl.constexpr):
+                  BLOCK: tl.constexpr, LANES: tl.constexpr = False):
     """The correction token of speculative sampling: argmax(max(p - q, 0) / E) over the row, or
     argmax(p / E) where the residual is empty (p == q). `q` is the draft row, the point mass on token
-    `x` (POINT_MASS), or nothing (`has_draft` false: the bonus position, where the residual is p)."""
+    `x` (POINT_MASS), or nothing (`has_draft` false: the bonus position, where the residual is p).
+    LANES: `x` is a vector of tokens (-1 marks an empty lane) and the residual is p with them zeroed
+    (a tree node's law after its rejected children)."""
     best_r = tl.full([], NEG_INF, tl.float32)
     arg_r = 0
     best_p = tl.full([], NEG_INF, tl.float32)
@@ -58,12 +60,14 @@ def residual_race(p_row, q_row, e_row, x, has_draft, V: tl.constexpr, POINT_MASS
         inside = cols < V
         p = tl.load(p_row + cols, mask=inside, other=0.0)
         e = tl.load(e_row + cols, mask=inside, other=1.0)
-        if POINT_MASS:
-            q = tl.where(cols == x, 1.0, 0.0)
+        if LANES:
+            residual = tl.where(tl.max((cols[:, None] == x[None, :]).to(tl.int32), axis=1) > 0, 0.0, p)
         else:
-            q = tl.load(q_row + cols, mask=inside, other=0.0)
-        q = tl.where(has_draft, q, 0.0)
-        residual = tl.maximum(p - q, 0.0)
+            if POINT_MASS:
+                q = tl.where(cols == x, 1.0, 0.0)
+            else:
+                q = tl.load(q_row + cols, mask=inside, other=0.0)
+            residual = tl.maximum(p - tl.where(has_draft, q, 0.0), 0.0)
         mass += tl.sum(residual, axis=0)
         score_r = tl.where(inside, residual / e, NEG_INF)
         score_p = tl.where(inside, p / e, NEG_INF)

@@ -1,7 +1,7 @@
 """Exact speculative verification of a draft chain in one pass per row (Triton).
 
 The reference is `mmaccel.core.acceptance.accept_speculative` (Leviathan et al. 2023, Alg. 1):
-keep draft x_j while u_j * q_j(x_j) <= p_j(x_j); after n kept drafts emit a draw from
+keep draft x_j while u_j * q_j(x_j) < p_j(x_j); after n kept drafts emit a draw from
 norm(max(p_n - q_n, 0)) (p_K for the bonus; p_n itself where the residual is empty), drawn as
 argmax(residual / E) with the pre-drawn Exp(1) noise E. One program handles one batch row: the
 acceptance test over the K drafts, then one sweep over the vocabulary for the residual draw
@@ -36,7 +36,7 @@ def _verify_chain(drafts_ptr, q_ptr, p_ptr, u_ptr, e_ptr, n_ptr, next_ptr, K: tl
         else:
             q_x = tl.load(q_ptr + (b * K + j) * V + x)
         u = tl.load(u_ptr + b * K + j)
-        ok = (u * q_x <= p_x).to(tl.int32)
+        ok = (u * q_x < p_x).to(tl.int32)
         alive = alive * ok
         n += alive
     # the correction / bonus token at row n: one sweep over the vocabulary

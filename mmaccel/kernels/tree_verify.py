@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from mmaccel.kernels.race import NEG_INF, block_size, row_argmax
+from mmaccel.kernels.race import block_size, residual_race, row_argmax
 
 
 @triton.jit
@@ -42,32 +42,6 @@ def _remaining_mass(row_p, rejected, V: tl.constexpr, BLOCK: tl.constexpr):
         gone = tl.max((cols[:, None] == rejected[None, :]).to(tl.int32), axis=1) > 0
         mass += tl.sum(tl.where(gone, 0.0, p), axis=0)
     return mass
-
-
-@triton.jit
-def _draw_remaining(row_p, row_e, rejected, V: tl.constexpr, BLOCK: tl.constexpr):
-    """argmax(r / E), or argmax(p / E) where r is empty."""
-    best_r = tl.full([], NEG_INF, tl.float32)
-    arg_r = 0
-    best_p = tl.full([], NEG_INF, tl.float32)
-    arg_p = 0
-    mass = 0.0
-    for start in range(0, V, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        inside = cols < V
-        p = tl.load(row_p + cols, mask=inside, other=0.0)
-        e = tl.load(row_e + cols, mask=inside, other=1.0)
-        r = tl.where(tl.max((cols[:, None] == rejected[None, :]).to(tl.int32), axis=1) > 0, 0.0, p)
-        mass += tl.sum(r, axis=0)
-        score_r = tl.where(inside, r / e, NEG_INF)
-        score_p = tl.where(inside, p / e, NEG_INF)
-        block_r = tl.max(score_r, axis=0)
-        block_p = tl.max(score_p, axis=0)
-        arg_r = tl.where(block_r > best_r, tl.min(tl.where(score_r == block_r, cols, V), axis=0), arg_r)
-        arg_p = tl.where(block_p > best_p, tl.min(tl.where(score_p == block_p, cols, V), axis=0), arg_p)
-        best_r = tl.maximum(block_r, best_r)
-        best_p = tl.maximum(block_p, best_p)
-    return tl.where(mass > 0.0, arg_r, arg_p)
 
 
 @triton.jit
@@ -87,7 +61,7 @@ def _verify_tree_sampled(tokens_ptr, parents_ptr, p_ptr, u_ptr, e_ptr, path_ptr,
             total = _remaining_mass(row_p, rejected, V, BLOCK)
             r_tok = tl.where(tl.max((rejected == tok).to(tl.int32), axis=0) > 0, 0.0,
                              tl.load(row_p + tl.maximum(tok, 0)))
-            accept = real & (total > 0.0) & (tl.load(u_ptr + b * N + c) * total <= r_tok)
+            accept = real & (total > 0.0) & (tl.load(u_ptr + b * N + c) * total < r_tok)
             node = tl.where(accept, c, node)
             depth += accept.to(tl.int32)
             # lane-wise selections by scalar positions (a scalar bool is not spread over lanes: the interpreter
@@ -96,7 +70,8 @@ def _verify_tree_sampled(tokens_ptr, parents_ptr, p_ptr, u_ptr, e_ptr, path_ptr,
             path = tl.where(slots == tl.where(accept, depth, -1), c, path)
             rejected = tl.where(slots < tl.where(accept, 0, NB),
                                 tl.where(slots == tl.where(real, c, -1), tok, rejected), -1)
-    token = _draw_remaining(p_ptr + (b * N + node) * V, e_ptr + (b * N + node) * V, rejected, V, BLOCK)
+    row = p_ptr + (b * N + node) * V                # the draw from r: p without the rejected tokens
+    token = residual_race(row, row, e_ptr + (b * N + node) * V, rejected, True, V, False, BLOCK, LANES=True)
     tl.store(path_ptr + b * N + slots, tl.where(slots > depth, node, path), mask=slots < N)
     tl.store(n_ptr + b, depth)
     tl.store(next_ptr + b, token)

@@ -33,6 +33,22 @@ def test_deterministic_accept_accept_reject_with_known_residual():
     assert verdict.num_accepted.tolist() == [3] and verdict.next_token.tolist() == [2]
 
 
+def test_a_draft_the_target_gives_no_mass_is_rejected_even_at_u_zero():
+    """u is drawn from [0, 1): the test is u < p/q, so u = 0 exactly must not keep a token with p = 0
+    (u * q <= p kept it)."""
+    drafts = torch.tensor([[1, 4]])
+    q = degenerate([{1: 1.0, 2: 1.0}, {4: 1.0}])[None]
+    p = degenerate([{2: 10.0}, {4: 10.0}, {5: 10.0}])[None]        # the first draft has no target mass
+    u, e = torch.zeros(1, 2), torch.ones(1, 3, V)
+    distances = torch.ones(V, V) - torch.eye(V)
+    rules = [accept_speculative,
+             lambda *a: accept_pooled(*a, neighbours=torch.full((V, 1), -1), delta=0.0),
+             lambda *a: accept_grouped(*a, distances=distances, p_threshold=0.0, d_threshold=0.0)]
+    for rule in rules:
+        verdict = rule(drafts, q, p, u, e)
+        assert verdict.num_accepted.tolist() == [0] and verdict.next_token.tolist() == [2]
+
+
 def test_greedy_rule_keeps_matching_prefix():
     logits = torch.zeros(2, 4, V)
     for b, seq in enumerate([[3, 4, 5, 6], [3, 9, 5, 6]]):

@@ -77,6 +77,13 @@ def test_sampled_verification_never_accepts_filler_nor_lets_it_change_the_draw()
         assert (tree.tokens.gather(1, path)[0, : n + 1] >= 0).all()
 
 
+def test_sampled_verification_rejects_a_child_without_target_mass_at_u_zero():
+    tree = TokenTree(torch.tensor([[1, 0]]), torch.tensor([[-1, 0]]))
+    p = torch.tensor([[[0.0, 0.0, 1.0]] * 2])                       # the child's token 0 has no mass
+    path, n, nxt = verify_tree_sampled(tree, p, torch.zeros(1, 2), torch.ones(1, 2, 3))
+    assert n.tolist() == [0] and nxt.tolist() == [2]
+
+
 # (B, N nodes, V): a lone root, a binary-ish tree, a large vocabulary, V smaller than N, a deep one
 SHAPES = [(2, 1, 7), (3, 7, 50), (4, 13, 1500), (5, 9, 3), (3, 24, 33)]
 

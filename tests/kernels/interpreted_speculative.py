@@ -36,6 +36,14 @@ def equals_the_reference():
                 assert torch.equal(via_rule.next_token, nxt) and torch.equal(via_rule.num_accepted, n)
 
 
+def rejects_a_draft_without_target_mass_at_u_zero():
+    drafts = torch.tensor([[0, 1]])
+    q = torch.tensor([[[0.5, 0.5, 0.0], [0.0, 1.0, 0.0]]])
+    p = torch.tensor([[[0.0, 0.0, 1.0], [0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]])
+    n, nxt = verify_chain(drafts, q, p, torch.zeros(1, 2), torch.ones(1, 3, 3))
+    assert n.tolist() == [0] and nxt.tolist() == [2], (n, nxt)
+
+
 def keeps_the_target_law():
     """The first emitted token of many rows (a kept draft, or the correction at position 0) follows p_0,
     not the draft's q_0: chi-square at level 0.001 on 600 rows, and the negative control against q_0
@@ -58,5 +66,6 @@ def keeps_the_target_law():
 if __name__ == "__main__":
     assert os.environ.get("TRITON_INTERPRET") == "1"
     equals_the_reference()
+    rejects_a_draft_without_target_mass_at_u_zero()
     keeps_the_target_law()
     print("kernel checks passed")

@@ -58,6 +58,14 @@ def never_accepts_filler():
         assert n.tolist() == [0, 0] and nxt.tolist() == [2, 2], (ref, fused)
 
 
+def rejects_a_child_without_target_mass_at_u_zero():
+    tree = TokenTree(torch.tensor([[1, 0]]), torch.tensor([[-1, 0]]))
+    p = torch.tensor([[[0.0, 0.0, 1.0]] * 2])
+    ref, fused = with_reference(verify_tree_sampled, tree, p, torch.zeros(1, 2), torch.ones(1, 2, 3))
+    for path, n, nxt in (ref, fused):
+        assert n.tolist() == [0] and nxt.tolist() == [2], (ref, fused)
+
+
 def keeps_the_target_law():
     """Root children tokens 0 and 1 (nodes 1, 2), each with a child of its own. The first emitted token
     follows p_root, and the second, after node 1 or node 2 was accepted, follows that node's law
@@ -93,6 +101,7 @@ if __name__ == "__main__":
     assert os.environ.get("TRITON_INTERPRET") == "1"
     greedy_prefers_the_deeper_duplicate()
     never_accepts_filler()
+    rejects_a_child_without_target_mass_at_u_zero()
     equals_the_reference()
     keeps_the_target_law()
     print("kernel checks passed")
