@@ -1,0 +1,1 @@
+"""Video: frames in from files, arrays or live sources, decoded through the shared core."""

@@ -1,0 +1,179 @@
+"""VideoStreamPipeline: frames in one by one, questions at any time, answers decoded by any core method.
+
+>>> pipe = VideoStreamPipeline(QwenVLStream(hf_model), tokenizer)
+>>> for frame in open_frames("clip.mp4", fps=2):
+...     pipe.feed(frame)
+>>> pipe.ask("what is on screen now ?").text
+
+The stream lives in one KV cache (B = 1) whose size is fixed when the pipeline is made: the
+`KVBudget` (sinks + vision window + text window) plus room for one answer. Frames are grouped into the
+model's temporal patches and appended as vision segments; a question flushes a partly filled patch
+(its last frame repeated, as the model's processor pads), is appended as text, and the answer is
+decoded from there by the chosen method and stays in the cache, so later questions see it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from mmaccel.core.methods import Method, Resources, build_method
+from mmaccel.core.sampling import Sampling
+from mmaccel.core.stats import DecodeStats
+from mmaccel.errors import InputError, check
+from mmaccel.video.memory import TEXT, VISION, KVBudget, evict, plan_eviction
+from mmaccel.video.qwen_vl import QwenVLStream
+
+ANSWER_ROOM = 64        # cache entries beyond the answer for draft blocks (2 × (width + 1), width <= 31)
+
+
+@dataclass
+class FrameReport:
+    """What one fed frame cost and left behind."""
+
+    index: int                  # frames fed so far - 1
+    appended: bool              # whether this frame completed a temporal patch (a segment entered the cache)
+    vision_tokens: int          # vision tokens of the segment that entered the cache (0 if none)
+    kv_entries: int             # cache entries after this frame
+    ingest_s: float             # wall time of this feed (encode + append + eviction)
+
+
+@dataclass
+class VideoAnswer:
+    question: str
+    text: str
+    tokens: list[int]
+    frames_seen: int
+    stats: DecodeStats
+    latency_s: float            # question appended + answer decoded
+
+
+class _Continuation:
+    """The stream's model as the core decode loop sees it for one answer: its `prefill` appends the
+    question to the live stream state instead of starting a new one."""
+
+    def __init__(self, model: QwenVLStream, state):
+        self.model, self.state = model, state
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def prefill(self, inputs: list[list[int]], room: int):
+        check(len(inputs) == 1, "a stream answers one question at a time")
+        free = self.state.cache.capacity - int(self.state.cache.lengths[0]) - len(inputs[0])
+        check(free >= room, f"the answer needs {room} cache entries, {free} are free: lower max_new_tokens or "
+              "raise max_answer_tokens")
+        self.state.logits = self.model.append_text(self.state, list(inputs[0]))
+        return self.state
+
+    def step(self, state, tokens: Tensor, positions: Tensor | None = None, tree_mask: Tensor | None = None) -> Tensor:
+        return self.model.step(state, tokens, positions, tree_mask)
+
+
+class VideoStreamPipeline:
+    """A streaming video-language model with bounded memory. `tokenizer` maps a question to its token
+    ids (`question_ids`) and answer ids back to text (`decode`), with `eos_token_id`."""
+
+    def __init__(self, model: QwenVLStream, tokenizer, *, budget: KVBudget | None = None,
+                 max_answer_tokens: int = 64, system_prompt: list[int] | None = None):
+        check(isinstance(max_answer_tokens, int) and max_answer_tokens >= 1,
+              f"max_answer_tokens must be an int >= 1, got {max_answer_tokens!r}")
+        self.model, self.tokenizer = model, tokenizer
+        self.budget = budget or KVBudget()
+        check(isinstance(self.budget, KVBudget), f"budget must be a KVBudget, got {type(self.budget).__name__}")
+        self.max_answer_tokens = max_answer_tokens
+        self.capacity = self.budget.total + max_answer_tokens + ANSWER_ROOM
+        self.system_prompt = list(system_prompt or [])
+        self.reset()
+
+    # ---- the stream ------------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Start a new stream (the cache is emptied, the system prompt appended again)."""
+        self.state = self.model.new_state(1, self.capacity)
+        self.frames_seen = 0
+        self.size: tuple[int, int] | None = None
+        self._pending: list[Tensor] = []
+        if self.system_prompt:
+            check(len(self.system_prompt) <= self.budget.sink + self.budget.text,
+                  "the system prompt is longer than the KV budget's sink + text entries")
+            self.model.append_text(self.state, self.system_prompt)
+
+    @property
+    def kv_entries(self) -> int:
+        return int(self.state.cache.lengths[0])
+
+    def feed(self, frame) -> FrameReport:
+        """Take one frame (uint8 [H, W, 3], a `Frame`, or anything `mmaccel.video.frames` accepts)."""
+        t0 = time.perf_counter()
+        pixels = _pixels(frame)
+        if self.size is None:
+            m = self.model.frame_multiple
+            check(pixels.shape[0] % m == 0 and pixels.shape[1] % m == 0,
+                  f"frames are {pixels.shape[0]}x{pixels.shape[1]}; this model needs sides that are multiples of {m}")
+            self.size = tuple(pixels.shape[:2])
+        elif tuple(pixels.shape[:2]) != self.size:
+            raise InputError(f"frame {self.frames_seen} is {pixels.shape[0]}x{pixels.shape[1]}, the stream's frames are "
+                             f"{self.size[0]}x{self.size[1]}: a stream keeps one frame size (reset() to start another)")
+        self._pending.append(pixels)
+        self.frames_seen += 1
+        tokens = self._flush() if len(self._pending) == self.model.temporal_patch else 0
+        return FrameReport(self.frames_seen - 1, tokens > 0, tokens, self.kv_entries, time.perf_counter() - t0)
+
+    def _flush(self) -> int:
+        """Append the pending frames as one vision segment; returns its vision tokens."""
+        if not self._pending:
+            return 0
+        frames = torch.stack(self._pending)
+        self._pending = []
+        h, w = (s // self.model.frame_multiple for s in self.size)
+        self._make_room(h * w + 2, VISION)
+        self.model.append_frames(self.state, frames)
+        return h * w
+
+    def _make_room(self, incoming: int, kind: int) -> None:
+        units = self.state.extras["units"]
+        keep = plan_eviction(units, self.budget, incoming, kind)
+        if keep is not None:
+            position = evict(self.state, units, keep, self.model.rotate_keys)
+            self.model.move_to(self.state, position)
+
+    # ---- questions -------------------------------------------------------------------------------
+
+    def ask(self, question: str, method: str | Method = "ar", *, max_new_tokens: int = 32, temperature: float = 0.0,
+            top_k: int = 0, top_p: float = 1.0, seed: int = 0, **method_params) -> VideoAnswer:
+        """Answer `question` from everything seen so far; the answer joins the stream's history."""
+        check(isinstance(question, str) and question.strip() != "", "the question must be a non-empty string")
+        check(self.frames_seen > 0, "no frame has been fed yet: feed frames before asking about them")
+        check(isinstance(max_new_tokens, int) and 1 <= max_new_tokens <= self.max_answer_tokens,
+              f"max_new_tokens must be in [1, {self.max_answer_tokens}] (the pipeline's max_answer_tokens), "
+              f"got {max_new_tokens!r}")
+        built = build_method(method, **method_params)
+        sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
+        t0 = time.perf_counter()
+        self._flush()
+        ids = list(self.tokenizer.question_ids(question))
+        self._make_room(len(ids) + max_new_tokens, TEXT)
+        target = _Continuation(self.model, self.state)
+        gen = built.run(Resources(model=target), [ids], max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
+                        eos_token_id=self.tokenizer.eos_token_id, prompt_tokens=[ids])
+        tokens = gen.tokens[0]
+        self.model.commit_text(self.state, tokens)
+        text = self.tokenizer.decode([t for t in tokens if t != self.tokenizer.eos_token_id])
+        return VideoAnswer(question, text, tokens, self.frames_seen, gen.stats, time.perf_counter() - t0)
+
+
+def _pixels(frame) -> Tensor:
+    """A frame as uint8 [H, W, 3] on the host."""
+    pixels = getattr(frame, "pixels", frame)
+    if not isinstance(pixels, Tensor):
+        try:
+            pixels = torch.as_tensor(__import__("numpy").asarray(pixels))
+        except (TypeError, ValueError):
+            raise InputError(f"a frame must be an [H, W, 3] uint8 array or tensor, got {type(frame).__name__}") from None
+    check(pixels.dim() == 3 and pixels.shape[-1] == 3 and pixels.dtype == torch.uint8,
+          f"a frame must be uint8 [H, W, 3], got {pixels.dtype} {tuple(pixels.shape)}")
+    return pixels.cpu()

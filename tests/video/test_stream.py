@@ -1,0 +1,133 @@
+"""The streaming pipeline: answers equal generation over the whole sequence, lossless methods equal greedy,
+memory stays bounded with positions in range, and bad input is a clear error."""
+
+import pytest
+import torch
+
+from mmaccel.errors import InputError
+from mmaccel.video.memory import KVBudget
+from mmaccel.video.qwen_vl import QwenVLStream
+from mmaccel.video.stream import VideoStreamPipeline
+from tests.video.conftest import VE, VIDEO, VS, tiny_qwen_vl
+
+
+class Digits:
+    """Question "3 4 5" -> ids [1, 3, 4, 5, 2]; answers decode to their ids."""
+
+    eos_token_id = 0
+
+    def question_ids(self, text):
+        return [1] + [int(w) for w in text.split()] + [2]
+
+    def decode(self, ids):
+        return " ".join(map(str, ids))
+
+
+def clip(n, seed, h=56, w=56):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (n, h, w, 3), dtype=torch.uint8, generator=g)
+
+
+@pytest.fixture(scope="module")
+def hf():
+    return tiny_qwen_vl()
+
+
+def reference(hf, model, pieces, max_new_tokens):
+    """HF generate() over the whole sequence: pieces are token lists or frame pairs."""
+    ids, pixels, grids = [], [], []
+    for piece in pieces:
+        if isinstance(piece, torch.Tensor):
+            p, grid = model.patchify(piece)
+            pixels.append(p)
+            grids.append(grid)
+            ids += [VS] + [VIDEO] * (grid[0] * grid[1] * grid[2] // 4) + [VE]
+        else:
+            ids += piece
+    x = torch.tensor([ids])
+    out = hf.generate(input_ids=x, mm_token_type_ids=(x == VIDEO).int() * 2, pixel_values_videos=torch.cat(pixels),
+                      video_grid_thw=torch.tensor(grids), max_new_tokens=max_new_tokens, do_sample=False)
+    return out[0, x.shape[1]:].tolist()
+
+
+def test_answers_equal_generation_over_the_whole_sequence_across_turns(hf):
+    model = QwenVLStream(hf)
+    pipe = VideoStreamPipeline(model, Digits(), system_prompt=[5, 6, 7])
+    a, b = clip(4, 1), clip(2, 2)
+    for f in a:
+        pipe.feed(f)
+    first = pipe.ask("11 12", max_new_tokens=5)
+    for f in b:
+        pipe.feed(f)
+    second = pipe.ask("13", max_new_tokens=5)
+    q1, q2 = Digits().question_ids("11 12"), Digits().question_ids("13")
+    assert first.tokens == reference(hf, model, [[5, 6, 7], a[:2], a[2:], q1], 5)
+    assert second.tokens == reference(hf, model, [[5, 6, 7], a[:2], a[2:], q1, first.tokens, b, q2], 5)
+    assert first.stats.nfe >= 1 and first.frames_seen == 4
+
+
+@pytest.mark.parametrize("method,params", [("ngram", {"k": 3}), ("sjd", {"window": 4})])
+def test_lossless_methods_answer_like_greedy(hf, method, params):
+    answers = {}
+    for name, kw in (("ar", {}), (method, params)):
+        pipe = VideoStreamPipeline(QwenVLStream(hf), Digits(), system_prompt=[5, 6])
+        for f in clip(4, 3):
+            pipe.feed(f)
+        answers[name] = [pipe.ask("11 12", name, max_new_tokens=12, **kw).tokens, pipe.ask("9", name, max_new_tokens=8, **kw).tokens]
+    assert answers[method] == answers["ar"]
+
+
+def test_memory_is_bounded_and_positions_stay_in_range(hf):
+    budget = KVBudget(sink=4, vision=3 * 6, text=16)            # three segments of 4 tokens + 2 marks
+    pipe = VideoStreamPipeline(QwenVLStream(hf), Digits(), budget=budget, max_answer_tokens=4, system_prompt=[5, 6, 7])
+    peak = 0
+    for i, f in enumerate(clip(60, 4)):
+        report = pipe.feed(f)
+        peak = max(peak, report.kv_entries)
+        if i % 20 == 19:
+            pipe.ask("11", max_new_tokens=3)
+            peak = max(peak, pipe.kv_entries)
+    assert peak <= budget.total + 4 + 64 and pipe.kv_entries <= budget.total
+    assert pipe.state.extras["next_position"] <= budget.total + 3 * 4     # a segment spans 4 positions for 6 entries
+    assert pipe.state.cache.capacity == budget.total + 4 + 64
+
+
+def test_evicted_keys_are_rotated_to_their_new_positions(hf):
+    """Layer-0 keys depend on a token and its position only: after eviction the moved keys equal those of a
+    fresh stream that holds the surviving units at their new, contiguous positions."""
+    model = QwenVLStream(hf)
+    frames = clip(8, 5)
+    budget = KVBudget(sink=3, vision=2 * 6, text=8)
+    pipe = VideoStreamPipeline(model, Digits(), budget=budget, system_prompt=[5, 6, 7])
+    for f in frames:
+        pipe.feed(f)                                              # 4 segments: the first two are evicted
+    fresh = VideoStreamPipeline(model, Digits(), system_prompt=[5, 6, 7])
+    for f in frames[4:]:
+        fresh.feed(f)
+    n = pipe.kv_entries
+    assert n == fresh.kv_entries == 3 + 12
+    assert torch.allclose(pipe.state.cache.k[0][:, :, :n], fresh.state.cache.k[0][:, :, :n], atol=1e-5)
+    assert torch.equal(pipe.state.cache.v[0][:, :, :n], fresh.state.cache.v[0][:, :, :n])
+    assert pipe.state.extras["next_position"] == fresh.state.extras["next_position"]
+
+
+def test_bad_input_is_a_clear_error(hf):
+    pipe = VideoStreamPipeline(QwenVLStream(hf), Digits())
+    with pytest.raises(InputError, match="no frame has been fed"):
+        pipe.ask("3")
+    with pytest.raises(InputError, match="multiples of 28"):
+        pipe.feed(clip(1, 0, h=50)[0])
+    pipe.feed(clip(1, 0)[0])
+    with pytest.raises(InputError, match="the stream's frames are 56x56"):
+        pipe.feed(clip(1, 0, w=84)[0])
+    with pytest.raises(InputError, match="uint8"):
+        pipe.feed(torch.zeros(56, 56, 3))
+    with pytest.raises(InputError, match="max_new_tokens"):
+        pipe.ask("3", max_new_tokens=1000)
+    with pytest.raises(InputError, match="unknown method"):
+        pipe.ask("3", "fastest")
+    with pytest.raises(InputError, match="KV budget"):
+        KVBudget(vision=0)
+    small = VideoStreamPipeline(QwenVLStream(hf), Digits(), budget=KVBudget(sink=0, vision=5, text=8))
+    with pytest.raises(InputError, match="more than the KV budget keeps"):
+        small.feed(clip(2, 0)[0]); small.feed(clip(2, 0)[1])
