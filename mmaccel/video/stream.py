@@ -14,8 +14,11 @@ decoded from there by the chosen method and stays in the cache, so later questio
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
+from typing import Iterator
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -23,11 +26,13 @@ from torch import Tensor
 from mmaccel.core.methods import Method, Resources, build_method
 from mmaccel.core.sampling import Sampling
 from mmaccel.core.stats import DecodeStats
-from mmaccel.errors import InputError, check
+from mmaccel.errors import InputError, ModelNotFoundError, check
 from mmaccel.video.memory import TEXT, VISION, KVBudget, evict, plan_eviction
 from mmaccel.video.qwen_vl import QwenVLStream
 
 ANSWER_ROOM = 64        # cache entries beyond the answer for draft blocks (2 × (width + 1), width <= 31)
+BUILTIN = "builtin:moving-fashion"
+BUILTIN_DIR = "video_qwen"  # under mmaccel/assets/: a Hugging Face directory + words.json
 
 
 @dataclass
@@ -89,6 +94,42 @@ class VideoStreamPipeline:
         self.system_prompt = list(system_prompt or [])
         self.reset()
 
+    @classmethod
+    def from_pretrained(cls, name_or_path: str = BUILTIN, *, device: str | torch.device | None = None,
+                        dtype: str | torch.dtype | None = torch.float32, budget: KVBudget | None = None,
+                        max_answer_tokens: int = 64, cuda_graphs: bool = False) -> "VideoStreamPipeline":
+        """`"builtin:moving-fashion"` (the shipped Qwen2.5-VL trained on the moving Fashion-MNIST streams)
+        or a local Qwen2-VL / Qwen2.5-VL directory: with `words.json` (a word-level vocabulary, our
+        format) or a Hugging Face tokenizer, whose chat format wraps each question."""
+        from mmaccel.devices import resolve_device, resolve_dtype, use_cuda_graphs
+        from mmaccel.paths import assets_dir
+        from mmaccel.video.qwen_vl import load_qwen_vl
+
+        device = resolve_device(device)
+        dtype = resolve_dtype(dtype, device)
+        use_cuda_graphs(cuda_graphs, device)
+        if name_or_path == BUILTIN:
+            path = assets_dir() / BUILTIN_DIR
+            if not (path / "config.json").is_file():
+                raise ModelNotFoundError(f"the built-in streaming model is not in {path}: train and export it with "
+                                         "`python -m mmaccel.video.train` (mmaccel/assets/README.md)")
+        elif name_or_path.startswith("builtin:"):
+            raise ModelNotFoundError(f"unknown built-in model {name_or_path!r}; the built-in video model is {BUILTIN!r}")
+        else:
+            path = Path(name_or_path)
+            if not path.is_dir():
+                raise ModelNotFoundError(f"no model directory at {path}")
+        model = QwenVLStream(load_qwen_vl(path, dtype).to(device))
+        use_cuda_graphs(cuda_graphs, device, model)
+        tokenizer = load_tokenizer(path)
+        words = getattr(tokenizer, "tokens", None)
+        if words is not None:
+            ours = (len(words), tokenizer.vision_start, tokenizer.vision_end, tokenizer.video)
+            theirs = (model.vocab_size, model.vision_start, model.vision_end, model.video_token)
+            check(ours == theirs, f"{path}/words.json does not match the model: vocabulary size and vision token "
+                  f"ids {ours} against the config's {theirs}")
+        return cls(model, tokenizer, budget=budget, max_answer_tokens=max_answer_tokens)
+
     # ---- the stream ------------------------------------------------------------------------------
 
     def reset(self) -> None:
@@ -122,6 +163,15 @@ class VideoStreamPipeline:
         self.frames_seen += 1
         tokens = self._flush() if len(self._pending) == self.model.temporal_patch else 0
         return FrameReport(self.frames_seen - 1, tokens > 0, tokens, self.kv_entries, time.perf_counter() - t0)
+
+    def watch(self, source, *, fps: float | None = None, source_fps: float | None = None) -> Iterator[FrameReport]:
+        """Feed every frame of `source` (a video file, an array, an iterator: `mmaccel.video.frames.open_frames`),
+        yielding each frame's report; ask questions between yields."""
+        from mmaccel.video.frames import open_frames
+
+        with open_frames(source, fps=fps, source_fps=source_fps) as frames:
+            for frame in frames:
+                yield self.feed(frame)
 
     def _flush(self) -> int:
         """Append the pending frames as one vision segment; returns its vision tokens."""
@@ -177,3 +227,41 @@ def _pixels(frame) -> Tensor:
     check(pixels.dim() == 3 and pixels.shape[-1] == 3 and pixels.dtype == torch.uint8,
           f"a frame must be uint8 [H, W, 3], got {pixels.dtype} {tuple(pixels.shape)}")
     return pixels.cpu()
+
+
+class ChatTokenizer:
+    """A Hugging Face tokenizer with Qwen's chat turns: a question closes the user turn the frames were
+    in and opens the assistant's; the answer ends with the end-of-turn token, and the next frames open a
+    new user turn (`resume_ids`)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() \
+            else tokenizer.eos_token_id
+
+    def question_ids(self, text: str) -> list[int]:
+        return self.tokenizer(f"{text}<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+
+    def resume_ids(self) -> list[int]:
+        return self.tokenizer("\n<|im_start|>user\n", add_special_tokens=False)["input_ids"]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True).strip()
+
+
+def load_tokenizer(path: Path):
+    """`words.json` (the built-in word vocabulary) or the directory's Hugging Face tokenizer."""
+    from mmaccel.video.words import WordTokenizer
+
+    words = path / "words.json"
+    if words.is_file():
+        try:
+            return WordTokenizer(json.loads(words.read_text()))
+        except (json.JSONDecodeError, TypeError) as e:
+            raise ModelNotFoundError(f"{words} is not a JSON list of words: {e}") from None
+    from transformers import AutoTokenizer
+
+    try:
+        return ChatTokenizer(AutoTokenizer.from_pretrained(path, local_files_only=True))
+    except (OSError, ValueError) as e:
+        raise ModelNotFoundError(f"{path} has neither words.json nor a Hugging Face tokenizer: {e}") from None

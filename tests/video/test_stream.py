@@ -131,3 +131,51 @@ def test_bad_input_is_a_clear_error(hf):
     small = VideoStreamPipeline(QwenVLStream(hf), Digits(), budget=KVBudget(sink=0, vision=5, text=8))
     with pytest.raises(InputError, match="more than the KV budget keeps"):
         small.feed(clip(2, 0)[0]); small.feed(clip(2, 0)[1])
+
+
+def test_a_local_directory_loads_with_its_word_vocabulary_or_hf_tokenizer(tmp_path):
+    import json
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from mmaccel.errors import ModelNotFoundError
+
+    from mmaccel.video.train import build_model
+    from mmaccel.video.words import WordTokenizer
+
+    words = ["bag", "shirt", "what", "?"]
+    build_model(WordTokenizer(words)).save_pretrained(tmp_path / "words")
+    (tmp_path / "words" / "words.json").write_text(json.dumps(words))
+    pipe = VideoStreamPipeline.from_pretrained(str(tmp_path / "words"), max_answer_tokens=4)
+    pipe.feed(clip(1, 0)[0])
+    assert pipe.ask("what ?", max_new_tokens=3).frames_seen == 1
+    with pytest.raises(InputError, match="unknown word"):
+        pipe.ask("why ?", max_new_tokens=2)
+
+    (tmp_path / "words" / "words.json").write_text(json.dumps(words[:2]))
+    with pytest.raises(InputError, match="does not match the model"):
+        VideoStreamPipeline.from_pretrained(str(tmp_path / "words"))
+    hf = tiny_qwen_vl(seed=1)
+    hf.save_pretrained(tmp_path / "chat")
+    vocab = {w: i for i, w in enumerate(["<unk>", "<|im_end|>", "<|im_start|>", "user", "assistant", "what", "?", "\n"])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>").save_pretrained(tmp_path / "chat")
+    chat = VideoStreamPipeline.from_pretrained(str(tmp_path / "chat"))
+    assert chat.tokenizer.eos_token_id == 1 and chat.tokenizer.question_ids("what ?")[:2] == [5, 6]
+
+    with pytest.raises(ModelNotFoundError, match="no model directory"):
+        VideoStreamPipeline.from_pretrained(str(tmp_path / "missing"))
+    with pytest.raises(ModelNotFoundError, match="unknown built-in"):
+        VideoStreamPipeline.from_pretrained("builtin:other")
+    (tmp_path / "bad").mkdir()
+    with pytest.raises(InputError, match="no config.json"):
+        VideoStreamPipeline.from_pretrained(str(tmp_path / "bad"))
+
+
+def test_watch_feeds_a_source_frame_by_frame(hf):
+    pipe = VideoStreamPipeline(QwenVLStream(hf), Digits())
+    reports = list(pipe.watch(clip(30, 6).numpy(), source_fps=30, fps=10))
+    assert [r.index for r in reports] == list(range(10)) and [r.appended for r in reports[:2]] == [False, True]
+    assert reports[-1].kv_entries == 5 * (4 + 2)
