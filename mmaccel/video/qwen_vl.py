@@ -110,6 +110,12 @@ class QwenVLStream(nn.Module):
         out = self.visual(pixels.to(self.visual.dtype), grid_thw=torch.tensor([grid], device=self.device))
         return (out.pooler_output if hasattr(out, "pooler_output") else out), grid
 
+    segment_marks = 2       # <vision_start>, <vision_end> around each segment's tokens
+
+    def token_grid(self, grid: tuple[int, int, int]) -> tuple[int, int]:
+        """(rows, cols) of a one-temporal-patch segment's merged tokens, in `encode`'s order."""
+        return grid[1] // self.merge, grid[2] // self.merge
+
     def segment_positions(self, start: int, grid: tuple[int, int, int]) -> tuple[Tensor, int]:
         """M-RoPE positions [3, N + 2] of `<vision_start> tokens <vision_end>` placed after text
         position start - 1, and the next text position."""

@@ -29,6 +29,7 @@ from mmaccel.core.stats import DecodeStats
 from mmaccel.errors import InputError, ModelNotFoundError, check
 from mmaccel.video.memory import TEXT, VISION, KVBudget, evict, plan_eviction
 from mmaccel.video.qwen_vl import QwenVLStream
+from mmaccel.video.reduce import Segment, as_reducers, reduce_segment
 
 ANSWER_ROOM = 64        # cache entries beyond the answer for draft blocks (2 × (width + 1), width <= 31)
 BUILTIN = "builtin:moving-fashion"
@@ -42,6 +43,7 @@ class FrameReport:
     index: int                  # frames fed so far - 1
     appended: bool              # whether this frame completed a temporal patch (a segment entered the cache)
     vision_tokens: int          # vision tokens of the segment that entered the cache (0 if none)
+    tokens_in: int              # vision tokens the encoder gave for it, before reduction (0 if none)
     kv_entries: int             # cache entries after this frame
     ingest_s: float             # wall time of this feed (encode + append + eviction)
 
@@ -83,7 +85,7 @@ class VideoStreamPipeline:
     ids (`question_ids`) and answer ids back to text (`decode`), with `eos_token_id`."""
 
     def __init__(self, model: QwenVLStream, tokenizer, *, budget: KVBudget | None = None,
-                 max_answer_tokens: int = 64, system_prompt: list[int] | None = None):
+                 max_answer_tokens: int = 64, system_prompt: list[int] | None = None, reduction=None):
         check(isinstance(max_answer_tokens, int) and max_answer_tokens >= 1,
               f"max_answer_tokens must be an int >= 1, got {max_answer_tokens!r}")
         self.model, self.tokenizer = model, tokenizer
@@ -92,12 +94,13 @@ class VideoStreamPipeline:
         self.max_answer_tokens = max_answer_tokens
         self.capacity = self.budget.total + max_answer_tokens + ANSWER_ROOM
         self.system_prompt = list(system_prompt or [])
+        self.reduction = as_reducers(reduction)
         self.reset()
 
     @classmethod
     def from_pretrained(cls, name_or_path: str = BUILTIN, *, device: str | torch.device | None = None,
                         dtype: str | torch.dtype | None = torch.float32, budget: KVBudget | None = None,
-                        max_answer_tokens: int = 64, cuda_graphs: bool = False) -> "VideoStreamPipeline":
+                        max_answer_tokens: int = 64, cuda_graphs: bool = False, reduction=None) -> "VideoStreamPipeline":
         """`"builtin:moving-fashion"` (the shipped Qwen2.5-VL trained on the moving Fashion-MNIST streams)
         or a local Qwen2-VL / Qwen2.5-VL directory: with `words.json` (a word-level vocabulary, our
         format) or a Hugging Face tokenizer, whose chat format wraps each question."""
@@ -128,7 +131,7 @@ class VideoStreamPipeline:
             theirs = (model.vocab_size, model.vision_start, model.vision_end, model.video_token)
             check(ours == theirs, f"{path}/words.json does not match the model: vocabulary size and vision token "
                   f"ids {ours} against the config's {theirs}")
-        return cls(model, tokenizer, budget=budget, max_answer_tokens=max_answer_tokens)
+        return cls(model, tokenizer, budget=budget, max_answer_tokens=max_answer_tokens, reduction=reduction)
 
     # ---- the stream ------------------------------------------------------------------------------
 
@@ -138,6 +141,8 @@ class VideoStreamPipeline:
         self.frames_seen = 0
         self.size: tuple[int, int] | None = None
         self._pending: list[Tensor] = []
+        for reducer in self.reduction:
+            reducer.reset()
         if self.system_prompt:
             check(len(self.system_prompt) <= self.budget.sink + self.budget.text,
                   "the system prompt is longer than the KV budget's sink + text entries")
@@ -161,8 +166,9 @@ class VideoStreamPipeline:
                              f"{self.size[0]}x{self.size[1]}: a stream keeps one frame size (reset() to start another)")
         self._pending.append(pixels)
         self.frames_seen += 1
-        tokens = self._flush() if len(self._pending) == self.model.temporal_patch else 0
-        return FrameReport(self.frames_seen - 1, tokens > 0, tokens, self.kv_entries, time.perf_counter() - t0)
+        kept, tokens_in = self._flush() if len(self._pending) == self.model.temporal_patch else (0, 0)
+        return FrameReport(self.frames_seen - 1, tokens_in > 0, kept, tokens_in, self.kv_entries,
+                           time.perf_counter() - t0)
 
     def watch(self, source, *, fps: float | None = None, source_fps: float | None = None) -> Iterator[FrameReport]:
         """Feed every frame of `source` (a video file, an array, an iterator: `mmaccel.video.frames.open_frames`),
@@ -173,16 +179,21 @@ class VideoStreamPipeline:
             for frame in frames:
                 yield self.feed(frame)
 
-    def _flush(self) -> int:
-        """Append the pending frames as one vision segment; returns its vision tokens."""
+    def _flush(self) -> tuple[int, int]:
+        """Append the pending frames as one vision segment, reduced by the pipeline's reducers; returns
+        (vision tokens kept, vision tokens encoded)."""
         if not self._pending:
-            return 0
+            return 0, 0
         frames = torch.stack(self._pending)
         self._pending = []
-        h, w = (s // self.model.frame_multiple for s in self.size)
-        self._make_room(h * w + 2, VISION)
-        self.model.append_frames(self.state, frames)
-        return h * w
+        embeds, grid = self.model.encode(frames)
+        segment = reduce_segment(self.reduction, Segment(frames, embeds, self.model.token_grid(grid)))
+        kept = int(segment.keep.sum())
+        self._make_room(kept + self.model.segment_marks, VISION)
+        positions, nxt = self.model.segment_positions(self.state.extras["next_position"], grid)
+        keep = None if kept == embeds.shape[0] else segment.keep
+        self.model.append_segment(self.state, segment.embeds, positions, nxt, keep=keep)
+        return kept, embeds.shape[0]
 
     def _make_room(self, incoming: int, kind: int) -> None:
         units = self.state.extras["units"]

@@ -25,9 +25,11 @@ import numpy as np
 import torch
 
 from mmaccel.video.data import VOCAB, make_stream, questions
+from mmaccel.video.reduce import Segment, TemporalDrop
 from mmaccel.video.words import WordTokenizer
 
 TRAIN_KINDS = ("now", "before", "count", "direction")   # "when" is the trigger head's task
+DROP_SHARE, DROP_RATIOS = 0.5, (1.0, 0.5, 0.25)         # streams trained through TemporalDrop, at these keep ratios
 CANVAS = 112
 
 
@@ -50,18 +52,26 @@ def build_model(tok: WordTokenizer, seed: int = 0):
     return Qwen2_5_VLForConditionalGeneration(cfg)
 
 
-def layout(stream, qs, tok: WordTokenizer, patchify, temporal_patch: int = 2):
-    """One stream as the pipeline feeds it: (input_ids [L], labels [L], flat patches [P, d], grids [S, 3])."""
-    ids, labels, pixels, grids, pending = [], [], [], [], []
-    merged = (CANVAS // 28) ** 2
+def layout(stream, qs, tok: WordTokenizer, patchify, temporal_patch: int = 2, drop: TemporalDrop | None = None):
+    """One stream as the pipeline feeds it: (input_ids [L], labels [L], flat patches [P, d], grids [S, 3],
+    keep [L]). `keep` marks what enters the model: every text token, and the vision tokens that the
+    pixel `drop` (a `TemporalDrop`, as the pipeline's `reduction`) lets through; all True without one."""
+    ids, labels, pixels, grids, keep, pending = [], [], [], [], [], []
+    side = CANVAS // 28
+    merged = side * side
 
     def flush():
         if pending:
-            p, grid = patchify(torch.stack(pending))
+            frames = torch.stack(pending)
+            p, grid = patchify(frames)
             pixels.append(p)
             grids.append(grid)
             ids.extend([tok.vision_start] + [tok.video] * merged + [tok.vision_end])
             labels.extend([-100] * (merged + 2))
+            kept = [True] * merged
+            if drop is not None:
+                kept = drop(Segment(frames, torch.zeros(merged, 1), (side, side))).keep.tolist()
+            keep.extend([True, *kept, True])
             pending.clear()
 
     q_at = {}
@@ -77,22 +87,34 @@ def layout(stream, qs, tok: WordTokenizer, patchify, temporal_patch: int = 2):
             question, answer = tok.question_ids(q.text), tok.answer_ids(q.answer)
             ids.extend(question + answer)
             labels.extend([-100] * len(question) + answer)
-    return torch.tensor(ids), torch.tensor(labels), torch.cat(pixels), torch.tensor(grids)
+            keep.extend([True] * (len(question) + len(answer)))
+    return torch.tensor(ids), torch.tensor(labels), torch.cat(pixels), torch.tensor(grids), torch.tensor(keep)
 
 
 def sample(seed: int, split: str, tok, patchify, frames: tuple[int, int] = (48, 144), num_questions: int = 12):
+    """One training stream. Half of them go through temporal token dropping at a random keep ratio (all
+    tokens, 1/2, 1/4), so the built-in model answers from full and from reduced streams alike."""
     rng = np.random.default_rng(seed)
     stream = make_stream(seed, int(rng.integers(*frames)), split)
     qs = questions(stream, rng, num_questions, kinds=TRAIN_KINDS)
-    return layout(stream, qs, tok, patchify) if qs else None
+    drop = TemporalDrop("pixel", keep_ratio=float(rng.choice(DROP_RATIOS))) if rng.random() < DROP_SHARE else None
+    return layout(stream, qs, tok, patchify, drop=drop) if qs else None
 
 
 def loss_of(model, batch, device) -> torch.Tensor:
-    ids, labels, pixels, grids = (x.to(device) for x in batch)
-    out = model(input_ids=ids[None], mm_token_type_ids=(ids[None] == model.config.video_token_id).int() * 2,
-                pixel_values_videos=pixels, video_grid_thw=grids)
+    """Cross-entropy on the answer tokens of one laid-out stream; the vision tokens `keep` drops are
+    removed from the sequence after embedding, the survivors keep their M-RoPE positions."""
+    ids, labels, pixels, grids, keep = (x.to(device) for x in batch)
+    inner = model.model
+    kinds = (ids[None] == model.config.video_token_id).int() * 2
+    positions, _ = inner.get_rope_index(ids[None], kinds, video_grid_thw=grids)         # [3, 1, L]
+    embeds = inner.get_input_embeddings()(ids[None])
+    video = torch.cat(inner.get_video_features(pixels, grids, return_dict=True).pooler_output)
+    embeds = embeds.masked_scatter((ids == model.config.video_token_id)[None, :, None].expand_as(embeds),
+                                   video.to(embeds.dtype))
+    out = model(inputs_embeds=embeds[:, keep], position_ids=positions[:, :, keep])
     logits = out.logits[0, :-1].float()
-    return torch.nn.functional.cross_entropy(logits, labels[1:], ignore_index=-100)
+    return torch.nn.functional.cross_entropy(logits, labels[keep][1:], ignore_index=-100)
 
 
 def main(argv: list[str] | None = None) -> None:
