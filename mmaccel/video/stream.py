@@ -15,6 +15,7 @@ decoded from there by the chosen method and stays in the cache, so later questio
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass
 from typing import Iterator
@@ -85,7 +86,8 @@ class VideoStreamPipeline:
     ids (`question_ids`) and answer ids back to text (`decode`), with `eos_token_id`."""
 
     def __init__(self, model: QwenVLStream, tokenizer, *, budget: KVBudget | None = None,
-                 max_answer_tokens: int = 64, system_prompt: list[int] | None = None, reduction=None):
+                 max_answer_tokens: int = 64, system_prompt: list[int] | None = None, reduction=None,
+                 draft: QwenVLStream | None = None, draft_keep: float = 0.1):
         check(isinstance(max_answer_tokens, int) and max_answer_tokens >= 1,
               f"max_answer_tokens must be an int >= 1, got {max_answer_tokens!r}")
         self.model, self.tokenizer = model, tokenizer
@@ -95,6 +97,9 @@ class VideoStreamPipeline:
         self.capacity = self.budget.total + max_answer_tokens + ANSWER_ROOM
         self.system_prompt = list(system_prompt or [])
         self.reduction = as_reducers(reduction)
+        check(isinstance(draft_keep, (int, float)) and 0.0 <= draft_keep <= 1.0,
+              f"draft_keep must be a share of vision tokens in [0, 1], got {draft_keep!r}")
+        self.draft, self.draft_keep = draft, float(draft_keep)
         self.reset()
 
     @classmethod
@@ -138,6 +143,7 @@ class VideoStreamPipeline:
     def reset(self) -> None:
         """Start a new stream (the cache is emptied, the system prompt appended again)."""
         self.state = self.model.new_state(1, self.capacity)
+        self.draft_state = None if self.draft is None else self.draft.new_state(1, self.capacity)
         self.frames_seen = 0
         self.size: tuple[int, int] | None = None
         self._pending: list[Tensor] = []
@@ -147,6 +153,8 @@ class VideoStreamPipeline:
             check(len(self.system_prompt) <= self.budget.sink + self.budget.text,
                   "the system prompt is longer than the KV budget's sink + text entries")
             self.model.append_text(self.state, self.system_prompt)
+            if self.draft is not None:
+                self.draft.append_text(self.draft_state, self.system_prompt)
 
     @property
     def kv_entries(self) -> int:
@@ -193,14 +201,43 @@ class VideoStreamPipeline:
         positions, nxt = self.model.segment_positions(self.state.extras["next_position"], grid)
         keep = None if kept == embeds.shape[0] else segment.keep
         self.model.append_segment(self.state, segment.embeds, positions, nxt, keep=keep)
+        if self.draft is not None:
+            self._feed_draft(frames, segment, grid)
         return kept, embeds.shape[0]
 
-    def _make_room(self, incoming: int, kind: int) -> None:
-        units = self.state.extras["units"]
+    def _feed_draft(self, frames: Tensor, segment: Segment, grid) -> None:
+        """The draft's view of a segment (SpecVLM): `draft_keep` of the tokens the target kept, evenly
+        spread over them; none at all with draft_keep = 0 (a text-only draft)."""
+        if self.draft_keep == 0.0:
+            return
+        draft, state = self.draft, self.draft_state
+        embeds, keep = segment.embeds, segment.keep
+        if draft is not self.model:                      # another model: its own encoder and token grid
+            embeds, grid = draft.encode(frames)
+            keep = torch.ones(embeds.shape[0], dtype=torch.bool)
+        survivors = keep.nonzero()[:, 0].cpu()
+        count = min(len(survivors), max(1, math.ceil(self.draft_keep * len(survivors) - 1e-9)))
+        mask = torch.zeros(embeds.shape[0], dtype=torch.bool)
+        if count:
+            mask[survivors[torch.linspace(0, len(survivors) - 1, count).round().long()]] = True
+        self._make_room(count + draft.segment_marks, VISION, draft, state)
+        positions, nxt = draft.segment_positions(state.extras["next_position"], grid)
+        draft.append_segment(state, embeds, positions, nxt, keep=mask)
+
+    def _make_room(self, incoming: int, kind: int, model=None, state=None) -> None:
+        """Evict from the stream's cache (or the draft's: `model`, `state`) so `incoming` entries fit the budget."""
+        model, state = (self.model, self.state) if model is None else (model, state)
+        units = state.extras["units"]
         keep = plan_eviction(units, self.budget, incoming, kind)
         if keep is not None:
-            position = evict(self.state, units, keep, self.model.rotate_keys)
-            self.model.move_to(self.state, position)
+            position = evict(state, units, keep, model.rotate_keys)
+            model.move_to(state, position)
+
+    @staticmethod
+    def _rewind(model, state, length: int, next_position: int) -> None:
+        state.cache.rollback(int(state.cache.lengths[0]) - length)
+        state.extras["units"].truncate(length)
+        model.move_to(state, next_position)
 
     # ---- questions -------------------------------------------------------------------------------
 
@@ -218,11 +255,18 @@ class VideoStreamPipeline:
         self._flush()
         ids = list(self.tokenizer.question_ids(question))
         self._make_room(len(ids) + max_new_tokens, TEXT)
-        target = _Continuation(self.model, self.state)
-        gen = built.run(Resources(model=target), [ids], max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
+        resources = Resources(model=_Continuation(self.model, self.state))
+        if self.draft is not None:
+            self._make_room(len(ids) + max_new_tokens, TEXT, self.draft, self.draft_state)
+            mark = (int(self.draft_state.cache.lengths[0]), self.draft_state.extras["next_position"])
+            resources.draft = _Continuation(self.draft, self.draft_state)
+        gen = built.run(resources, [ids], max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
                         eos_token_id=self.tokenizer.eos_token_id, prompt_tokens=[ids])
         tokens = gen.tokens[0]
         self.model.commit_text(self.state, tokens)
+        if self.draft is not None:                      # the draft keeps the question and the answer, not its guesses
+            self._rewind(self.draft, self.draft_state, *mark)
+            self.draft.append_text(self.draft_state, ids + list(tokens))
         text = self.tokenizer.decode([t for t in tokens if t != self.tokenizer.eos_token_id])
         return VideoAnswer(question, text, tokens, self.frames_seen, gen.stats, time.perf_counter() - t0)
 

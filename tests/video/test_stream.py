@@ -179,3 +179,32 @@ def test_watch_feeds_a_source_frame_by_frame(hf):
     reports = list(pipe.watch(clip(30, 6).numpy(), source_fps=30, fps=10))
     assert [r.index for r in reports] == list(range(10)) and [r.appended for r in reports[:2]] == [False, True]
     assert reports[-1].kv_entries == 5 * (4 + 2)
+
+
+@pytest.mark.parametrize("draft_keep", [0.0, 0.1, 1.0])
+def test_speculative_answers_with_a_reduced_vision_draft_equal_greedy(hf, draft_keep):
+    """SpecVLM: the draft sees draft_keep of each segment's vision tokens (none: text only); the full model
+    verifies, so greedy answers are the target's, turn after turn, under eviction too."""
+    model = QwenVLStream(hf)
+    budget = KVBudget(sink=4, vision=24, text=24)
+    plain = VideoStreamPipeline(model, Digits(), budget=budget)
+    spec = VideoStreamPipeline(model, Digits(), budget=budget, draft=model, draft_keep=draft_keep)
+    other = VideoStreamPipeline(model, Digits(), budget=budget, draft=QwenVLStream(tiny_qwen_vl(seed=1)),
+                                draft_keep=draft_keep)
+    for turn in range(3):
+        for f in clip(6, 10 + turn):
+            for pipe in (plain, spec, other):
+                pipe.feed(f)
+        want = plain.ask("4 5 6", max_new_tokens=6)
+        got = spec.ask("4 5 6", "speculative", k=3, max_new_tokens=6)
+        assert got.tokens == want.tokens and got.stats.draft_passes > 0
+        if draft_keep == 1.0 and len(want.tokens) > 2:          # the draft sees what the target sees: all accepted
+            assert got.stats.nfe < want.stats.nfe
+        assert other.ask("4 5 6", "tree", depth=3, width=2, max_new_tokens=6).tokens == want.tokens
+        assert spec.kv_entries == plain.kv_entries
+        assert spec.draft_state.cache.lengths[0] <= spec.kv_entries
+
+
+def test_draft_keep_outside_the_unit_interval_is_an_error(hf):
+    with pytest.raises(InputError, match="draft_keep"):
+        VideoStreamPipeline(QwenVLStream(hf), Digits(), draft_keep=1.5)
