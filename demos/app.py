@@ -23,7 +23,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
 
-from demos import image_tab, speech_tab, text_tab  # noqa: E402
+from demos import image_tab, speech_tab, text_tab, video_tab  # noqa: E402
 from mmaccel.devices import add_device_option, resolve_device  # noqa: E402
 from mmaccel.errors import InputError  # noqa: E402
 
@@ -37,7 +37,8 @@ INTRO = ("**mmaccel**: the plain autoregressive baseline next to an accelerated 
 
 
 def build_app(image: str = "builtin:fashion-mnist", speech: str = "builtin:base", text: str = "builtin:smollm2",
-              workdir: str | os.PathLike | None = None, device: str | None = None) -> gr.Blocks:
+              video: str = "builtin:moving-fashion", workdir: str | os.PathLike | None = None,
+              device: str | None = None) -> gr.Blocks:
     """The app over the given models (builtin names or local paths, as each pipeline's from_pretrained takes),
     on `device` (cpu by default)."""
     if workdir is None:
@@ -51,7 +52,8 @@ def build_app(image: str = "builtin:fashion-mnist", speech: str = "builtin:base"
             speech_tab.build(speech_tab.speech_model(speech, device))
         with gr.Tab("Text", id="text"):
             text_tab.build(text_tab.text_model(text, device))
-        # the video modality adds its tab here: with gr.Tab("Video", id="video"): video_tab.build(...)
+        with gr.Tab("Video", id="video"):
+            video_tab.build(video_tab.video_model(video, device))
     app.queue(default_concurrency_limit=1)
     return app
 
@@ -95,6 +97,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--image-model", default="builtin:fashion-mnist", help="image model (builtin name or directory)")
     p.add_argument("--speech-model", default="builtin:base", help="Whisper model (builtin:base, builtin:tiny.en or a directory)")
     p.add_argument("--text-model", default="builtin:smollm2", help="text model (builtin:smollm2 or a HF directory)")
+    p.add_argument("--video-model", default="builtin:moving-fashion",
+                   help="streaming video model (builtin:moving-fashion or a Qwen-VL directory with words.json)")
     add_device_option(p)
     return p.parse_args(argv)
 
@@ -113,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mmaccel demo: error: {err}", file=sys.stderr)
         return 2
     port = args.port or free_port(args.host)
-    app = build_app(args.image_model, args.speech_model, args.text_model, device=args.device)
+    app = build_app(args.image_model, args.speech_model, args.text_model, args.video_model, device=args.device)
     clip_dirs = sorted({str(Path(p).parent) for p in speech_tab.bundled_clips().values()})
     print(f"mmaccel demo: serving on http://{args.host}:{port} (Ctrl+C to stop)", flush=True)
     app.launch(server_name=args.host, server_port=port, share=args.share, quiet=True, ssr_mode=False,

@@ -4,6 +4,7 @@ method parameters typed as text."""
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import logging
 import re
@@ -13,7 +14,7 @@ from typing import Any, Callable, Iterator
 
 import gradio as gr
 
-from mmaccel.errors import InputError, MMAccelError
+from mmaccel.errors import InputError, MMAccelError, ModelNotFoundError
 
 logger = logging.getLogger("demos")
 MAX_MESSAGE = 400     # characters of an unexpected error shown on the page (the traceback goes to the log)
@@ -43,20 +44,38 @@ class SharedModel:
             yield self._value
 
 
+def page_error(err: Exception) -> gr.Error:
+    """The message the page shows for an error of a handler."""
+    if isinstance(err, gr.Error):
+        return err
+    if isinstance(err, ModelNotFoundError):
+        return gr.Error(str(err), title="Model not available", print_exception=False)
+    if isinstance(err, MMAccelError):
+        return gr.Error(str(err), title="Invalid input", print_exception=False)
+    logger.error("request failed", exc_info=err)     # an unexpected failure still gets a message, the log the rest
+    return gr.Error(f"{type(err).__name__}: {str(err)[:MAX_MESSAGE]}", title="Something went wrong")
+
+
 def shown_on_page(fn: Callable) -> Callable:
-    """Errors of a handler reach the page as a short message (gr.Error), never as a traceback."""
+    """Errors of a handler reach the page as a short message (gr.Error), never as a traceback. A generator
+    handler (live updates) stays a generator, so Gradio streams it and its errors are caught too."""
+
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def updates(*args, **kwargs):
+            try:
+                yield from fn(*args, **kwargs)
+            except Exception as err:  # noqa: BLE001 - every error becomes a page message
+                raise page_error(err) from None
+
+        return updates
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except gr.Error:
-            raise
-        except MMAccelError as err:
-            raise gr.Error(str(err), title="Invalid input", print_exception=False) from None
-        except Exception as err:  # noqa: BLE001 - an unexpected failure still gets a message, and the log the rest
-            logger.exception("request failed")
-            raise gr.Error(f"{type(err).__name__}: {str(err)[:MAX_MESSAGE]}", title="Something went wrong") from None
+        except Exception as err:  # noqa: BLE001 - every error becomes a page message
+            raise page_error(err) from None
 
     return wrapper
 

@@ -323,14 +323,15 @@ def build_parser() -> argparse.ArgumentParser:
     at.set_defaults(func=cmd_asr_transcribe)
 
     b = sub.add_parser("bench", help="run a benchmark suite (or `report` to refresh the README tables)")
-    b.add_argument("suite", help="core | image | image-fid | asr | kernels | report")
+    b.add_argument("suite", help="core | image | image-fid | asr | video | kernels | report")
     b.add_argument("--quick", action="store_true", help="reduced run (same code path, fewer samples)")
     b.add_argument("--out", help="JSON path (Markdown and PNG are written beside it)")
     b.add_argument("--methods", help="comma-separated methods, e.g. 'speculative:k=6,ngram'")
     b.add_argument("--samples", type=int, default=None, help="image suite: samples per method for the quality scores (full run: 5008)")
     b.add_argument("--inception-samples", type=int, default=None,
                    help="image suite: of those, how many the (slow) Inception FID scores (full run: 300)")
-    b.add_argument("--model", default=None, help="asr suite: builtin:base (default), builtin:tiny.en or a Whisper directory")
+    b.add_argument("--model", default=None, help="asr suite: builtin:base (default), builtin:tiny.en or a Whisper directory; "
+                   "video suite: builtin:moving-fashion (default) or a Qwen-VL directory with words.json")
     b.add_argument("--heads", default=None,
                    help="asr suite: heads file(s), comma-separated, 'auto' (the shipped ones, default) or 'none'")
     b.add_argument("--draft", default=None, help="asr suite: draft decoder file, 'auto' (default) or 'none'")
@@ -340,7 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_bench)
 
     d = sub.add_parser("demo", add_help=False,
-                       help="the web app: image, speech and text tabs on the embedded models (demo --help for options)")
+                       help="the web app: image, speech, text and video tabs on the embedded models (demo --help for options)")
     d.set_defaults(func=cmd_demo)
 
     c = sub.add_parser("compare", help="in the terminal: AR vs the accelerated methods on the embedded default models")

@@ -77,27 +77,47 @@ class HFCausalLM(nn.Module):
     def step(self, state: DecodeState, tokens: Tensor, positions: Tensor | None = None,
              tree_mask: Tensor | None = None) -> Tensor:
         check_step_args(state, tokens, tree_mask, self.vocab_size)
-        cache, inner = state.cache, self.hf.model
+        tokens, positions, tree_mask = (None if x is None else x.to(self.device) for x in (tokens, positions, tree_mask))
+        return run_layers(state, self.hf.model, self.head, tokens, positions, tree_mask, num_layers=self.num_layers,
+                          cuda_graphs=self.cuda_graphs)
 
-        def body(tokens: Tensor, positions: Tensor | None, tree_mask: Tensor | None) -> tuple[Tensor, Tensor]:
-            T = tokens.shape[1]
-            write, start = cache.reserve(T)
-            mask = cache.attention_mask(start, T, tree_mask)
-            if positions is None:
-                positions = default_positions(start, T, tree_mask)
-            h = inner.embed_tokens(tokens)
-            rope = inner.rotary_emb(h, position_ids=positions)
-            for layer in inner.layers[: self.num_layers]:
-                h = layer(h, attention_mask=mask, position_ids=positions, past_key_values=write,
-                          position_embeddings=rope)
-                if isinstance(h, tuple):  # older layer signatures return (hidden, ...)
-                    h = h[0]
-            h = inner.norm(h)
-            return self.head(h).float(), h
 
-        inputs = tuple(None if x is None else x.to(self.device) for x in (tokens, positions, tree_mask))
-        if self.cuda_graphs and cache.graphs_apply:
-            logits, state.hidden = cache.graphs.run(step_key(inputs, self.num_layers, self.head), body, *inputs)
-        else:
-            logits, state.hidden = body(*inputs)
-        return logits
+def run_layers(state: DecodeState, decoder: nn.Module, head: nn.Module, x: Tensor, positions: Tensor | None = None,
+               tree_mask: Tensor | None = None, *, num_layers: int | None = None, cuda_graphs: bool = False) -> Tensor:
+    """Append `x` (token ids [B, T], or input embeddings [B, T, d] that a VLM spliced vision into) to
+    `state.cache` through a Hugging Face decoder's own modules (`decoder.embed_tokens, layers, rotary_emb,
+    norm`; its first `num_layers` layers) and `head`. Returns float logits [B, T, V] and sets `state.hidden`.
+
+    `positions` are the rotary ids: [B, T], or M-RoPE's [3, B, T]; None places the tokens after each row's
+    cache length (a tree: prefix + depth). Every layer gets our cache as `past_key_values` and an explicit
+    boolean mask, which ragged rows and trees need. With `cuda_graphs`, fixed-shape appends on a GPU replay
+    as captured graphs (`mmaccel.core.graphs`), so everything that varies is an input of `body`.
+    """
+    cache = state.cache
+    layers = decoder.layers[:num_layers]
+    eager = getattr(decoder.config, "_attn_implementation", None) == "eager"
+
+    def body(x: Tensor, positions: Tensor | None, tree_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+        T = x.shape[1]
+        write, start = cache.reserve(T)
+        mask = cache.attention_mask(start, T, tree_mask)
+        if positions is None:
+            positions = default_positions(start, T, tree_mask)
+        h = decoder.embed_tokens(x) if x.dim() == 2 else x
+        if eager:   # HF's eager attention adds the mask to the scores: give it the additive form
+            mask = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill(~mask, torch.finfo(h.dtype).min)
+        rope = decoder.rotary_emb(h, position_ids=positions)
+        ids = positions if positions.dim() == 2 else None       # layers take 1-D ids only; M-RoPE is in `rope`
+        for layer in layers:
+            h = layer(h, attention_mask=mask, position_ids=ids, past_key_values=write, position_embeddings=rope)
+            if isinstance(h, tuple):  # older layer signatures return (hidden, ...)
+                h = h[0]
+        h = decoder.norm(h)
+        return head(h).float(), h
+
+    inputs = (x, positions, tree_mask)
+    if cuda_graphs and cache.graphs_apply:
+        logits, state.hidden = cache.graphs.run(step_key(inputs, len(layers), head), body, *inputs)
+    else:
+        logits, state.hidden = body(*inputs)
+    return logits

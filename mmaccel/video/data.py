@@ -46,7 +46,7 @@ OBJECT_SIZE = 28
 SPEEDS = (1, 2, 3)
 
 # "?" is its own word, so `text.split()` is the whole tokenization of a question.
-_TEMPLATES = {
+TEMPLATES = {
     "now": "what is on screen now ?",
     "before": "what appeared before the {} ?",
     "count": "how many items have appeared so far ?",
@@ -56,7 +56,7 @@ _TEMPLATES = {
 _ANSWER_WORDS = ("nothing", "and")
 VOCAB: tuple[str, ...] = tuple(dict.fromkeys(
     [*CLASSES, *DIRECTIONS, *NUMBER_WORDS, *_ANSWER_WORDS]
-    + [w for text in _TEMPLATES.values() for w in text.split() if w != "{}"]))
+    + [w for text in TEMPLATES.values() for w in text.split() if w != "{}"]))
 
 _PLACEMENT_TRIES = 8  # random motions tried at one entry frame before the entry is delayed by a frame
 _BACKGROUND_MAX = 24  # background pixels are in [0, _BACKGROUND_MAX): dark, a little texture
@@ -314,7 +314,7 @@ def ask(stream: Stream, frame: int, kind: str, subject: str | None = None) -> Qu
         else:  # before: tracks are ordered by entry, so the one before is the previous in the list
             i = stream.tracks.index(matches[0])
             answer = stream.tracks[i - 1].class_name if i > 0 else "nothing"
-    return Question(frame=int(frame), kind=kind, text=_TEMPLATES[kind].format(subject), answer=answer,
+    return Question(frame=int(frame), kind=kind, text=TEMPLATES[kind].format(subject), answer=answer,
                     trigger_frame=trigger)
 
 

@@ -12,6 +12,11 @@ Moving a unit by d positions rotates its cached keys by -d: RoPE keys are R(p)·
 R(p - d)·k = R(-d)·R(p)·k. With M-RoPE each frequency band reads one of the (t, h, w) components;
 shifting all three by the same d rotates every band by -d·θ, which is the plain 1-D rotation, so
 one rotation serves Qwen's 3-D ids too.
+
+Inside a segment single vision entries can go too (`evict_entries`, KV-side token reduction:
+`mmaccel.video.kv_reduce`): the segment stays one unit with its position run, its survivors keep their
+own positions (no rotation), and its size is from then on its surviving entries, which is all that
+`plan_eviction` and `evict` count.
 """
 
 from __future__ import annotations
@@ -55,6 +60,8 @@ class Units:
     kind: list[int] = field(default_factory=list)             # per unit: TEXT or VISION
     start: list[int] = field(default_factory=list)            # per unit: first M-RoPE position
     stop: list[int] = field(default_factory=list)             # per unit: one past its last position
+    born: list[int] = field(default_factory=list)             # per unit: its serial number in the stream
+    added: int = 0                                            # units ever added (the next serial number)
 
     def add_text(self, first_position: int, count: int) -> None:
         for i in range(count):
@@ -67,7 +74,7 @@ class Units:
         """Forget entries past `entries` (a decode rolled them back)."""
         del self.entry_unit[entries:]
         last = self.entry_unit[-1] + 1 if self.entry_unit else 0
-        for column in (self.kind, self.start, self.stop):
+        for column in (self.kind, self.start, self.stop, self.born):
             del column[last:]
 
     def _add(self, kind: int, start: int, stop: int, entries: int) -> None:
@@ -75,6 +82,8 @@ class Units:
         self.kind.append(kind)
         self.start.append(start)
         self.stop.append(stop)
+        self.born.append(self.added)
+        self.added += 1
         self.entry_unit.extend([unit] * entries)
 
 
@@ -141,4 +150,53 @@ def evict(state, units: Units, keep: list[bool], rotate) -> int:
     units.stop = [new_start[u] + units.stop[u] - units.start[u] for u in kept]
     units.start = [new_start[u] for u in kept]
     units.kind = [units.kind[u] for u in kept]
+    units.born = [units.born[u] for u in kept]
     return position
+
+
+def segment_runs(units: Units) -> list[tuple[int, int, int]]:
+    """(unit, first entry, one past its last entry) of every vision segment, in cache order."""
+    runs, first = [], 0
+    for i, u in enumerate(units.entry_unit):
+        if i + 1 == len(units.entry_unit) or units.entry_unit[i + 1] != u:
+            if units.kind[u] == VISION:
+                runs.append((u, first, i + 1))
+            first = i + 1
+    return runs
+
+
+@torch.inference_mode()
+def evict_entries(state, units: Units, keep: list[bool], marks: tuple[int, int] = (1, 1)) -> int:
+    """Drop single vision entries (B = 1): `keep` [entries] says which cache entries stay. Text entries and
+    the `marks` (entries opening, closing) of every segment must stay; segments keep their units and
+    position runs and the survivors keep their positions, so they are packed to the front of every
+    layer's cache without rotation. Returns the entries dropped; the caller moves the stream
+    (`model.move_to(state, next_position)`): the next text position is unchanged, its cache slot is not."""
+    cache = state.cache
+    length = len(units.entry_unit)
+    check(length == int(cache.lengths[0]), f"stream bookkeeping ({length} entries) is out of step with the cache "
+          f"({int(cache.lengths[0])})")
+    check(len(keep) == length, f"keep must say for each of the {length} cache entries whether it stays, "
+          f"got {len(keep)}")
+    protected = [units.kind[u] == TEXT for u in units.entry_unit]
+    opened, closed = marks
+    for _, first, stop in segment_runs(units):
+        check(stop - first >= opened + closed, f"a segment of {stop - first} entries cannot hold its {opened} + "
+              f"{closed} marks")
+        for i in (*range(first, first + opened), *range(stop - closed, stop)):
+            protected[i] = True
+    check(all(k for k, p in zip(keep, protected) if p), "only vision tokens inside segments can be dropped: "
+          "text entries and segment marks stay (evict whole units with `evict`)")
+    index = [i for i, k in enumerate(keep) if k]
+    dropped = length - len(index)
+    if dropped == 0:
+        return 0
+    first = next(i for i, k in enumerate(keep) if not k)      # entries before the first dropped one stay put
+    idx = torch.tensor(index[first:], dtype=torch.long, device=cache.device)
+    n = len(index)
+    for layer in range(len(cache.k)):
+        cache.k[layer][:, :, first:n] = cache.k[layer][:, :, idx]
+        cache.v[layer][:, :, first:n] = cache.v[layer][:, :, idx]
+    cache.lengths.fill_(n)
+    units.entry_unit = [units.entry_unit[i] for i in index]
+    return dropped

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 from pathlib import Path
 
@@ -28,9 +28,12 @@ from mmaccel.core.methods import Method, Resources, build_method
 from mmaccel.core.sampling import Sampling
 from mmaccel.core.stats import DecodeStats
 from mmaccel.errors import InputError, ModelNotFoundError, check
+from mmaccel.video.kv_reduce import append_question, as_kv_reducers, vision_tokens
 from mmaccel.video.memory import TEXT, VISION, KVBudget, evict, plan_eviction
+from mmaccel.video.models import QWEN_TURNS, ChatTurns, chat_turns, load_stream_model, stream_model
 from mmaccel.video.qwen_vl import QwenVLStream
 from mmaccel.video.reduce import Segment, as_reducers, reduce_segment
+from mmaccel.video.trigger import TriggerEvent, TriggerHead, TriggerMonitor, TriggerRequest, has_trigger, load_trigger
 
 ANSWER_ROOM = 64        # cache entries beyond the answer for draft blocks (2 × (width + 1), width <= 31)
 BUILTIN = "builtin:moving-fashion"
@@ -47,6 +50,7 @@ class FrameReport:
     tokens_in: int              # vision tokens the encoder gave for it, before reduction (0 if none)
     kv_entries: int             # cache entries after this frame
     ingest_s: float             # wall time of this feed (encode + append + eviction)
+    events: list[TriggerEvent] = field(default_factory=list)   # proactive requests that fired (`request`)
 
 
 @dataclass
@@ -57,14 +61,18 @@ class VideoAnswer:
     frames_seen: int
     stats: DecodeStats
     latency_s: float            # question appended + answer decoded
+    vision_entries_before: int = 0      # vision tokens in the cache when the question came (marks not counted)
+    vision_entries_after: int = 0       # and after the pipeline's kv_reduction (the answer decoded over these)
 
 
 class _Continuation:
     """The stream's model as the core decode loop sees it for one answer: its `prefill` appends the
-    question to the live stream state instead of starting a new one."""
+    question to the live stream state instead of starting a new one, then applies the KV reducers
+    (`mmaccel.video.kv_reduce`): the first token's logits come from the full cache, the loop goes on
+    from the reduced one."""
 
-    def __init__(self, model: QwenVLStream, state):
-        self.model, self.state = model, state
+    def __init__(self, model: QwenVLStream, state, kv_reduction=()):
+        self.model, self.state, self.kv_reduction = model, state, list(kv_reduction)
 
     def __getattr__(self, name):
         return getattr(self.model, name)
@@ -74,7 +82,7 @@ class _Continuation:
         free = self.state.cache.capacity - int(self.state.cache.lengths[0]) - len(inputs[0])
         check(free >= room, f"the answer needs {room} cache entries, {free} are free: lower max_new_tokens or "
               "raise max_answer_tokens")
-        self.state.logits = self.model.append_text(self.state, list(inputs[0]))
+        self.state.logits = append_question(self.model, self.state, list(inputs[0]), self.kv_reduction)
         return self.state
 
     def step(self, state, tokens: Tensor, positions: Tensor | None = None, tree_mask: Tensor | None = None) -> Tensor:
@@ -87,7 +95,8 @@ class VideoStreamPipeline:
 
     def __init__(self, model: QwenVLStream, tokenizer, *, budget: KVBudget | None = None,
                  max_answer_tokens: int = 64, system_prompt: list[int] | None = None, reduction=None,
-                 draft: QwenVLStream | None = None, draft_keep: float = 0.1):
+                 draft: QwenVLStream | None = None, draft_keep: float = 0.1, trigger: TriggerHead | None = None,
+                 kv_reduction=None):
         check(isinstance(max_answer_tokens, int) and max_answer_tokens >= 1,
               f"max_answer_tokens must be an int >= 1, got {max_answer_tokens!r}")
         self.model, self.tokenizer = model, tokenizer
@@ -97,6 +106,14 @@ class VideoStreamPipeline:
         self.capacity = self.budget.total + max_answer_tokens + ANSWER_ROOM
         self.system_prompt = list(system_prompt or [])
         self.reduction = as_reducers(reduction)
+        self.kv_reduction = as_kv_reducers(kv_reduction, model)     # at each question, on the cache
+        if trigger is not None:
+            check(isinstance(trigger, TriggerHead), f"trigger must be a TriggerHead, got {type(trigger).__name__}")
+            hidden = model.text.config.hidden_size
+            check(trigger.hidden_size == hidden, f"the trigger head reads hidden states of size {trigger.hidden_size}, "
+                  f"the model's are {hidden}: train a head for this model (python -m mmaccel.video.train_trigger)")
+            trigger = trigger.to(model.device).eval()
+        self.trigger = trigger
         check(isinstance(draft_keep, (int, float)) and 0.0 <= draft_keep <= 1.0,
               f"draft_keep must be a share of vision tokens in [0, 1], got {draft_keep!r}")
         self.draft, self.draft_keep = draft, float(draft_keep)
@@ -105,13 +122,13 @@ class VideoStreamPipeline:
     @classmethod
     def from_pretrained(cls, name_or_path: str = BUILTIN, *, device: str | torch.device | None = None,
                         dtype: str | torch.dtype | None = torch.float32, budget: KVBudget | None = None,
-                        max_answer_tokens: int = 64, cuda_graphs: bool = False, reduction=None) -> "VideoStreamPipeline":
+                        max_answer_tokens: int = 64, cuda_graphs: bool = False, reduction=None,
+                        kv_reduction=None) -> "VideoStreamPipeline":
         """`"builtin:moving-fashion"` (the shipped Qwen2.5-VL trained on the moving Fashion-MNIST streams)
-        or a local Qwen2-VL / Qwen2.5-VL directory: with `words.json` (a word-level vocabulary, our
-        format) or a Hugging Face tokenizer, whose chat format wraps each question."""
+        or a local Qwen2-VL / Qwen2.5-VL / SmolVLM / Idefics3 directory: with `words.json` (a word-level
+        vocabulary, our format) or a Hugging Face tokenizer, whose chat format wraps each question."""
         from mmaccel.devices import resolve_device, resolve_dtype, use_cuda_graphs
         from mmaccel.paths import assets_dir
-        from mmaccel.video.qwen_vl import load_qwen_vl
 
         device = resolve_device(device)
         dtype = resolve_dtype(dtype, device)
@@ -127,16 +144,19 @@ class VideoStreamPipeline:
             path = Path(name_or_path)
             if not path.is_dir():
                 raise ModelNotFoundError(f"no model directory at {path}")
-        model = QwenVLStream(load_qwen_vl(path, dtype).to(device))
+        hf = load_stream_model(path, dtype).to(device)
+        tokenizer = load_tokenizer(path, chat_turns(hf.config.model_type))
+        model = stream_model(hf, getattr(tokenizer, "tokenizer", None))
         use_cuda_graphs(cuda_graphs, device, model)
-        tokenizer = load_tokenizer(path)
         words = getattr(tokenizer, "tokens", None)
         if words is not None:
             ours = (len(words), tokenizer.vision_start, tokenizer.vision_end, tokenizer.video)
             theirs = (model.vocab_size, model.vision_start, model.vision_end, model.video_token)
             check(ours == theirs, f"{path}/words.json does not match the model: vocabulary size and vision token "
                   f"ids {ours} against the config's {theirs}")
-        return cls(model, tokenizer, budget=budget, max_answer_tokens=max_answer_tokens, reduction=reduction)
+        trigger = load_trigger(path, model.text.config.hidden_size) if has_trigger(path) else None
+        return cls(model, tokenizer, budget=budget, max_answer_tokens=max_answer_tokens, reduction=reduction,
+                   trigger=trigger, kv_reduction=kv_reduction)
 
     # ---- the stream ------------------------------------------------------------------------------
 
@@ -147,7 +167,9 @@ class VideoStreamPipeline:
         self.frames_seen = 0
         self.size: tuple[int, int] | None = None
         self._pending: list[Tensor] = []
-        for reducer in self.reduction:
+        self._monitor = None if self.trigger is None else TriggerMonitor(self.trigger.classes, self.trigger.threshold)
+        self._events: list[TriggerEvent] = []       # fired since the last FrameReport
+        for reducer in (*self.reduction, *self.kv_reduction):
             reducer.reset()
         if self.system_prompt:
             check(len(self.system_prompt) <= self.budget.sink + self.budget.text,
@@ -175,8 +197,9 @@ class VideoStreamPipeline:
         self._pending.append(pixels)
         self.frames_seen += 1
         kept, tokens_in = self._flush() if len(self._pending) == self.model.temporal_patch else (0, 0)
+        events, self._events = self._events, []
         return FrameReport(self.frames_seen - 1, tokens_in > 0, kept, tokens_in, self.kv_entries,
-                           time.perf_counter() - t0)
+                           time.perf_counter() - t0, events)
 
     def watch(self, source, *, fps: float | None = None, source_fps: float | None = None) -> Iterator[FrameReport]:
         """Feed every frame of `source` (a video file, an array, an iterator: `mmaccel.video.frames.open_frames`),
@@ -201,6 +224,9 @@ class VideoStreamPipeline:
         positions, nxt = self.model.segment_positions(self.state.extras["next_position"], grid)
         keep = None if kept == embeds.shape[0] else segment.keep
         self.model.append_segment(self.state, segment.embeds, positions, nxt, keep=keep)
+        if self._monitor is not None:                 # state.hidden: [1, markers + kept tokens, d]
+            probabilities = self.trigger.probabilities(self.state.hidden[0, 1:-1])
+            self._events += self._monitor.observe(probabilities, self.frames_seen - 1)
         if self.draft is not None:
             self._feed_draft(frames, segment, grid)
         return kept, embeds.shape[0]
@@ -239,6 +265,23 @@ class VideoStreamPipeline:
         state.extras["units"].truncate(length)
         model.move_to(state, next_position)
 
+    # ---- proactive requests ----------------------------------------------------------------------
+
+    def request(self, subject: str) -> TriggerRequest:
+        """Register "tell me when a `subject` appears": the request fires once, at the first segment after
+        now where the trigger head sees a new appearance of `subject` (one of `trigger.classes`), reported
+        in that frame's `FrameReport.events` (a segment flushed by `ask` reports in the next frame's). A
+        subject already seen now fires only after it has gone and come back (`mmaccel.video.trigger`)."""
+        if self._monitor is None:
+            raise InputError("this pipeline has no trigger head: pass trigger=TriggerHead (load_trigger(DIR)) or "
+                             "train one into the model directory with `python -m mmaccel.video.train_trigger`")
+        return self._monitor.request(subject, self.frames_seen - 1)
+
+    @property
+    def requests(self) -> list[TriggerRequest]:
+        """The proactive requests still waiting."""
+        return [] if self._monitor is None else list(self._monitor.pending)
+
     # ---- questions -------------------------------------------------------------------------------
 
     def ask(self, question: str, method: str | Method = "ar", *, max_new_tokens: int = 32, temperature: float = 0.0,
@@ -255,7 +298,8 @@ class VideoStreamPipeline:
         self._flush()
         ids = list(self.tokenizer.question_ids(question))
         self._make_room(len(ids) + max_new_tokens, TEXT)
-        resources = Resources(model=_Continuation(self.model, self.state))
+        before = vision_tokens(self.model, self.state)
+        resources = Resources(model=_Continuation(self.model, self.state, self.kv_reduction))
         if self.draft is not None:
             self._make_room(len(ids) + max_new_tokens, TEXT, self.draft, self.draft_state)
             mark = (int(self.draft_state.cache.lengths[0]), self.draft_state.extras["next_position"])
@@ -268,7 +312,8 @@ class VideoStreamPipeline:
             self._rewind(self.draft, self.draft_state, *mark)
             self.draft.append_text(self.draft_state, ids + list(tokens))
         text = self.tokenizer.decode([t for t in tokens if t != self.tokenizer.eos_token_id])
-        return VideoAnswer(question, text, tokens, self.frames_seen, gen.stats, time.perf_counter() - t0)
+        return VideoAnswer(question, text, tokens, self.frames_seen, gen.stats, time.perf_counter() - t0,
+                           before, vision_tokens(self.model, self.state))
 
 
 def _pixels(frame) -> Tensor:
@@ -285,27 +330,27 @@ def _pixels(frame) -> Tensor:
 
 
 class ChatTokenizer:
-    """A Hugging Face tokenizer with Qwen's chat turns: a question closes the user turn the frames were
-    in and opens the assistant's; the answer ends with the end-of-turn token, and the next frames open a
-    new user turn (`resume_ids`)."""
+    """A Hugging Face tokenizer with its family's chat turns (Qwen's by default): a question closes the user
+    turn the frames were in and opens the assistant's; the answer ends with the end-of-turn token, and the
+    next frames open a new user turn (`resume_ids`)."""
 
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() \
+    def __init__(self, tokenizer, turns: ChatTurns = QWEN_TURNS):
+        self.tokenizer, self.turns = tokenizer, turns
+        self.eos_token_id = tokenizer.convert_tokens_to_ids(turns.end) if turns.end in tokenizer.get_vocab() \
             else tokenizer.eos_token_id
 
     def question_ids(self, text: str) -> list[int]:
-        return self.tokenizer(f"{text}<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+        return self.tokenizer(f"{text}{self.turns.end}{self.turns.assistant}", add_special_tokens=False)["input_ids"]
 
     def resume_ids(self) -> list[int]:
-        return self.tokenizer("\n<|im_start|>user\n", add_special_tokens=False)["input_ids"]
+        return self.tokenizer(self.turns.user, add_special_tokens=False)["input_ids"]
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True).strip()
 
 
-def load_tokenizer(path: Path):
-    """`words.json` (the built-in word vocabulary) or the directory's Hugging Face tokenizer."""
+def load_tokenizer(path: Path, turns: ChatTurns = QWEN_TURNS):
+    """`words.json` (the built-in word vocabulary) or the directory's Hugging Face tokenizer with `turns`."""
     from mmaccel.video.words import WordTokenizer
 
     words = path / "words.json"
@@ -317,6 +362,6 @@ def load_tokenizer(path: Path):
     from transformers import AutoTokenizer
 
     try:
-        return ChatTokenizer(AutoTokenizer.from_pretrained(path, local_files_only=True))
+        return ChatTokenizer(AutoTokenizer.from_pretrained(path, local_files_only=True), turns)
     except (OSError, ValueError) as e:
         raise ModelNotFoundError(f"{path} has neither words.json nor a Hugging Face tokenizer: {e}") from None

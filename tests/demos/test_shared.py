@@ -7,7 +7,7 @@ import gradio as gr
 import pytest
 
 from demos.shared import SharedModel, number, parse_params, shown_on_page
-from mmaccel.errors import InputError
+from mmaccel.errors import InputError, ModelNotFoundError
 
 
 def test_parse_params():
@@ -40,6 +40,24 @@ def test_errors_become_page_messages():
     with pytest.raises(gr.Error) as info:
         crash()
     assert info.value.message.startswith("RuntimeError: boom") and len(info.value.message) < 450
+
+
+def test_a_generator_handler_stays_a_generator_and_its_errors_become_messages():
+    """Live updates (a play of the video tab): Gradio streams a handler only if it is a generator function,
+    and an error after some updates must still reach the page as a message."""
+    import inspect
+
+    @shown_on_page
+    def updates(n):
+        yield from range(n)
+        raise ModelNotFoundError("the model is not there yet")
+
+    assert inspect.isgeneratorfunction(updates)
+    seen = []
+    with pytest.raises(gr.Error, match="not there yet") as info:
+        for value in updates(2):
+            seen.append(value)
+    assert seen == [0, 1] and info.value.title == "Model not available"
 
 
 def test_a_shared_model_loads_once_and_serves_one_request_at_a_time():

@@ -1,0 +1,38 @@
+"""`mmaccel bench video --quick` on a small random model in the built-in's format: the published JSON
+shape, lossless answer methods identical to AR, the ingest and long-stream studies and their plots."""
+
+import json
+
+import pytest
+
+from mmaccel.bench.harness import validate_document
+from mmaccel.cli import main
+
+
+@pytest.fixture(scope="module")
+def video_model_dir(tmp_path_factory):
+    from mmaccel.video.data import VOCAB
+    from mmaccel.video.train import build_model, export
+    from mmaccel.video.words import WordTokenizer
+
+    path = tmp_path_factory.mktemp("video_model")
+    export(build_model(WordTokenizer(VOCAB)), WordTokenizer(VOCAB), path)
+    return path
+
+
+def test_bench_video_quick_writes_valid_json(video_model_dir, tmp_path):
+    out = tmp_path / "video.json"
+    assert main(["bench", "video", "--quick", "--model", str(video_model_dir), "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    validate_document(doc)
+    assert {r["method"] for r in doc["results"]} == {"ar", "specvlm-10%", "specvlm-text", "ngram"}
+    for r in doc["results"]:
+        assert r["lossless"] is True and r["quality"]["identical_to_ar"] == 1.0, r
+        assert 0.0 <= r["quality"]["accuracy"] <= 1.0 and r["nfe"] > 0
+    settings = doc["ingest"]["settings"]
+    assert settings["full"]["keep_ratio"] == 1.0 and settings["dtd-pixel"]["keep_ratio"] < 1.0
+    assert settings["dtd-pixel-keep25%"]["keep_ratio"] < 0.5      # the first segment enters whole
+    long = doc["long_stream"]
+    assert long["full/400"]["kv_entries_max"] <= long["full/400"]["cache_capacity"]
+    assert long["full/400"]["cache_mb"] == long["full/40"]["cache_mb"]          # the cache does not grow
+    assert (tmp_path / "video_long.png").exists() and "Long streams" in out.with_suffix(".md").read_text()
