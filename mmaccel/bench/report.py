@@ -32,6 +32,10 @@ def render(bench_dir: Path) -> str:
         command = doc.get("command") or COMMANDS.get(doc["suite"], f"mmaccel bench {doc['suite']}") + quick
         parts.append(f"### `{doc['suite']}` — `{command}`\n\n{doc['device']}, torch {doc['torch']}, {doc['date']}; "
                      f"source `{path.parent.name}/{path.name}`\n\n{markdown_table(doc)}\n")
+        if doc["suite"] == "video":
+            from mmaccel.bench.video_suite import extra_markdown
+
+            parts.append(extra_markdown(doc))
     return "\n".join(parts) if parts else "No benchmark results committed yet.\n"
 
 

@@ -225,7 +225,8 @@ class VideoStreamPipeline:
         keep = None if kept == embeds.shape[0] else segment.keep
         self.model.append_segment(self.state, segment.embeds, positions, nxt, keep=keep)
         if self._monitor is not None:                 # state.hidden: [1, markers + kept tokens, d]
-            probabilities = self.trigger.probabilities(self.state.hidden[0, 1:-1])
+            opened, closed = len(self.model.segment_open), len(self.model.segment_close)
+            probabilities = self.trigger.probabilities(self.state.hidden[0, opened:self.state.hidden.shape[1] - closed])
             self._events += self._monitor.observe(probabilities, self.frames_seen - 1)
         if self.draft is not None:
             self._feed_draft(frames, segment, grid)
