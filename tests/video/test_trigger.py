@@ -16,18 +16,9 @@ from mmaccel.video.stream import VideoStreamPipeline
 from mmaccel.video.trigger import CONFIG_FILE, WEIGHTS_FILE, TriggerHead, TriggerMonitor, load_trigger
 from mmaccel.video.trigger_eval import early_requests, evaluate_triggers, replay_requests, trigger_metrics
 from tests.video.conftest import tiny_qwen_vl
+from tests.video.test_stream import Digits
 
 needs_data = pytest.mark.skipif(not FASHION_MNIST_ROOT.is_dir(), reason="Debian dataset-fashion-mnist not installed")
-
-
-class Digits:
-    eos_token_id = 0
-
-    def question_ids(self, text):
-        return [1] + [int(w) for w in text.split()] + [2]
-
-    def decode(self, ids):
-        return " ".join(map(str, ids))
 
 
 @pytest.fixture(scope="module")
