@@ -34,12 +34,19 @@ from mmaccel.video.kv_reduce import QuestionPrune, RoundDecay
 from mmaccel.video.reduce import SpatialMerge, TemporalDrop
 from mmaccel.video.train import TRAIN_KINDS
 
+# Pipeline parameters in a method's params (the rest go to the core method): `draft_keep`, the share of
+# vision tokens the draft sees (SpecVLM; the draft is the target itself unless `draft_exit` names its
+# early-exit layer count). Settings are fixed here, not picked on the test streams.
+PIPELINE_PARAMS = ("draft_keep", "draft_exit")
 DEFAULT_METHODS = [
     MethodSpec("ar"),
     MethodSpec("speculative", {"k": 2, "draft_keep": 0.1}, label="specvlm-10%"),
     MethodSpec("speculative", {"k": 2, "draft_keep": 0.0}, label="specvlm-text"),
+    MethodSpec("speculative", {"k": 3, "draft_keep": 1.0, "draft_exit": 1}, label="self-draft-1L"),
+    MethodSpec("speculative", {"k": 3, "draft_keep": 1.0, "draft_exit": 2}, label="self-draft-2L"),
     MethodSpec("ngram", {"k": 2, "max_ngram": 2}),
 ]
+MAX_ANSWER = 12                                  # tokens an answer may take (the longest "describe" answer: 9)
 DEV_SEED, TEST_SEED = 2_000_000_000, 0           # dev: train-split seeds beyond any training draw
 FEATURE_THRESHOLDS = (0.05, 0.1, 0.2)      # TemporalDrop("feature") thresholds tried on the dev streams
 MAX_LOSS = 0.01                                  # accuracy a setting may lose against the full stream
@@ -60,6 +67,11 @@ def _settings(feature_threshold: float) -> dict:
     }
 
 
+def method_params(spec: MethodSpec) -> dict:
+    """The core method's own parameters of `spec` (without the pipeline's)."""
+    return {k: v for k, v in spec.params.items() if k not in PIPELINE_PARAMS}
+
+
 def _rss_mb() -> float | None:
     try:
         pages = int(Path("/proc/self/statm").read_text().split()[1])
@@ -69,8 +81,8 @@ def _rss_mb() -> float | None:
 
 
 def play(pipe, stream, qs, method: str = "ar", params: dict | None = None, log_frames: list | None = None):
-    """Feed `stream` through `pipe`, asking `qs` at their frames; returns [(answer, question)] and the
-    per-frame reports when `log_frames` is a list."""
+    """Feed `stream` through `pipe`, asking `qs` at their frames; returns [(answer, question)]; the
+    per-frame reports go into `log_frames` when it is a list."""
     at = {}
     for q in qs:
         at.setdefault(q.frame, []).append(q)
@@ -81,7 +93,7 @@ def play(pipe, stream, qs, method: str = "ar", params: dict | None = None, log_f
         if log_frames is not None:
             log_frames.append(report)
         for q in at.get(t, []):
-            answers.append((pipe.ask(q.text, method, max_new_tokens=8, **(params or {})), q))
+            answers.append((pipe.ask(q.text, method, max_new_tokens=MAX_ANSWER, **(params or {})), q))
     return answers
 
 
@@ -100,22 +112,22 @@ def build_video_suite(quick: bool = False, methods: list[MethodSpec] | None = No
     asked = [questions(s, TEST_SEED + i, per_stream, kinds=TRAIN_KINDS) for i, s in enumerate(streams)]
     methods = methods or DEFAULT_METHODS
     for spec in methods:
-        params = {k: v for k, v in spec.params.items() if k != "draft_keep"}
-        build_method(spec.name, **params)
+        build_method(spec.name, **method_params(spec))
 
     def pipeline(spec: MethodSpec, reduction=None):
-        keep = spec.params.get("draft_keep")
-        draft = target if keep is not None else None
+        keep, exit_layer = spec.params.get("draft_keep"), spec.params.get("draft_exit")
+        draft = None if keep is None else target if exit_layer is None else target.early_exit(exit_layer)
         return VideoStreamPipeline(target, tokenizer, budget=budget, reduction=reduction, draft=draft,
-                                   draft_keep=0.1 if keep is None else keep)
+                                   draft_keep=0.1 if keep is None else keep, max_answer_tokens=MAX_ANSWER)
 
     def run_batch(spec: MethodSpec, inputs, seed: int):
         stream, qs = inputs
-        params = {k: v for k, v in spec.params.items() if k != "draft_keep"}
-        answers = play(pipeline(spec), stream, qs, spec.name, params)
+        frames: list = []
+        answers = play(pipeline(spec), stream, qs, spec.name, method_params(spec), log_frames=frames)
         stats = answers[0][0].stats
         for a, _ in answers[1:]:
             stats = stats + a.stats
+        stats.time_s["stream_ingest"] = sum(r.ingest_s for r in frames)    # not in the answer latency
         return [(a.tokens, a.text == q.answer, q.kind) for a, q in answers], stats
 
     def quality(spec, outputs, baseline) -> dict:
@@ -134,11 +146,9 @@ def build_video_suite(quick: bool = False, methods: list[MethodSpec] | None = No
               "question_kinds": list(TRAIN_KINDS), "dev_streams": n_dev, "dev_split": f"train, seeds from {DEV_SEED}",
               "budget": vars(budget), "sampling": "greedy", "quick": quick, "threads": torch.get_num_threads()}
     return Suite("video", config, methods, {1: list(zip(streams, asked))}, run_batch, quality,
-                 claims_lossless=lambda spec: build_method(spec.name, **{k: v for k, v in spec.params.items()
-                                                                        if k != "draft_keep"}).lossless,
+                 claims_lossless=lambda spec: build_method(spec.name, **method_params(spec)).lossless,
                  primary_quality="accuracy",
-                 warmup=lambda spec: play(pipeline(spec), streams[0], asked[0][:1], spec.name,
-                                          {k: v for k, v in spec.params.items() if k != "draft_keep"}),
+                 warmup=lambda spec: play(pipeline(spec), streams[0], asked[0][:1], spec.name, method_params(spec)),
                  artifacts=lambda out: [append_markdown(out), *plot_long_stream(out)], finish=finish)
 
 
@@ -234,12 +244,34 @@ def long_study(target, tokenizer, budget, frames: int) -> dict:
     return out
 
 
+def decode_seconds(row: dict) -> float:
+    """Answer time after the question's prefill: the decode loop's draft and verify passes."""
+    t = row["time_s"]
+    return t.get("total", 0.0) - t.get("prefill", 0.0)
+
+
+def answer_decoding_table(doc: dict) -> list[str]:
+    """Per method: the answer decoding time against AR's (the decode loop, without the question prefill
+    every method pays alike), and the ingest of the whole streams (a draft that reads frames adds to it)."""
+    rows = doc["results"]
+    base = next(r for r in rows if r["method"] == doc["baseline"])
+    lines = ["#### Answer decoding (held-out test streams, greedy)", "",
+             "| method | answer tokens | NFE ratio | mean accepted | decode s | decode speed-up | answer latency s "
+             "| stream ingest s | identical to AR |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        decode, ingest = decode_seconds(r), r["time_s"].get("stream_ingest")
+        lines.append(f"| {r['method']} | {r['new_tokens']} | {r['nfe_ratio']} | {r['mean_accepted']:.2f} | "
+                     f"{decode:.3f} | {decode_seconds(base) / decode:.2f}x | {r['latency_s']:.3f} | "
+                     f"{'–' if ingest is None else f'{ingest:.2f}'} | {r['quality'].get('identical_to_ar')} |")
+    return lines
+
+
 def extra_markdown(doc: dict) -> str:
     """The ingest and long-stream tables of a video result document."""
     import json
 
     ingest = doc["ingest"]
-    lines = ["#### Vision token reduction (held-out test streams)", "",
+    lines = [*answer_decoding_table(doc), "", "#### Vision token reduction (held-out test streams)", "",
              f"TemporalDrop's feature threshold picked on the dev streams: {ingest['dev']['chosen_feature_threshold']} "
              f"(tried: {json.dumps(ingest['dev']['feature_thresholds'])}; dev accuracy of the full stream "
              f"{ingest['dev']['full_accuracy']})", "",

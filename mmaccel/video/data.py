@@ -38,7 +38,7 @@ CLASSES: tuple[str, ...] = ("t-shirt", "trouser", "pullover", "dress", "coat",
                             "sandal", "shirt", "sneaker", "bag", "boot")
 DIRECTIONS = ("left", "right", "up", "down")
 SPLITS = ("train", "test")
-KINDS = ("now", "before", "count", "direction", "when")
+KINDS = ("now", "before", "count", "direction", "when", "describe")
 NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
                 "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen",
                 "nineteen", "twenty")
@@ -52,6 +52,7 @@ TEMPLATES = {
     "count": "how many items have appeared so far ?",
     "direction": "which way is the {} moving ?",
     "when": "tell me when a {} appears ?",
+    "describe": "where is everything going ?",
 }
 _ANSWER_WORDS = ("nothing", "and")
 VOCAB: tuple[str, ...] = tuple(dict.fromkeys(
@@ -281,7 +282,7 @@ class Question:
 
 def ask(stream: Stream, frame: int, kind: str, subject: str | None = None) -> Question | None:
     """The question of `kind` at `frame` about class word `subject` (for "before", "direction", "when";
-    None for "now" and "count"), or None when it is not well defined: the subject is not on screen exactly
+    None for "now", "count" and "describe"), or None when it is not well defined: the subject is not on screen exactly
     once ("before", "direction"), already on screen ("when": a request is about a new appearance), or more
     items have appeared than there are number words ("count")."""
     check(kind in KINDS, f"question kind must be one of {KINDS}, got {kind!r}")
@@ -294,6 +295,8 @@ def ask(stream: Stream, frame: int, kind: str, subject: str | None = None) -> Qu
     trigger = None
     if kind == "now":
         answer = " and ".join(tr.class_name for tr in visible) or "nothing"
+    elif kind == "describe":
+        answer = " and ".join(f"{tr.class_name} {tr.direction}" for tr in visible) or "nothing"
     elif kind == "count":
         appeared = sum(tr.enter_frame <= frame for tr in stream.tracks)
         if appeared >= len(NUMBER_WORDS):
@@ -354,7 +357,7 @@ def questions(stream: Stream, rng_or_seed: np.random.Generator | int, num: int,
 def _subjects(stream: Stream, frame: int, kind: str) -> list[str | None]:
     """What a question of `kind` at `frame` can be about: [None] for kinds without a subject, the classes
     shown exactly once for "before"/"direction", the classes not in view for "when" (possibly none)."""
-    if kind in ("now", "count"):
+    if kind in ("now", "count", "describe"):
         return [None]
     shown = [tr.class_name for tr in stream.on_screen(frame)]
     if kind == "when":

@@ -35,11 +35,12 @@ TEXT, VISION = 0, 1
 class KVBudget:
     """Cache entries kept per stream: `sink` first entries, the last `vision` entries of frames, the last
     `text` entries of questions and answers. The cache never holds more than their sum plus the room an
-    answer needs."""
+    answer needs. The defaults hold a 300-frame stream of the built-in model (9 entries a frame) whole,
+    about as long as its training streams (up to 320 frames); longer streams evict."""
 
     sink: int = 16
-    vision: int = 1024
-    text: int = 256
+    vision: int = 3072
+    text: int = 512
 
     def __post_init__(self):
         for name in ("sink", "vision", "text"):

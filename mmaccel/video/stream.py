@@ -239,7 +239,7 @@ class VideoStreamPipeline:
             return
         draft, state = self.draft, self.draft_state
         embeds, keep = segment.embeds, segment.keep
-        if draft is not self.model:                      # another model: its own encoder and token grid
+        if not self.model.shares_vision(draft):          # another model: its own encoder and token grid
             embeds, grid = draft.encode(frames)
             keep = torch.ones(embeds.shape[0], dtype=torch.bool)
         survivors = keep.nonzero()[:, 0].cpu()

@@ -9,6 +9,8 @@ multi-axis RoPE, `rope_ids`. `QwenVLStream` has the same text side with Qwen's 3
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import Tensor, nn
 
@@ -29,6 +31,7 @@ class StreamDecoder(nn.Module):
     """
 
     cuda_graphs = False
+    exit_layer: int | None = None           # decode through this many layers only (`early_exit`)
     segment_open: tuple[int, ...] = ()      # mark token ids before a segment's vision tokens
     segment_close: tuple[int, ...] = ()     # and after them
 
@@ -53,6 +56,27 @@ class StreamDecoder(nn.Module):
     def segment_marks(self) -> int:
         return len(self.segment_open) + len(self.segment_close)
 
+    @property
+    def num_layers(self) -> int:
+        """Decoder layers this adapter runs (and caches): all of them, or its exit layer."""
+        return self.exit_layer or self.text.config.num_hidden_layers
+
+    def early_exit(self, layers: int) -> "StreamDecoder":
+        """This model decoding through its first `layers` layers, then the final norm and head: the
+        self-speculative draft (LayerSkip) of a model trained with early exits (`mmaccel.video.train`
+        trains the built-in one so). It shares every weight and the vision encoder with this adapter;
+        its states cache `layers` layers, so a draft step costs about layers / depth of a target step."""
+        total = self.text.config.num_hidden_layers
+        check(isinstance(layers, int) and 1 <= layers < total,
+              f"an early exit must be a layer count in [1, {total - 1}] (the model has {total}), got {layers!r}")
+        draft = copy.copy(self)     # a shallow copy: the same modules, its own exit
+        draft.exit_layer = layers
+        return draft
+
+    def shares_vision(self, other: "StreamDecoder") -> bool:
+        """Whether `other` is the same model (an early exit of it, or itself): its vision embeddings are ours."""
+        return other.hf is self.hf
+
     def rope_ids(self, positions: Tensor) -> Tensor:
         """Text positions [B, T] as the rotary embedding takes them (1-D RoPE: as they are)."""
         return positions
@@ -60,7 +84,7 @@ class StreamDecoder(nn.Module):
     # ---- state -------------------------------------------------------------------------------
 
     def new_state(self, batch_size: int, capacity: int) -> DecodeState:
-        state = DecodeState(KVCache(self.text.config.num_hidden_layers, batch_size, self.num_kv_heads, self.head_dim,
+        state = DecodeState(KVCache(self.num_layers, batch_size, self.num_kv_heads, self.head_dim,
                                     capacity, dtype=self.dtype, device=self.device))
         state.extras["next_position"] = 0
         state.extras["units"] = Units()                  # what each entry is, for bounded memory (B = 1)
@@ -165,4 +189,5 @@ class StreamDecoder(nn.Module):
 
     def _forward(self, state: DecodeState, h: Tensor, positions: Tensor, tree_mask: Tensor | None = None) -> Tensor:
         # h: [B, T, d]; positions: rotary ids ([B, T], or [3, B, T] for M-RoPE)
-        return run_layers(state, self.text, self.hf.lm_head, h, positions, tree_mask, cuda_graphs=self.cuda_graphs)
+        return run_layers(state, self.text, self.hf.lm_head, h, positions, tree_mask, num_layers=self.exit_layer,
+                          cuda_graphs=self.cuda_graphs)

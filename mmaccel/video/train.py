@@ -28,9 +28,12 @@ from mmaccel.video.data import VOCAB, make_stream, questions
 from mmaccel.video.reduce import Segment, TemporalDrop
 from mmaccel.video.words import WordTokenizer
 
-TRAIN_KINDS = ("now", "before", "count", "direction")   # "when" is the trigger head's task
+TRAIN_KINDS = ("now", "before", "count", "direction", "describe")   # "when" is the trigger head's task
 DROP_SHARE, DROP_RATIOS = 0.5, (1.0, 0.5, 0.25)         # streams trained through TemporalDrop, at these keep ratios
 CANVAS = 112
+FRAMES = (48, 320)               # stream lengths (frames) of the training samples
+FRAMES_PER_QUESTION = 12         # a stream of n frames asks max(8, n // 12) questions
+EXIT_LAYERS, EXIT_WEIGHT = (1, 2), 0.2   # early exits trained beside the last layer: the self-speculative draft
 
 
 def build_model(tok: WordTokenizer, seed: int = 0):
@@ -91,19 +94,21 @@ def layout(stream, qs, tok: WordTokenizer, patchify, temporal_patch: int = 2, dr
     return torch.tensor(ids), torch.tensor(labels), torch.cat(pixels), torch.tensor(grids), torch.tensor(keep)
 
 
-def sample(seed: int, split: str, tok, patchify, frames: tuple[int, int] = (48, 144), num_questions: int = 12):
+def sample(seed: int, split: str, tok, patchify, frames: tuple[int, int] = FRAMES):
     """One training stream. Half of them go through temporal token dropping at a random keep ratio (all
     tokens, 1/2, 1/4), so the built-in model answers from full and from reduced streams alike."""
     rng = np.random.default_rng(seed)
     stream = make_stream(seed, int(rng.integers(*frames)), split)
-    qs = questions(stream, rng, num_questions, kinds=TRAIN_KINDS)
+    qs = questions(stream, rng, max(8, stream.num_frames // FRAMES_PER_QUESTION), kinds=TRAIN_KINDS)
     drop = TemporalDrop("pixel", keep_ratio=float(rng.choice(DROP_RATIOS))) if rng.random() < DROP_SHARE else None
     return layout(stream, qs, tok, patchify, drop=drop) if qs else None
 
 
-def loss_of(model, batch, device) -> torch.Tensor:
+def loss_of(model, batch, device, exits: tuple[int, ...] = EXIT_LAYERS, exit_weight: float = EXIT_WEIGHT) -> torch.Tensor:
     """Cross-entropy on the answer tokens of one laid-out stream; the vision tokens `keep` drops are
-    removed from the sequence after embedding, the survivors keep their M-RoPE positions."""
+    removed from the sequence after embedding, the survivors keep their M-RoPE positions. Each layer
+    of `exits` also predicts the answers through the final norm and the head (LayerSkip-style early
+    exits, weighted `exit_weight`), so the model's first layers serve as its own draft."""
     ids, labels, pixels, grids, keep = (x.to(device) for x in batch)
     inner = model.model
     kinds = (ids[None] == model.config.video_token_id).int() * 2
@@ -112,9 +117,13 @@ def loss_of(model, batch, device) -> torch.Tensor:
     video = torch.cat(inner.get_video_features(pixels, grids, return_dict=True).pooler_output)
     embeds = embeds.masked_scatter((ids == model.config.video_token_id)[None, :, None].expand_as(embeds),
                                    video.to(embeds.dtype))
-    out = model(inputs_embeds=embeds[:, keep], position_ids=positions[:, :, keep])
-    logits = out.logits[0, :-1].float()
-    return torch.nn.functional.cross_entropy(logits, labels[keep][1:], ignore_index=-100)
+    out = model(inputs_embeds=embeds[:, keep], position_ids=positions[:, :, keep], output_hidden_states=bool(exits))
+    targets = labels[keep][1:]
+    loss = torch.nn.functional.cross_entropy(out.logits[0, :-1].float(), targets, ignore_index=-100)
+    for layer in exits:     # hidden_states[k]: the output of the first k layers
+        logits = model.lm_head(inner.language_model.norm(out.hidden_states[layer][0, :-1]))
+        loss = loss + exit_weight * torch.nn.functional.cross_entropy(logits.float(), targets, ignore_index=-100)
+    return loss
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -139,6 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     ckpt, step = args.out / "last.pt", 0
     if ckpt.exists():
         state = torch.load(ckpt, map_location=args.device)
+        grow_vocabulary(state, model)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         step = state["step"]
@@ -171,6 +181,25 @@ def main(argv: list[str] | None = None) -> None:
         if step % 200 == 0 or step == args.steps:
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, ckpt.with_suffix(".tmp"))
             ckpt.with_suffix(".tmp").replace(ckpt)
+
+
+def grow_vocabulary(state: dict, model) -> None:
+    """Resume a checkpoint of a smaller vocabulary (words were appended to VOCAB since): new embedding rows
+    start as the model initialises them, with empty optimizer moments. Ids of existing words are unchanged
+    (specials first, VOCAB in order)."""
+    name = "model.language_model.embed_tokens.weight"
+    old, new = state["model"][name], model.state_dict()[name]
+    if old.shape == new.shape:
+        return
+    grown = new.clone()
+    grown[:old.shape[0]] = old
+    for key in (name, "lm_head.weight"):      # tied: the same rows in both entries
+        if key in state["model"]:
+            state["model"][key] = grown
+    for moments in state["opt"]["state"].values():
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key in moments and moments[key].shape == old.shape:
+                moments[key] = torch.cat([moments[key], moments[key].new_zeros(new.shape[0] - old.shape[0], old.shape[1])])
 
 
 def export(model, tok: WordTokenizer, out: Path) -> None:

@@ -25,7 +25,8 @@ def test_bench_video_quick_writes_valid_json(video_model_dir, tmp_path):
     assert main(["bench", "video", "--quick", "--model", str(video_model_dir), "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     validate_document(doc)
-    assert {r["method"] for r in doc["results"]} == {"ar", "specvlm-10%", "specvlm-text", "ngram"}
+    assert {r["method"] for r in doc["results"]} == {"ar", "specvlm-10%", "specvlm-text", "self-draft-1L",
+                                                     "self-draft-2L", "ngram"}
     for r in doc["results"]:
         assert r["lossless"] is True and r["quality"]["identical_to_ar"] == 1.0, r
         assert 0.0 <= r["quality"]["accuracy"] <= 1.0 and r["nfe"] > 0
@@ -35,4 +36,6 @@ def test_bench_video_quick_writes_valid_json(video_model_dir, tmp_path):
     long = doc["long_stream"]
     assert long["full/400"]["kv_entries_max"] <= long["full/400"]["cache_capacity"]
     assert long["full/400"]["cache_mb"] == long["full/40"]["cache_mb"]          # the cache does not grow
-    assert (tmp_path / "video_long.png").exists() and "Long streams" in out.with_suffix(".md").read_text()
+    markdown = out.with_suffix(".md").read_text()
+    assert (tmp_path / "video_long.png").exists() and "Long streams" in markdown and "decode speed-up" in markdown
+    assert all(r["time_s"]["stream_ingest"] > 0 for r in doc["results"])

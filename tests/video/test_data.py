@@ -212,6 +212,7 @@ def test_ties_in_x_are_ordered_top_to_bottom():
                tracks=[Track(0, 1, 2, "up", 1, 40, 0), Track(1, 5, 0, "down", 1, 40, 1)])
     assert [tr.object_id for tr in s.on_screen(5)] == [1, 0]
     assert ask(s, 5, "now").answer == "sandal and trouser"
+    assert ask(s, 5, "describe").answer == "sandal down and trouser up"
 
 
 def truth_answer(s: Stream, q: Question):
@@ -222,6 +223,8 @@ def truth_answer(s: Stream, q: Question):
     entered = sorted((tr for tr in s.tracks if tr.enter_frame <= q.frame), key=lambda tr: tr.enter_frame)
     if q.kind == "now":
         return " and ".join(CLASSES[tr.label] for tr in visible) or "nothing", None
+    if q.kind == "describe":
+        return " and ".join(f"{CLASSES[tr.label]} {tr.direction}" for tr in visible) or "nothing", None
     if q.kind == "count":
         return (NUMBERS[len(entered)] if len(entered) <= 20 else None), None
     if q.kind == "when":

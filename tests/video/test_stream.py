@@ -205,6 +205,45 @@ def test_speculative_answers_with_a_reduced_vision_draft_equal_greedy(hf, draft_
         assert spec.draft_state.cache.lengths[0] <= spec.kv_entries
 
 
+def test_early_exit_logits_equal_the_truncated_hugging_face_model(hf):
+    """`early_exit(k)`: the first k layers, then the final norm and head, over its own k-layer cache."""
+    model = QwenVLStream(hf)
+    draft = model.early_exit(1)
+    state = draft.new_state(1, 16)
+    ids = [1, 4, 5, 6, 2]
+    got = draft.append_text(state, ids)
+    lm = hf.model.language_model
+    positions = torch.arange(len(ids))[None, None].expand(3, 1, -1)
+    hidden = lm(input_ids=torch.tensor([ids]), position_ids=positions, output_hidden_states=True).hidden_states[1]
+    want = hf.lm_head(lm.norm(hidden))[0, -1]
+    assert len(state.cache.k) == 1 and model.num_layers == 2
+    torch.testing.assert_close(got[0], want, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(got[0], model.append_text(model.new_state(1, 16), ids)[0], atol=1e-3)
+
+
+def test_speculative_answers_with_an_early_exit_draft_equal_greedy(hf):
+    """LayerSkip-style self-speculation: the model's first layer drafts from its own vision embeddings
+    (no second encoder pass), the whole model verifies: greedy answers are the target's, under eviction."""
+    model = QwenVLStream(hf)
+    budget = KVBudget(sink=4, vision=24, text=24)
+    plain = VideoStreamPipeline(model, Digits(), budget=budget)
+    spec = VideoStreamPipeline(model, Digits(), budget=budget, draft=model.early_exit(1), draft_keep=1.0)
+    for turn in range(3):
+        for f in clip(6, 20 + turn):
+            plain.feed(f)
+            spec.feed(f)
+        want = plain.ask("4 5 6", max_new_tokens=6)
+        got = spec.ask("4 5 6", "speculative", k=3, max_new_tokens=6)
+        assert got.tokens == want.tokens and got.stats.draft_passes > 0
+        assert spec.draft_state.cache.lengths[0] == spec.kv_entries      # it saw every entry the target has
+
+
+@pytest.mark.parametrize("layers", [0, 2, 1.5])
+def test_early_exit_outside_the_model_is_an_error(hf, layers):
+    with pytest.raises(InputError, match="early exit"):
+        QwenVLStream(hf).early_exit(layers)
+
+
 def test_draft_keep_outside_the_unit_interval_is_an_error(hf):
     with pytest.raises(InputError, match="draft_keep"):
         VideoStreamPipeline(QwenVLStream(hf), Digits(), draft_keep=1.5)
