@@ -104,7 +104,8 @@ def sample(seed: int, split: str, tok, patchify, frames: tuple[int, int] = FRAME
     return layout(stream, qs, tok, patchify, drop=drop) if qs else None
 
 
-def loss_of(model, batch, device, exits: tuple[int, ...] = EXIT_LAYERS, exit_weight: float = EXIT_WEIGHT) -> torch.Tensor:
+def loss_of(model, batch, device, exits: tuple[int, ...] = EXIT_LAYERS,
+            exit_weight: float = EXIT_WEIGHT) -> torch.Tensor:
     """Cross-entropy on the answer tokens of one laid-out stream; the vision tokens `keep` drops are
     removed from the sequence after embedding, the survivors keep their M-RoPE positions. Each layer
     of `exits` also predicts the answers through the final norm and the head (LayerSkip-style early
@@ -199,7 +200,8 @@ def grow_vocabulary(state: dict, model) -> None:
     for moments in state["opt"]["state"].values():
         for key in ("exp_avg", "exp_avg_sq"):
             if key in moments and moments[key].shape == old.shape:
-                moments[key] = torch.cat([moments[key], moments[key].new_zeros(new.shape[0] - old.shape[0], old.shape[1])])
+                extra = moments[key].new_zeros(new.shape[0] - old.shape[0], old.shape[1])
+                moments[key] = torch.cat([moments[key], extra])
 
 
 def export(model, tok: WordTokenizer, out: Path) -> None:
