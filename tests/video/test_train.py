@@ -8,7 +8,7 @@ from mmaccel.video.data import VOCAB, make_stream, questions
 from mmaccel.video.qwen_vl import QwenVLStream
 from mmaccel.video.reduce import TemporalDrop
 from mmaccel.video.stream import VideoStreamPipeline
-from mmaccel.video.train import TRAIN_KINDS, build_model, layout, loss_of
+from mmaccel.video.train import TRAIN_KINDS, build_model, grow_vocabulary, layout, loss_of
 from mmaccel.video.words import WordTokenizer
 
 
@@ -63,3 +63,35 @@ def _reduced_logits(hf, batch):
     full = torch.full((ids.shape[0], captured["logits"].shape[-1]), float("nan"))
     full[keep] = captured["logits"].detach()
     return full
+
+
+def test_early_exit_losses_add_to_the_last_layers_loss():
+    tok = WordTokenizer(VOCAB)
+    hf = build_model(tok).eval()
+    stream = make_stream(4, 30, "train")
+    batch = layout(stream, questions(stream, np.random.default_rng(1), 2, kinds=TRAIN_KINDS), tok,
+                   QwenVLStream(hf).patchify)
+    with torch.no_grad():
+        last = loss_of(hf, batch, "cpu", exits=())
+        both = loss_of(hf, batch, "cpu", exits=(1, 2), exit_weight=0.5)
+        one = loss_of(hf, batch, "cpu", exits=(1,), exit_weight=0.5)
+    assert last < one < both                       # each exit adds its own (positive) cross-entropy
+
+
+def test_a_checkpoint_of_a_smaller_vocabulary_resumes_with_its_words_in_place():
+    tok = WordTokenizer(VOCAB)
+    small, model = build_model(WordTokenizer(VOCAB[:-3]), seed=1), build_model(tok)
+    opt = torch.optim.AdamW(small.parameters())
+    small(input_ids=torch.tensor([[1, 9, 10, 2]])).logits.sum().backward()
+    opt.step()
+    state = {"model": small.state_dict(), "opt": opt.state_dict()}
+    old = state["model"]["model.language_model.embed_tokens.weight"].clone()
+    grow_vocabulary(state, model)
+    model.load_state_dict(state["model"])
+    grown = torch.optim.AdamW(model.parameters())
+    grown.load_state_dict(state["opt"])
+    table = model.model.language_model.embed_tokens.weight
+    assert table.shape[0] == len(tok) == old.shape[0] + 3 and torch.equal(table[:old.shape[0]], old)
+    assert model.lm_head.weight is table                          # still tied
+    moments = [s["exp_avg"] for s in grown.state.values() if s["exp_avg"].shape == table.shape]
+    assert len(moments) == 1 and not moments[0][-3:].any()
