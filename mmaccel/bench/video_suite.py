@@ -46,6 +46,8 @@ DEFAULT_METHODS = [
     MethodSpec("speculative", {"k": 3, "draft_keep": 1.0, "draft_exit": 2}, label="self-draft-2L"),
     MethodSpec("ngram", {"k": 2, "max_ngram": 2}),
 ]
+LOCAL_KINDS = ("now", "direction", "describe")   # answerable from the recent frames a bounded cache keeps
+LATE_QUESTIONS = 20                              # about this many in the last tenth of a long stream
 MAX_ANSWER = 12                                  # tokens an answer may take (the longest "describe" answer: 9)
 DEV_SEED, TEST_SEED = 2_000_000_000, 0           # dev: train-split seeds beyond any training draw
 FEATURE_THRESHOLDS = (0.05, 0.1, 0.2)      # TemporalDrop("feature") thresholds tried on the dev streams
@@ -107,7 +109,7 @@ def build_video_suite(quick: bool = False, methods: list[MethodSpec] | None = No
     if quick:
         n_test, n_dev, frames, per_stream, long_frames = 2, 1, 48, 3, 40
     else:
-        n_test, n_dev, frames, per_stream, long_frames = 8, 4, 300, 8, 500
+        n_test, n_dev, frames, per_stream, long_frames = 16, 4, 300, 24, 500
     streams = [make_stream(TEST_SEED + i, frames, "test") for i in range(n_test)]
     asked = [questions(s, TEST_SEED + i, per_stream, kinds=TRAIN_KINDS) for i, s in enumerate(streams)]
     methods = methods or DEFAULT_METHODS
@@ -156,7 +158,7 @@ def _run_setting(target, tokenizer, budget, reducers, streams, asked, kv_reducer
     from mmaccel.video.stream import VideoStreamPipeline
 
     kept = encoded = entries = frames = 0
-    ingest, correct, total, by_kind = [], 0, 0, {}
+    ingest, correct, total, by_kind, hits = [], 0, 0, {}, []
     for stream, qs in zip(streams, asked):
         pipe = VideoStreamPipeline(target, tokenizer, budget=budget, reduction=reducers(), kv_reduction=kv_reducers())
         reports = []
@@ -168,6 +170,7 @@ def _run_setting(target, tokenizer, budget, reducers, streams, asked, kv_reducer
         for a, q in answers:
             ok = a.text == q.answer
             correct, total = correct + ok, total + 1
+            hits.append(ok)
             k = by_kind.setdefault(q.kind, [0, 0])
             k[0], k[1] = k[0] + ok, k[1] + 1
     acc = correct / max(1, total)
@@ -176,7 +179,15 @@ def _run_setting(target, tokenizer, budget, reducers, streams, asked, kv_reducer
             "ingest_ms_mean": round(1e3 * statistics.fmean(ingest), 3),
             "ingest_ms_p95": round(1e3 * float(np.percentile(ingest, 95)), 3),
             "accuracy": round(acc, 4), "accuracy_ci95": round(1.96 * math.sqrt(acc * (1 - acc) / max(1, total)), 4),
-            "questions": total, "accuracy_by_kind": {k: round(v[0] / v[1], 4) for k, v in sorted(by_kind.items())}}
+            "questions": total, "accuracy_by_kind": {k: round(v[0] / v[1], 4) for k, v in sorted(by_kind.items())},
+            "hits": hits}
+
+
+def paired_ci95(hits: list[bool], base: list[bool]) -> float:
+    """Half-width of the normal 95% interval of the accuracy change on the same questions (paired: a
+    setting that answers like the full stream has a narrow interval however few questions there are)."""
+    diff = np.asarray(hits, float) - np.asarray(base, float)
+    return 1.96 * float(diff.std(ddof=1)) / math.sqrt(len(diff)) if len(diff) > 1 else float("nan")
 
 
 def ingest_study(target, tokenizer, budget, streams, asked, n_dev, frames, per_stream) -> dict:
@@ -196,6 +207,9 @@ def ingest_study(target, tokenizer, budget, streams, asked, n_dev, frames, per_s
         row["token_reduction"] = round(base["vision_tokens_per_frame"] / max(1e-9, row["vision_tokens_per_frame"]), 3)
         row["kv_reduction"] = round(base["kv_entries_mean"] / max(1e-9, row["kv_entries_mean"]), 3)
         row["accuracy_change"] = round(row["accuracy"] - base["accuracy"], 4)
+        row["accuracy_change_ci95"] = round(paired_ci95(row["hits"], base["hits"]), 4)
+    for row in rows.values():
+        row.pop("hits")
     return {"dev": {"full_accuracy": full["accuracy"], "feature_thresholds": tried, "chosen_feature_threshold": chosen},
             "settings": rows}
 
@@ -216,7 +230,8 @@ def trigger_study(target, tokenizer, budget, head, n: int, frames: int) -> dict:
 
 
 def long_study(target, tokenizer, budget, frames: int) -> dict:
-    """A stream of `frames` and one of 10x as many through the same bounded cache (no questions)."""
+    """A stream of `frames` and one of 10x as many through the same bounded cache, with questions about
+    the present (LOCAL_KINDS) in their last tenth: does eviction keep the model answering?"""
     from mmaccel.video.stream import VideoStreamPipeline
 
     out = {}
@@ -224,10 +239,11 @@ def long_study(target, tokenizer, budget, frames: int) -> dict:
         for n in (frames, 10 * frames):
             pipe = VideoStreamPipeline(target, tokenizer, budget=budget, reduction=reducers and reducers())
             stream = make_stream(TEST_SEED + 7, n, "test")
-            rss0, t0, reports = _rss_mb(), time.perf_counter(), []
-            for t in range(n):
-                reports.append(pipe.feed(stream.frame(t)))
             tenth = max(1, n // 10)
+            late = [q for q in questions(stream, TEST_SEED + 7, LATE_QUESTIONS * 10, kinds=LOCAL_KINDS)
+                    if q.frame >= n - tenth]
+            rss0, t0, reports = _rss_mb(), time.perf_counter(), []
+            answers = play(pipe, stream, late, log_frames=reports)
             lat = [r.ingest_s for r in reports]
             cache = pipe.state.cache
             out[f"{name}/{n}"] = {
@@ -235,6 +251,8 @@ def long_study(target, tokenizer, budget, frames: int) -> dict:
                 "kv_entries_max": max(r.kv_entries for r in reports), "cache_capacity": cache.capacity,
                 "cache_mb": round(sum(k.numel() * k.element_size() * 2 for k in cache.k) / 2**20, 3),
                 "rss_mb_start": rss0, "rss_mb_end": _rss_mb(),
+                "late_questions": len(answers),
+                "late_accuracy": round(sum(a.text == q.answer for a, q in answers) / max(1, len(answers)), 4),
                 "ingest_ms_first_tenth": round(1e3 * statistics.median(lat[:tenth]), 3),
                 "ingest_ms_last_tenth": round(1e3 * statistics.median(lat[-tenth:]), 3),
                 "kv_entries": [r.kv_entries for r in reports[:: max(1, n // 500)]],
@@ -276,19 +294,23 @@ def extra_markdown(doc: dict) -> str:
              f"(tried: {json.dumps(ingest['dev']['feature_thresholds'])}; dev accuracy of the full stream "
              f"{ingest['dev']['full_accuracy']})", "",
              "| setting | vision tokens / frame | keep ratio | token reduction | KV entries (mean) | KV reduction "
-             "| ingest ms (mean / p95) | accuracy (± 95% CI) | change |",
+             "| ingest ms (mean / p95) | accuracy (± 95% CI) | change (± paired 95% CI) |",
              "|---|---|---|---|---|---|---|---|---|"]
     for name, r in ingest["settings"].items():
         lines.append(f"| {name} | {r['vision_tokens_per_frame']} | {r['keep_ratio']} | {r['token_reduction']}x | "
                      f"{r['kv_entries_mean']} | {r['kv_reduction']}x | {r['ingest_ms_mean']} / {r['ingest_ms_p95']} | "
-                     f"{r['accuracy']} ± {r['accuracy_ci95']} | {r['accuracy_change']:+} |")
+                     f"{r['accuracy']} ± {r['accuracy_ci95']} | {r['accuracy_change']:+} ± "
+                     f"{r.get('accuracy_change_ci95', '?')} |")
     lines += ["", "#### Long streams through the bounded cache", "",
               "| stream | frames | max KV entries | cache capacity | cache MB | RSS MB start -> end "
-              "| ingest ms, median of first tenth -> last tenth |", "|---|---|---|---|---|---|---|"]
+              "| ingest ms, median of first tenth -> last tenth "
+              "| accuracy in the last tenth (now, direction, describe) |",
+              "|---|---|---|---|---|---|---|---|"]
     for name, r in doc["long_stream"].items():
         lines.append(f"| {name} | {r['frames']} | {r['kv_entries_max']} | {r['cache_capacity']} | {r['cache_mb']} | "
                      f"{r['rss_mb_start']} -> {r['rss_mb_end']} | {r['ingest_ms_first_tenth']} -> "
-                     f"{r['ingest_ms_last_tenth']} |")
+                     f"{r['ingest_ms_last_tenth']} | {r.get('late_accuracy', '–')} "
+                     f"({r.get('late_questions', 0)} q) |")
     if "triggers" in doc:
         lines += ["", "#### Proactive trigger (held-out test streams)", "",
                   "| setting | " + " | ".join(doc["triggers"][next(iter(doc["triggers"]))]) + " |",
