@@ -38,6 +38,10 @@ KV_REDUCTIONS = {"QuestionPrune 25%": lambda: QuestionPrune(0.25), "RoundDecay 5
 DEFAULT_PARAMS = {"ar": "", "speculative": "k=2", "ngram": "k=2 max_ngram=2"}
 METHODS = tuple(DEFAULT_PARAMS)
 DRAFT_KEEP = 0.1
+# the speculative draft: the model itself (SpecVLM: it sees `draft keep` of the vision tokens) or its first
+# layers (an early exit: LayerSkip-style self-speculation, as the `self-draft` rows of `mmaccel bench video`)
+DRAFTS = {"the model itself": None, "its first layer (early exit)": 1, "its first two layers (early exit)": 2}
+DRAFT = "the model itself"
 MAX_PLAY = 240                  # frames per press of Play
 UPDATE_EVERY = 4                # frames between live updates of a play (two temporal patches)
 MAX_NEW_TOKENS = 12             # the task's longest answer is eight words ("bag up and coat left and shirt down")
@@ -73,14 +77,16 @@ class Settings:
     reduction: str
     kv_reduction: tuple[str, ...]
     draft_keep: float | None    # the draft's share of vision tokens; None: no draft (answers by ar or ngram)
+    draft_exit: int | None = None   # the draft's early-exit layer count; None: the whole model
 
 
-def settings(source, seed, upload, fps, reduction, kv_reduction, method, draft_keep) -> Settings:
+def settings(source, seed, upload, fps, reduction, kv_reduction, method, draft_keep, draft=DRAFT) -> Settings:
     """The tab's controls, checked as the API may send anything."""
     source = choice(source, "source", SOURCES)
     kv_reduction = tuple(choice(k, "KV reduction", tuple(KV_REDUCTIONS)) for k in (kv_reduction or ()))
     method = choice(method, "method", METHODS)
     keep = number(draft_keep, "draft keep", 0, 1) if method == "speculative" else None
+    draft_exit = DRAFTS[choice(draft, "draft", tuple(DRAFTS))] if method == "speculative" else None
     if source == TASK:
         task = number(seed, "seed", 0, 2**31 - 1, integer=True), None, None
     else:
@@ -88,7 +94,7 @@ def settings(source, seed, upload, fps, reduction, kv_reduction, method, draft_k
             raise InputError("no video: upload a file, or pick the task stream as the source")
         task = None, str(upload), number(fps, "frames per second", 0.5, 30)
     return Settings(source, *task, choice(reduction, "reduction", tuple(REDUCTIONS)),
-                    tuple(k for k in KV_REDUCTIONS if k in kv_reduction), keep)
+                    tuple(k for k in KV_REDUCTIONS if k in kv_reduction), keep, draft_exit)
 
 
 def fit_frame(pixels: np.ndarray, side: int = FRAME_SIDE) -> np.ndarray:
@@ -117,7 +123,8 @@ class Session:
             base.model, base.tokenizer, budget=base.budget, max_answer_tokens=base.max_answer_tokens,
             system_prompt=base.system_prompt, reduction=REDUCTIONS[settings.reduction](),
             kv_reduction=[KV_REDUCTIONS[k]() for k in settings.kv_reduction],
-            draft=None if settings.draft_keep is None else base.model,
+            draft=None if settings.draft_keep is None else
+            base.model if settings.draft_exit is None else base.model.early_exit(settings.draft_exit),
             draft_keep=settings.draft_keep or 0.0, **({"trigger": trigger} if trigger is not None else {}))
         self.stream: Stream | None = None
         self.frames = None
@@ -310,6 +317,7 @@ def build(model: SharedModel) -> None:
             params = gr.Textbox(DEFAULT_PARAMS["speculative"], label="method parameters (KEY=VALUE)")
             draft_keep = gr.Slider(0, 1, value=DRAFT_KEEP, step=0.05, elem_id="video-draft-keep",
                                    label="draft keep (share of vision tokens the draft sees; 0 = text only)")
+            draft = gr.Dropdown(list(DRAFTS), value=DRAFT, label="draft", elem_id="video-draft")
         with gr.Column(scale=2):
             with gr.Row():
                 play_n = gr.Slider(2, MAX_PLAY, value=32, step=2, label="frames per play", elem_id="video-frames")
@@ -328,7 +336,7 @@ def build(model: SharedModel) -> None:
             answer = gr.Markdown(elem_id="video-answer")
             history = gr.Markdown(elem_id="video-history")
 
-    options = [source, seed, upload, fps, reduction, kv_reduction, method, draft_keep]
+    options = [source, seed, upload, fps, reduction, kv_reduction, method, draft_keep, draft]
     views = [frame, stats, fired, answer, history]
     cleared = (None, IDLE, "", "", "")
 
@@ -349,9 +357,9 @@ def build(model: SharedModel) -> None:
         return None, *cleared
 
     @shown_on_page
-    def play_frames(current, source, seed, upload, fps, reduction, kv_reduction, method, draft_keep, count,
+    def play_frames(current, source, seed, upload, fps, reduction, kv_reduction, method, draft_keep, draft, count,
                     progress=gr.Progress()):
-        wanted = settings(source, seed, upload, fps, reduction, kv_reduction, method, draft_keep)
+        wanted = settings(source, seed, upload, fps, reduction, kv_reduction, method, draft_keep, draft)
         count = number(count, "frames per play", 1, MAX_PLAY, integer=True)
         progress(0.0, desc="loading the video model")
         with model.use() as base:
@@ -396,8 +404,8 @@ def build(model: SharedModel) -> None:
           queue=False, api_visibility="private")
     source.change(lambda s: [gr.update(visible=s == TASK)] + [gr.update(visible=s == UPLOAD)] * 2, source,
                   [seed, upload, fps], queue=False)
-    method.change(lambda m: [DEFAULT_PARAMS.get(m, ""), gr.update(visible=m == "speculative")], method,
-                  [params, draft_keep], queue=False)
+    method.change(lambda m: [DEFAULT_PARAMS.get(m, ""), *[gr.update(visible=m == "speculative")] * 2], method,
+                  [params, draft_keep, draft], queue=False)
     template.change(suggest, [template, session], question, queue=False)
     restart.click(restart_stream, session, [session, *views], queue=False)
     play.click(play_frames, [session, *options, play_n], [session, frame, stats, fired], api_name="video_play")

@@ -10,8 +10,8 @@ from demos import video_tab
 from demos.video_tab import TASK, UPLOAD, Session
 from mmaccel.video import data
 
-# options after the session: source, seed, upload, fps, reduction, kv reduction, method, draft keep
-TASK_STREAM = [TASK, 3, None, 4, "TemporalDrop (pixel)", ["QuestionPrune 25%"], "speculative", 0.1]
+# options after the session: source, seed, upload, fps, reduction, kv reduction, method, draft keep, draft
+TASK_STREAM = [TASK, 3, None, 4, "TemporalDrop (pixel)", ["QuestionPrune 25%"], "speculative", 0.1, video_tab.DRAFT]
 
 
 @pytest.fixture(scope="module")
@@ -70,16 +70,20 @@ def test_asking_gives_the_answer_its_stats_and_the_truth(tab):
     reply = session.history[-1][0]
     assert reply.frames_seen == 12 and 1 <= reply.stats.nfe <= len(reply.tokens) and reply.stats.draft_passes > 0
 
-    plain = play(tab, None, [*TASK_STREAM[:6], "ar", 0.1], 12)[-1][0]      # greedy: speculative is lossless
+    plain = play(tab, None, [*TASK_STREAM[:6], "ar", 0.1, video_tab.DRAFT], 12)[-1][0]   # greedy: lossless
     ask(plain, "What is on screen now?", "ar", "")
     assert plain.history[-1][0].tokens == reply.tokens
+    early = play(tab, None, [*TASK_STREAM[:7], 1.0, "its first layer (early exit)"], 12)[-1][0]
+    assert early.pipe.draft.exit_layer == 1 and early.pipe.draft.shares_vision(early.pipe.model)
+    ask(early, "What is on screen now?", "speculative", "k=3")
+    assert early.history[-1][0].tokens == reply.tokens and early.history[-1][0].stats.draft_passes > 0
 
 
 def test_question_messages(tab):
     ask = handler(tab, "video_ask")
     with pytest.raises(gr.Error, match="no frame has been played"):
         ask(None, "what is on screen now ?", "ar", "")
-    session = play(tab, None, [*TASK_STREAM[:6], "ar", 0.1], 2)[-1][0]
+    session = play(tab, None, [*TASK_STREAM[:6], "ar", 0.1, video_tab.DRAFT], 2)[-1][0]
     with pytest.raises(gr.Error, match="question is empty"):
         ask(session, "  ", "ar", "")
     with pytest.raises(gr.Error, match="need a draft that has watched"):
@@ -96,7 +100,7 @@ def test_changing_an_option_restarts_the_stream(tab):
     assert all(v == gr.skip() for v in restart_if_changed(session, *TASK_STREAM))    # same settings: it goes on
     other_fps = [*TASK_STREAM[:3], 10, *TASK_STREAM[4:]]                        # fps is the file's: no change here
     assert restart_if_changed(session, *other_fps)[0] == gr.skip()
-    ar, ngram = [*TASK_STREAM[:6], "ar", 0.1], [*TASK_STREAM[:6], "ngram", 0.1]
+    ar, ngram = [*TASK_STREAM[:6], "ar", 0.1, video_tab.DRAFT], [*TASK_STREAM[:6], "ngram", 0.1, video_tab.DRAFT]
     session = play(tab, None, ar, 2)[-1][0]
     assert restart_if_changed(session, *ngram)[0] == gr.skip()                  # neither needs a draft
     restarted = restart_if_changed(session, *TASK_STREAM[:4], "none", *TASK_STREAM[5:])
@@ -125,7 +129,7 @@ def test_a_request_fires_a_notice_with_its_truth(model_dir):
 
     base = VideoStreamPipeline.from_pretrained(str(model_dir))
     base.trigger = TriggerHead(128, data.CLASSES, threshold=1e-6)    # fires at the next segment
-    session = Session(base, video_tab.settings(*TASK_STREAM[:6], "ar", 0.1))
+    session = Session(base, video_tab.settings(*TASK_STREAM[:6], "ar", 0.1, video_tab.DRAFT))
     session.feed_next()
     notice = video_tab.request_notice(session, "bag")
     assert "Watching for a **bag** after frame 0" in notice and "Ground truth:" in notice
