@@ -71,11 +71,21 @@ class _Continuation:
     (`mmaccel.video.kv_reduce`): the first token's logits come from the full cache, the loop goes on
     from the reduced one."""
 
-    def __init__(self, model: QwenVLStream, state, kv_reduction=()):
-        self.model, self.state, self.kv_reduction = model, state, list(kv_reduction)
+    def __init__(self, model: QwenVLStream, state, kv_reduction=(), draft: "_Continuation | None" = None):
+        self.model, self.state, self.kv_reduction, self.draft = model, state, list(kv_reduction), draft
 
     def __getattr__(self, name):
         return getattr(self.model, name)
+
+    def early_exit(self, exit_layer: int, head=None) -> "_Continuation":
+        """The core's `early-exit` method asks the target for its early-exit view: in a stream that is the
+        pipeline's draft, which has watched the stream, when it is this model's exit at `exit_layer`."""
+        exit_at = None if self.draft is None else self.draft.model.exit_layer
+        check(exit_at == exit_layer and self.model.shares_vision(self.draft.model),
+              f"early-exit answers at layer {exit_layer} need a pipeline whose draft watched the stream at that exit: "
+              f"VideoStreamPipeline(model, ..., draft=model.early_exit({exit_layer}), draft_keep=1.0)")
+        check(head is None, "a streaming model's early exit reads out through the model's own norm and head")
+        return self.draft
 
     def prefill(self, inputs: list[list[int]], room: int):
         check(len(inputs) == 1, "a stream answers one question at a time")
@@ -300,11 +310,12 @@ class VideoStreamPipeline:
         ids = list(self.tokenizer.question_ids(question))
         self._make_room(len(ids) + max_new_tokens, TEXT)
         before = vision_tokens(self.model, self.state)
-        resources = Resources(model=_Continuation(self.model, self.state, self.kv_reduction))
+        draft = None
         if self.draft is not None:
             self._make_room(len(ids) + max_new_tokens, TEXT, self.draft, self.draft_state)
             mark = (int(self.draft_state.cache.lengths[0]), self.draft_state.extras["next_position"])
-            resources.draft = _Continuation(self.draft, self.draft_state)
+            draft = _Continuation(self.draft, self.draft_state)
+        resources = Resources(model=_Continuation(self.model, self.state, self.kv_reduction, draft), draft=draft)
         gen = built.run(resources, [ids], max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
                         eos_token_id=self.tokenizer.eos_token_id, prompt_tokens=[ids])
         tokens = gen.tokens[0]

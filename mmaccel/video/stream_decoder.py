@@ -61,11 +61,14 @@ class StreamDecoder(nn.Module):
         """Decoder layers this adapter runs (and caches): all of them, or its exit layer."""
         return self.exit_layer or self.text.config.num_hidden_layers
 
-    def early_exit(self, layers: int) -> "StreamDecoder":
+    def early_exit(self, layers: int, head: nn.Module | None = None) -> "StreamDecoder":
         """This model decoding through its first `layers` layers, then the final norm and head: the
         self-speculative draft (LayerSkip) of a model trained with early exits (`mmaccel.video.train`
         trains the built-in one so). It shares every weight and the vision encoder with this adapter;
-        its states cache `layers` layers, so a draft step costs about layers / depth of a target step."""
+        its states cache `layers` layers, so a draft step costs about layers / depth of a target step.
+        A stream's draft reads out through the model's own head (`head` must be None)."""
+        check(head is None, "a streaming model's early exit reads out through the model's own norm and head; "
+              "separate exit heads are not supported here")
         total = self.text.config.num_hidden_layers
         check(isinstance(layers, int) and 1 <= layers < total,
               f"an early exit must be a layer count in [1, {total - 1}] (the model has {total}), got {layers!r}")

@@ -236,6 +236,12 @@ def test_speculative_answers_with_an_early_exit_draft_equal_greedy(hf):
         got = spec.ask("4 5 6", "speculative", k=3, max_new_tokens=6)
         assert got.tokens == want.tokens and got.stats.draft_passes > 0
         assert spec.draft_state.cache.lengths[0] == spec.kv_entries      # it saw every entry the target has
+        again = spec.ask("4 5", "early-exit", exit_layer=1, k=2, max_new_tokens=6)    # the core's name for it
+        assert again.tokens == plain.ask("4 5", max_new_tokens=6).tokens and again.stats.draft_passes > 0
+    with pytest.raises(InputError, match="draft=model.early_exit"):
+        spec.ask("4 5", "early-exit", exit_layer=2, max_new_tokens=4)
+    with pytest.raises(InputError, match="draft=model.early_exit"):
+        plain.ask("4 5", "early-exit", exit_layer=1, max_new_tokens=4)
 
 
 @pytest.mark.parametrize("layers", [0, 2, 1.5])
