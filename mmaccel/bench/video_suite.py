@@ -36,16 +36,16 @@ from mmaccel.video.train import TRAIN_KINDS
 
 # Pipeline parameters in a method's params (the rest go to the core method): `draft_keep`, the share of
 # vision tokens the draft sees (SpecVLM; the draft is the target itself unless `draft_exit` names its
-# early-exit layer count). Settings are fixed here, not picked on the test streams.
+# early-exit layer count). These settings are fixed; the self-drafts' chains are picked on the dev streams.
 PIPELINE_PARAMS = ("draft_keep", "draft_exit")
 DEFAULT_METHODS = [
     MethodSpec("ar"),
     MethodSpec("speculative", {"k": 2, "draft_keep": 0.1}, label="specvlm-10%"),
     MethodSpec("speculative", {"k": 2, "draft_keep": 0.0}, label="specvlm-text"),
-    MethodSpec("speculative", {"k": 3, "draft_keep": 1.0, "draft_exit": 1}, label="self-draft-1L"),
-    MethodSpec("speculative", {"k": 3, "draft_keep": 1.0, "draft_exit": 2}, label="self-draft-2L"),
     MethodSpec("ngram", {"k": 2, "max_ngram": 2}),
 ]
+SELF_DRAFT_EXITS = (1, 2)                        # early-exit drafts (layers) of the self-draft rows
+SELF_DRAFT_GRID = tuple({"k": k, "stop_below": stop} for k in (2, 3, 4) for stop in (0.0, 0.5))
 LOCAL_KINDS = ("now", "direction", "describe")   # answerable from the recent frames a bounded cache keeps
 LATE_QUESTIONS = 20                              # about this many in the last tenth of a long stream
 MAX_ANSWER = 12                                  # tokens an answer may take (the longest "describe" answer: 9)
@@ -112,8 +112,9 @@ def build_video_suite(quick: bool = False, methods: list[MethodSpec] | None = No
         n_test, n_dev, frames, per_stream, long_frames = 16, 4, 300, 24, 500
     streams = [make_stream(TEST_SEED + i, frames, "test") for i in range(n_test)]
     asked = [questions(s, TEST_SEED + i, per_stream, kinds=TRAIN_KINDS) for i, s in enumerate(streams)]
-    methods = methods or DEFAULT_METHODS
-    for spec in methods:
+    dev = [make_stream(DEV_SEED + i, frames, "train") for i in range(n_dev)]
+    dev_asked = [questions(s, DEV_SEED + i, per_stream, kinds=TRAIN_KINDS) for i, s in enumerate(dev)]
+    for spec in methods or []:
         build_method(spec.name, **method_params(spec))
 
     def pipeline(spec: MethodSpec, reduction=None):
@@ -121,6 +122,14 @@ def build_video_suite(quick: bool = False, methods: list[MethodSpec] | None = No
         draft = None if keep is None else target if exit_layer is None else target.early_exit(exit_layer)
         return VideoStreamPipeline(target, tokenizer, budget=budget, reduction=reduction, draft=draft,
                                    draft_keep=0.1 if keep is None else keep, max_answer_tokens=MAX_ANSWER)
+
+    picked = None
+    if methods is None:
+        exits = [e for e in SELF_DRAFT_EXITS if e < target.num_layers]
+        picked = pick_self_drafts(pipeline, dev, dev_asked, exits, SELF_DRAFT_GRID[:2] if quick else SELF_DRAFT_GRID)
+        methods = [*DEFAULT_METHODS[:-1], *(MethodSpec("speculative", {**p["params"], "draft_keep": 1.0,
+                                                                       "draft_exit": e}, label=f"self-draft-{e}L")
+                                            for e, p in picked.items()), DEFAULT_METHODS[-1]]
 
     def run_batch(spec: MethodSpec, inputs, seed: int):
         stream, qs = inputs
@@ -138,7 +147,7 @@ def build_video_suite(quick: bool = False, methods: list[MethodSpec] | None = No
                 "accuracy": round(sum(o[1] for o in outputs) / len(outputs), 4), "questions": len(outputs)}
 
     def finish(doc: dict) -> None:
-        doc["ingest"] = ingest_study(target, tokenizer, budget, streams, asked, n_dev, frames, per_stream)
+        doc["ingest"] = ingest_study(target, tokenizer, budget, streams, asked, dev, dev_asked)
         doc["long_stream"] = long_study(target, tokenizer, budget, long_frames)
         if base.trigger is not None:
             doc["triggers"] = trigger_study(target, tokenizer, budget, base.trigger, n_test, frames)
@@ -146,7 +155,8 @@ def build_video_suite(quick: bool = False, methods: list[MethodSpec] | None = No
     config = {"model": name, "task": "moving Fashion-MNIST streams (mmaccel.video.data), test split held out",
               "test_streams": n_test, "frames_per_stream": frames, "questions_per_stream": per_stream,
               "question_kinds": list(TRAIN_KINDS), "dev_streams": n_dev, "dev_split": f"train, seeds from {DEV_SEED}",
-              "budget": vars(budget), "sampling": "greedy", "quick": quick, "threads": torch.get_num_threads()}
+              "budget": vars(budget), "sampling": "greedy", "quick": quick, "threads": torch.get_num_threads(),
+              **({"self_draft_dev": picked} if picked is not None else {})}
     return Suite("video", config, methods, {1: list(zip(streams, asked))}, run_batch, quality,
                  claims_lossless=lambda spec: build_method(spec.name, **method_params(spec)).lossless,
                  primary_quality="accuracy",
@@ -190,9 +200,25 @@ def paired_ci95(hits: list[bool], base: list[bool]) -> float:
     return 1.96 * float(diff.std(ddof=1)) / math.sqrt(len(diff)) if len(diff) > 1 else float("nan")
 
 
-def ingest_study(target, tokenizer, budget, streams, asked, n_dev, frames, per_stream) -> dict:
-    dev = [make_stream(DEV_SEED + i, frames, "train") for i in range(n_dev)]
-    dev_q = [questions(s, DEV_SEED + i, per_stream, kinds=TRAIN_KINDS) for i, s in enumerate(dev)]
+def pick_self_drafts(pipeline, dev, dev_asked, exits, grid) -> dict:
+    """Per early exit: the chain setting of `grid` whose answers decode fastest on the dev streams (decode
+    seconds summed; greedy, so every setting gives the same answers) -> {exit: {params, decode_s}}."""
+    picked = {}
+    for exit_layer in exits:
+        seconds = {}
+        for params in grid:
+            spec = MethodSpec("speculative", {**params, "draft_keep": 1.0, "draft_exit": exit_layer})
+            total = 0.0
+            for stream, qs in zip(dev, dev_asked):
+                for answer, _ in play(pipeline(spec), stream, qs, spec.name, params):
+                    total += answer.stats.time_s["total"] - answer.stats.time_s.get("prefill", 0.0)
+            seconds[", ".join(f"{k}={v}" for k, v in params.items())] = round(total, 4)
+        best = min(seconds, key=seconds.get)
+        picked[exit_layer] = {"params": grid[list(seconds).index(best)], "decode_s": seconds}
+    return picked
+
+
+def ingest_study(target, tokenizer, budget, streams, asked, dev, dev_q) -> dict:
     full = _run_setting(target, tokenizer, budget, lambda: None, dev, dev_q)
     tried, chosen = {}, FEATURE_THRESHOLDS[0]
     for threshold in FEATURE_THRESHOLDS:
@@ -273,9 +299,13 @@ def answer_decoding_table(doc: dict) -> list[str]:
     every method pays alike), and the ingest of the whole streams (a draft that reads frames adds to it)."""
     rows = doc["results"]
     base = next(r for r in rows if r["method"] == doc["baseline"])
-    lines = ["#### Answer decoding (held-out test streams, greedy)", "",
-             "| method | answer tokens | NFE ratio | mean accepted | decode s | decode speed-up | answer latency s "
-             "| stream ingest s | identical to AR |", "|---|---|---|---|---|---|---|---|---|"]
+    picked = doc["config"].get("self_draft_dev")
+    lines = ["#### Answer decoding (held-out test streams, greedy)", ""]
+    if picked:
+        lines += ["Self-draft chains picked on the dev streams (decode seconds per setting): " + "; ".join(
+            f"exit {e}: {p['params']} of {p['decode_s']}" for e, p in picked.items()), ""]
+    lines += ["| method | answer tokens | NFE ratio | mean accepted | decode s | decode speed-up | answer latency s "
+              "| stream ingest s | identical to AR |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         decode, ingest = decode_seconds(r), r["time_s"].get("stream_ingest")
         lines.append(f"| {r['method']} | {r['new_tokens']} | {r['nfe_ratio']} | {r['mean_accepted']:.2f} | "

@@ -39,3 +39,6 @@ def test_bench_video_quick_writes_valid_json(video_model_dir, tmp_path):
     markdown = out.with_suffix(".md").read_text()
     assert (tmp_path / "video_long.png").exists() and "Long streams" in markdown and "decode speed-up" in markdown
     assert all(r["time_s"]["stream_ingest"] > 0 for r in doc["results"])
+    picked = doc["config"]["self_draft_dev"]                    # chains picked on the dev streams
+    assert set(picked) == {"1", "2"} and all(len(p["decode_s"]) == 2 for p in picked.values())
+    assert "Self-draft chains picked on the dev streams" in markdown
