@@ -6,7 +6,9 @@ seeds training never draws):
 
 1. Answer decoding (the harness's rows): every method answers the same questions on the same streams,
    each in its own pipeline fed the same frames; greedy, so lossless methods must give the AR answers
-   token for token. Quality is exact-match accuracy against the ground truth.
+   token for token. Quality is exact-match accuracy against the ground truth. The self-draft rows (the
+   model's own first layers draft, `StreamDecoder.early_exit`) use the chain setting that decoded the
+   dev streams fastest; the Markdown adds the decode time without the question prefill, per method.
 2. Ingest (`doc["ingest"]`): vision token reduction settings against the full stream, at ingest
    (`mmaccel.video.reduce`) and at each question in the cache (`mmaccel.video.kv_reduce`): vision tokens
    and KV entries per frame, ingest latency, answer accuracy. The feature-cosine threshold of TemporalDrop is
@@ -14,7 +16,8 @@ seeds training never draws):
    the pixel threshold is the default.
 3. Long streams (`doc["long_stream"]`): one stream and one 10x longer stream through the bounded cache:
    KV entries and ingest latency per frame over time (plotted), the cache's fixed size, the process's
-   resident memory at the start and the end, and the latency of the last tenth against the first.
+   resident memory at the start and the end, the latency of the last tenth against the first, and the
+   accuracy of questions about the present in the last tenth.
 """
 
 from __future__ import annotations
