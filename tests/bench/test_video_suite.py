@@ -42,3 +42,14 @@ def test_bench_video_quick_writes_valid_json(video_model_dir, tmp_path):
     picked = doc["config"]["self_draft_dev"]                    # chains picked on the dev streams
     assert set(picked) == {"1", "2"} and all(len(p["decode_s"]) == 2 for p in picked.values())
     assert "Self-draft chains picked on the dev streams" in markdown
+
+
+def test_paired_interval_is_narrow_when_the_answers_agree():
+    from mmaccel.bench.video_suite import paired_ci95
+
+    base = [True, False] * 50
+    assert paired_ci95(base, base) == 0.0                               # the same answers: no doubt
+    one_flip = [not base[0], *base[1:]]
+    assert 0 < paired_ci95(one_flip, base) < 0.03                       # one of 100 differs
+    unrelated = [True, True, False, False] * 25
+    assert paired_ci95(unrelated, base) > 0.1                           # half of them differ
