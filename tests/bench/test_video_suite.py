@@ -42,6 +42,7 @@ def test_bench_video_quick_writes_valid_json(video_model_dir, tmp_path):
     picked = doc["config"]["self_draft_dev"]                    # chains picked on the dev streams
     assert set(picked) == {"1", "2"} and all(len(p["decode_s"]) == 2 for p in picked.values())
     assert "Self-draft chains picked on the dev streams" in markdown
+    assert 0.0 <= doc["ingest"]["constant_answers"]["accuracy"] <= 1.0 and "Chance reference" in markdown
 
 
 def test_paired_interval_is_narrow_when_the_answers_agree():
@@ -53,3 +54,16 @@ def test_paired_interval_is_narrow_when_the_answers_agree():
     assert 0 < paired_ci95(one_flip, base) < 0.03                       # one of 100 differs
     unrelated = [True, True, False, False] * 25
     assert paired_ci95(unrelated, base) > 0.1                           # half of them differ
+
+
+def test_constant_answers_take_the_most_common_dev_answer_per_kind():
+    from mmaccel.bench.video_suite import constant_answers
+    from mmaccel.video.data import Question
+
+    dev = [[Question(0, "count", "", "two"), Question(1, "count", "", "two"), Question(2, "count", "", "one"),
+            Question(3, "now", "", "bag")]]
+    test = [[Question(0, "count", "", "two"), Question(1, "count", "", "three"), Question(2, "now", "", "coat"),
+             Question(3, "direction", "", "left")]]
+    out = constant_answers(dev, test)
+    assert out["answers"] == {"count": "two", "now": "bag"}
+    assert out["by_kind"] == {"count": 0.5, "direction": 0.0, "now": 0.0} and out["accuracy"] == 0.25
