@@ -8,6 +8,9 @@ cross-entropy on its max-pooled logits. The decision threshold is then chosen on
 through the pipeline's firing rule (`trigger_eval.replay_requests`) and the one with the best trigger F1
 (`trigger_eval.trigger_metrics`) is kept. Head, classes and threshold are written next to the model.
 
+With `--min-visible 0.5`, a class whose objects show less than half of their box at that frame (entering
+or leaving) is left out of the loss rather than called in view: the head is not asked to name a sliver.
+
 By default half of the streams go through `TemporalDrop("pixel")` (the pipeline's `reduction`), so the
 head also reads streams whose static tokens were dropped; `--reduction none|dtd` uses one kind only.
 
@@ -30,7 +33,7 @@ import torch
 from torch import Tensor
 
 from mmaccel.errors import check
-from mmaccel.video.data import CLASSES, make_stream, questions
+from mmaccel.video.data import CLASSES, OBJECT_SIZE, make_stream, questions
 from mmaccel.video.reduce import TemporalDrop
 from mmaccel.video.trigger import TriggerHead
 from mmaccel.video.trigger_eval import TOLERANCE, replay_requests, trigger_metrics
@@ -51,30 +54,45 @@ class Recording:
     hidden: list[Tensor]
     frames: list[int]
     labels: Tensor          # [S, C] float
+    weights: Tensor | None = None   # [S, C]: 0 where a class is in view only in part (`min_visible`), else 1
 
 
-def record(pipe, stream, classes: tuple[str, ...] = CLASSES) -> Recording:
-    """Feed `stream` through `pipe` (reset first) and keep what each appended segment left in `state.hidden`."""
+def visible_share(track, t: int) -> float:
+    """The share of the object's 28x28 box on the canvas at frame `t`."""
+    x, y = track.position(t)
+    c, s = track.canvas, OBJECT_SIZE
+    return max(0, min(x + s, c) - max(x, 0)) * max(0, min(y + s, c) - max(y, 0)) / (s * s)
+
+
+def record(pipe, stream, classes: tuple[str, ...] = CLASSES, min_visible: float = 0.0) -> Recording:
+    """Feed `stream` through `pipe` (reset first) and keep what each appended segment left in `state.hidden`.
+    A class counts as in view at the segment's last frame; with `min_visible` > 0, a class whose objects
+    show less than that share of their box there is left out of the loss (weight 0): neither in view nor not."""
     pipe.reset()
-    hidden, frames, labels = [], [], []
+    hidden, frames, labels, weights = [], [], [], []
     for t in range(stream.num_frames):
         if pipe.feed(stream.frame(t)).appended:
             hidden.append(pipe.state.hidden[0, 1:-1].to("cpu", torch.float32).clone())   # markers excluded
             frames.append(t)
-            visible = {tr.class_name for tr in stream.on_screen(t)}
-            labels.append([float(c in visible) for c in classes])
-    return Recording(stream, bool(pipe.reduction), hidden, frames, torch.tensor(labels).reshape(-1, len(classes)))
+            share = {}
+            for tr in stream.on_screen(t):
+                share[tr.class_name] = max(share.get(tr.class_name, 0.0), visible_share(tr, t))
+            labels.append([float(c in share) for c in classes])
+            weights.append([float(c not in share or share[c] >= min_visible) for c in classes])
+    shape = (-1, len(classes))
+    return Recording(stream, bool(pipe.reduction), hidden, frames, torch.tensor(labels).reshape(shape),
+                     torch.tensor(weights).reshape(shape))
 
 
 def record_streams(pipes: dict[bool, object], seeds: list[int], num_frames: int, reduction: str,
-                   log=print) -> list[Recording]:
+                   log=print, min_visible: float = 0.0) -> list[Recording]:
     """Record train-split streams `seeds`; `pipes[reduced]` is the pipeline without / with TemporalDrop,
     chosen per stream by `reduction` ("mix": alternate)."""
     check(reduction in REDUCTIONS, f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
     out, t0 = [], time.perf_counter()
     for i, seed in enumerate(seeds):
         reduced = {"mix": i % 2 == 1, "none": False, "dtd": True}[reduction]
-        out.append(record(pipes[reduced], make_stream(seed, num_frames, "train")))
+        out.append(record(pipes[reduced], make_stream(seed, num_frames, "train"), min_visible=min_visible))
         if (i + 1) % 20 == 0:
             log(f"recorded {i + 1}/{len(seeds)} streams {time.perf_counter() - t0:.0f}s")
     return out
@@ -97,9 +115,10 @@ def train_head(head: TriggerHead, recordings: list[Recording], *, steps: int = 1
     are left out: the head gives them probability 0 by construction). Returns the loss per step."""
     hidden = [h for r in recordings for h in r.hidden]
     labels = torch.cat([r.labels for r in recordings])
+    weights = torch.cat([torch.ones_like(r.labels) if r.weights is None else r.weights for r in recordings])
     x, mask = pad(hidden)
     rows = mask.any(1)
-    x, mask, labels = x[rows], mask[rows], labels[rows]
+    x, mask, labels, weights = x[rows], mask[rows], labels[rows], weights[rows]
     check(len(x) > 0, "no recorded segment has a vision token to train on")
     torch.manual_seed(seed)
     opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.01)
@@ -110,7 +129,7 @@ def train_head(head: TriggerHead, recordings: list[Recording], *, steps: int = 1
     for step in range(steps):
         idx = torch.randint(0, len(x), (min(batch, len(x)),), generator=g)
         logits = head(x[idx], mask[idx])
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels[idx])
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels[idx], weights[idx])
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -170,6 +189,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--frames", type=int, default=200, help="frames per training stream")
     ap.add_argument("--dev-frames", type=int, default=300)
     ap.add_argument("--dev-requests", type=int, default=6, help="'when' requests per development stream")
+    ap.add_argument("--min-visible", type=float, default=0.0, help="leave a class out of the loss where its "
+                    "objects show less than this share of their box (0: any pixel counts as in view)")
     ap.add_argument("--width", type=int, default=128)
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--batch", type=int, default=256)
@@ -194,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
              True: VideoStreamPipeline(model, tok, reduction=TemporalDrop("pixel"))}
     base = args.seed * 100_000
     train = record_streams(pipes, [TRAIN_SEED0 + base + i for i in range(args.train_streams)], args.frames,
-                           args.reduction, log)
+                           args.reduction, log, args.min_visible)
     dev = record_streams(pipes, [DEV_SEED0 + base + i for i in range(args.dev_streams)], args.dev_frames,
                          args.reduction, log)
     head = TriggerHead(model.text.config.hidden_size, CLASSES, width=args.width)

@@ -212,3 +212,31 @@ def test_a_short_training_run_lowers_the_loss_and_live_evaluation_equals_replay(
     qs = early_requests(rec.stream, np.random.default_rng(0), within=10, subjects=3)
     assert len(qs) == 3 and len({q.answer for q in qs}) == 3 and len({q.frame for q in qs}) == 1
     assert qs[0].frame < 10 and all(q.kind == "when" for q in qs)
+
+
+def test_partly_visible_classes_are_left_out_of_the_loss_with_min_visible():
+    from mmaccel.video.data import CLASSES, Stream, Track
+    from mmaccel.video.train_trigger import record, visible_share
+
+    # a bag (class 8) entering from the left at 2 px a frame: 4 px in view at frame 1, whole from frame 13
+    s = Stream(seed=0, split="test", num_frames=16, tracks=[Track(0, 8, 0, "right", 2, 40, 0)])
+    track = s.tracks[0]
+    assert visible_share(track, 1) == 4 / 28 and visible_share(track, 13) == 1.0
+
+    class Pipe:                                   # a segment of one token every second frame
+        reduction = ()
+
+        def reset(self):
+            self.t = -1
+
+        def feed(self, frame):
+            self.t += 1
+            self.state = type("S", (), {"hidden": torch.zeros(1, 3, 4)})()
+            return type("R", (), {"appended": self.t % 2 == 1})()
+
+    rec = record(Pipe(), s, min_visible=0.5)
+    bag = CLASSES.index("bag")
+    assert rec.frames == [1, 3, 5, 7, 9, 11, 13, 15] and rec.labels[:, bag].tolist() == [1.0] * 8
+    assert rec.weights[:, bag].tolist() == [0, 0, 0, 1, 1, 1, 1, 1]      # shares 4, 8, 12, 16 .. of 28 px
+    assert rec.weights[:, CLASSES.index("coat")].tolist() == [1.0] * 8   # not in view: a negative, counted
+    assert record(Pipe(), s).weights.all()                              # by default every label counts
