@@ -406,7 +406,7 @@ def plot_long_stream(out: Path) -> list[Path]:
         points = [(i * every, ms) for i, ms in enumerate(row["ingest_ms"]) if ms is not None]
         axes[1].plot([p[0] for p in points], [p[1] for p in points], label=key, lw=0.9)
     axes[0].set_ylabel("KV cache entries")
-    axes[1].set_ylabel("ingest latency of an appending frame (ms, window median)")
+    axes[1].set_ylabel("ingest ms of an appending frame (window median)")
     for ax in axes:
         ax.set_xlabel("frame")
         ax.legend(fontsize=8)
