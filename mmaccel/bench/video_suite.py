@@ -214,7 +214,7 @@ def pick_self_drafts(pipeline, dev, dev_asked, exits, grid) -> dict:
             total = 0.0
             for stream, qs in zip(dev, dev_asked):
                 for answer, _ in play(pipeline(spec), stream, qs, spec.name, params):
-                    total += answer.stats.time_s["total"] - answer.stats.time_s.get("prefill", 0.0)
+                    total += decode_seconds(answer.stats.time_s)
             seconds[", ".join(f"{k}={v}" for k, v in params.items())] = round(total, 4)
         best = min(seconds, key=seconds.get)
         picked[exit_layer] = {"params": grid[list(seconds).index(best)], "decode_s": seconds}
@@ -315,10 +315,10 @@ def _median_append_ms(reports) -> float | None:
     return round(1e3 * statistics.median(appended), 3) if appended else None
 
 
-def decode_seconds(row: dict) -> float:
-    """Answer time after the question's prefill: the decode loop's draft and verify passes."""
-    t = row["time_s"]
-    return t.get("total", 0.0) - t.get("prefill", 0.0)
+def decode_seconds(time_s: dict) -> float:
+    """Answer time after the question's prefill (phase times of `DecodeStats` or a result row): the decode
+    loop's draft and verify passes."""
+    return time_s.get("total", 0.0) - time_s.get("prefill", 0.0)
 
 
 def answer_decoding_table(doc: dict) -> list[str]:
@@ -334,9 +334,9 @@ def answer_decoding_table(doc: dict) -> list[str]:
     lines += ["| method | answer tokens | NFE ratio | mean accepted | decode s | decode speed-up | answer latency s "
               "| stream ingest s | identical to AR |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        decode, ingest = decode_seconds(r), r["time_s"].get("stream_ingest")
+        decode, ingest = decode_seconds(r["time_s"]), r["time_s"].get("stream_ingest")
         lines.append(f"| {r['method']} | {r['new_tokens']} | {r['nfe_ratio']} | {r['mean_accepted']:.2f} | "
-                     f"{decode:.3f} | {decode_seconds(base) / decode:.2f}x | {r['latency_s']:.3f} | "
+                     f"{decode:.3f} | {decode_seconds(base['time_s']) / decode:.2f}x | {r['latency_s']:.3f} | "
                      f"{'–' if ingest is None else f'{ingest:.2f}'} | {r['quality'].get('identical_to_ar')} |")
     return lines
 
