@@ -17,6 +17,10 @@ Inside a segment single vision entries can go too (`evict_entries`, KV-side toke
 `mmaccel.video.kv_reduce`): the segment stays one unit with its position run, its survivors keep their
 own positions (no rotation), and its size is from then on its surviving entries, which is all that
 `plan_eviction` and `evict` count.
+
+Eviction is a pass over the whole cache (pack, rotate), so it goes in chunks: a window that overflows is
+cut to `1 - chunk` of its size, and the next eviction comes only after that many more entries. Appends
+between evictions cost what they cost before the cache filled (the cache never exceeds its budget).
 """
 
 from __future__ import annotations
@@ -36,17 +40,21 @@ class KVBudget:
     """Cache entries kept per stream: `sink` first entries, the last `vision` entries of frames, the last
     `text` entries of questions and answers. The cache never holds more than their sum plus the room an
     answer needs. The defaults hold a 300-frame stream of the built-in model (9 entries a frame) whole,
-    about as long as its training streams (up to 320 frames); longer streams evict."""
+    about as long as its training streams (up to 320 frames); longer streams evict. A window that
+    overflows is cut by a `chunk` of its size at once (0: by just enough, on every append)."""
 
     sink: int = 16
     vision: int = 3072
     text: int = 512
+    chunk: float = 0.125
 
     def __post_init__(self):
         for name in ("sink", "vision", "text"):
             value = getattr(self, name)
             check(isinstance(value, int) and value >= 0, f"KV budget {name} must be an int >= 0, got {value!r}")
         check(self.vision > 0, "the KV budget must keep at least one frame's vision entries (vision > 0)")
+        check(isinstance(self.chunk, (int, float)) and 0.0 <= self.chunk < 1.0,
+              f"KV budget chunk must be a fraction in [0, 1), got {self.chunk!r}")
 
     @property
     def total(self) -> int:
@@ -91,7 +99,8 @@ class Units:
 def plan_eviction(units: Units, budget: KVBudget, incoming: int, incoming_kind: int) -> list[bool] | None:
     """Which units to keep so that `incoming` more entries of `incoming_kind` fit the budget, or None
     when nothing has to go. The units wholly inside the first `sink` entries stay; then, per kind, the newest
-    units while they fit its window (the first that does not fit ends the window: it stays contiguous)."""
+    units while they fit its window less the budget's chunk (the first that does not fit ends the window:
+    it stays contiguous)."""
     check(incoming <= (budget.vision if incoming_kind == VISION else budget.text),
           f"{incoming} new {'vision' if incoming_kind == VISION else 'text'} entries are more than the KV budget "
           f"keeps for them ({budget}); raise the budget")
@@ -107,6 +116,7 @@ def plan_eviction(units: Units, budget: KVBudget, incoming: int, incoming_kind: 
             used[units.kind[u]] += size
     if used[VISION] <= limit[VISION] and used[TEXT] <= limit[TEXT]:
         return None
+    limit = {kind: size - int(budget.chunk * size) for kind, size in limit.items()}
     keep = [u in sinks for u in range(len(sizes))]
     used = {VISION: 0, TEXT: 0}
     used[incoming_kind] = incoming

@@ -92,12 +92,38 @@ def test_memory_is_bounded_and_positions_stay_in_range(hf):
     assert pipe.state.cache.capacity == budget.total + 4 + 64
 
 
+def test_eviction_goes_in_chunks(hf):
+    """A full window is cut by a chunk of its size at once: the next appends evict nothing, and the cache
+    never outgrows its budget; chunk=0 evicts by just enough on every append."""
+    evictions = {}
+    for chunk in (0.0, 0.5):
+        budget = KVBudget(sink=3, vision=4 * 6, text=8, chunk=chunk)       # four segments of 4 tokens + 2 marks
+        pipe = VideoStreamPipeline(QwenVLStream(hf), Digits(), budget=budget, system_prompt=[5, 6, 7])
+        sizes = [pipe.feed(f).kv_entries for f in clip(24, 6)][1::2]     # after each appended segment
+        assert max(sizes) <= budget.total
+        evictions[chunk] = sum(b <= a for a, b in zip(sizes, sizes[1:]))
+        if chunk:
+            assert min(sizes[4:]) == 3 + 2 * 6                           # cut to half the window, then refilled
+    assert evictions[0.0] == 8 and evictions[0.5] == 3
+    with pytest.raises(InputError, match="chunk"):
+        KVBudget(chunk=1.0)
+
+
+def test_a_cpu_stream_flushes_subnormal_floats_unless_told_not_to(hf):
+    torch.set_flush_denormal(False)
+    tiny = torch.tensor([1e-40])
+    VideoStreamPipeline(QwenVLStream(hf), Digits(), flush_denormals=False)
+    assert float(tiny * 2) > 0
+    VideoStreamPipeline(QwenVLStream(hf), Digits())
+    assert float(tiny * 2) == 0.0
+
+
 def test_evicted_keys_are_rotated_to_their_new_positions(hf):
     """Layer-0 keys depend on a token and its position only: after eviction the moved keys equal those of a
     fresh stream that holds the surviving units at their new, contiguous positions."""
     model = QwenVLStream(hf)
     frames = clip(8, 5)
-    budget = KVBudget(sink=3, vision=2 * 6, text=8)
+    budget = KVBudget(sink=3, vision=2 * 6, text=8, chunk=0.0)
     pipe = VideoStreamPipeline(model, Digits(), budget=budget, system_prompt=[5, 6, 7])
     for f in frames:
         pipe.feed(f)                                              # 4 segments: the first two are evicted
@@ -202,7 +228,7 @@ def test_speculative_answers_with_a_reduced_vision_draft_equal_greedy(hf, draft_
             assert got.stats.nfe < want.stats.nfe
         assert other.ask("4 5 6", "tree", depth=3, width=2, max_new_tokens=6).tokens == want.tokens
         assert spec.kv_entries == plain.kv_entries
-        assert spec.draft_state.cache.lengths[0] <= spec.kv_entries
+        assert spec.draft_state.cache.lengths[0] <= budget.total          # the draft's cache is bounded too
 
 
 def test_early_exit_logits_equal_the_truncated_hugging_face_model(hf):
