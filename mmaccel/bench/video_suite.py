@@ -69,6 +69,7 @@ def _settings(feature_threshold: float) -> dict:
         "question-prune-25%": (none, lambda: [QuestionPrune(0.25)]),
         "round-decay-50%": (none, lambda: [RoundDecay(0.5)]),
         "dtd-pixel+round-decay": (lambda: [TemporalDrop("pixel")], lambda: [RoundDecay(0.5)]),
+        "dtd-pixel+merge+round-decay": (lambda: [TemporalDrop("pixel"), SpatialMerge(0.9)], lambda: [RoundDecay(0.5)]),
     }
 
 
@@ -340,6 +341,12 @@ def answer_decoding_table(doc: dict) -> list[str]:
         lines.append(f"| {r['method']} | {r['new_tokens']} | {r['nfe_ratio']} | {r['mean_accepted']:.2f} | "
                      f"{decode:.3f} | {decode_seconds(base['time_s']) / decode:.2f}x | {r['latency_s']:.3f} | "
                      f"{'–' if ingest is None else f'{ingest:.2f}'} | {r['quality'].get('identical_to_ar')} |")
+    answers = base["quality"].get("questions")
+    if answers:
+        decode_passes = base["nfe"] - answers                # the first token of an answer comes with its prefill
+        lines += ["", f"Answers are short: AR takes {base['nfe'] / answers:.2f} passes an answer, the first with the "
+                  f"question's prefill. A draft that cost nothing and was always right would verify the rest in one "
+                  f"pass: at most {decode_passes / answers:.2f}x fewer decode passes than AR's {decode_passes}."]
     return lines
 
 

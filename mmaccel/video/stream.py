@@ -25,7 +25,6 @@ import torch
 from torch import Tensor
 
 from mmaccel.core.methods import Method, Resources, build_method
-from mmaccel.core.model import on_host
 from mmaccel.core.sampling import Sampling
 from mmaccel.core.stats import DecodeStats
 from mmaccel.errors import InputError, ModelNotFoundError, check
@@ -102,18 +101,12 @@ class _Continuation:
 
 class VideoStreamPipeline:
     """A streaming video-language model with bounded memory. `tokenizer` maps a question to its token
-    ids (`question_ids`) and answer ids back to text (`decode`), with `eos_token_id`.
-
-    On the CPU a long-lived stream drifts into subnormal floats inside its attention, each a slow
-    microcode path: at frame 4000 of a stream appends took 10.4 ms against 7.7 ms at frame 500, with
-    the same cache size. `flush_denormals` (default) sets the process's flush-to-zero mode
-    (`torch.set_flush_denormal`, as ONNX Runtime does by default), which keeps the per-frame latency
-    flat; values below 1.2e-38 become 0."""
+    ids (`question_ids`) and answer ids back to text (`decode`), with `eos_token_id`."""
 
     def __init__(self, model: QwenVLStream, tokenizer, *, budget: KVBudget | None = None,
                  max_answer_tokens: int = 64, system_prompt: list[int] | None = None, reduction=None,
                  draft: QwenVLStream | None = None, draft_keep: float = 0.1, trigger: TriggerHead | None = None,
-                 kv_reduction=None, flush_denormals: bool = True):
+                 kv_reduction=None):
         check(isinstance(max_answer_tokens, int) and max_answer_tokens >= 1,
               f"max_answer_tokens must be an int >= 1, got {max_answer_tokens!r}")
         self.model, self.tokenizer = model, tokenizer
@@ -134,8 +127,6 @@ class VideoStreamPipeline:
         check(isinstance(draft_keep, (int, float)) and 0.0 <= draft_keep <= 1.0,
               f"draft_keep must be a share of vision tokens in [0, 1], got {draft_keep!r}")
         self.draft, self.draft_keep = draft, float(draft_keep)
-        if flush_denormals and on_host(model.device):
-            torch.set_flush_denormal(True)
         self.reset()
 
     @classmethod
