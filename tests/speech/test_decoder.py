@@ -1,6 +1,8 @@
 """The Whisper decoder adapter: exact against Hugging Face, tree masks, row selection, early exit,
 beam search, and every lossless method bit-identical to greedy."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -167,6 +169,55 @@ def test_argmax_projection_has_the_fp32_argmax_even_at_near_ties():
     torch.testing.assert_close(fast[rows, fast.argmax(-1)], exact[rows, exact.argmax(-1)], atol=1e-5, rtol=0)
     assert torch.isinf(fast[:, [3, 7]]).all()
     assert (fast - exact).abs()[torch.isfinite(exact)].max() < 0.1          # bf16-close elsewhere
+
+
+def adversarial_rows(seed: int, rows: int = 256, vocab: int = 2000, d: int = 64):
+    """Hidden states and an embedding where each row's fp32 winner (logit 40, clear of the random rest) has
+    rivals at lower indices a hair below it: gaps from 1e-4 to 2e-2, far outside fp32's error and inside
+    bf16's (its spacing at 40 is 0.25, so rounding makes them ties that the first index wins), with small
+    off-axis parts that change only the rounding; and in every third row an exact copy of the winner at a
+    lower index (a tie fp32 `argmax` breaks to the first)."""
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.randn(vocab, d, generator=g) * 0.2
+    h = torch.randn(rows, d, generator=g) * 4
+    winner = torch.randint(vocab // 2, vocab, (rows,), generator=g)
+    used = set()
+    for r in range(rows):
+        i = int(winner[r])
+        if i in used:
+            continue
+        used.add(i)
+        u = h[r] / h[r].norm()
+        base = float((h[r] * weight[i]).sum())
+        weight[i] += u * (40.0 - base) / h[r].norm()                 # the row's winner, well clear of the rest
+        for j in torch.randint(0, vocab // 2, (6,), generator=g).tolist():
+            if j in used:
+                continue
+            used.add(j)
+            gap = float(10 ** torch.empty(1).uniform_(-4, math.log10(2e-2), generator=g))
+            side = torch.randn(d, generator=g)
+            side -= (side @ u) * u                                    # orthogonal to h: changes only the rounding
+            weight[j] = weight[i] - u * gap / h[r].norm() + side * 0.05
+        if r % 3 == 0:                                                # an exact tie at a lower index
+            twin = int(torch.randint(0, vocab // 2, (1,), generator=g))
+            if twin not in used:
+                used.add(twin)
+                weight[twin] = weight[i]
+    return weight, h
+
+
+def test_the_argmax_view_returns_the_fp32_argmax_on_adversarial_near_ties():
+    """Every row's arg-max equals the fp32 projection's (ties to the first index, as `argmax` breaks them),
+    though the bf16 product alone, the view without its recheck, gets most rows wrong."""
+    bias = torch.zeros(2000)
+    wrong_bf16, total = 0, 0
+    for seed in range(6):
+        weight, h = adversarial_rows(seed)
+        exact = F.linear(h, weight).argmax(-1)
+        assert torch.equal(ArgmaxProjection(weight, bias)(h).argmax(-1), exact), seed
+        wrong_bf16 += int((F.linear(h.bfloat16(), weight.bfloat16()).float().argmax(-1) != exact).sum())
+        total += len(exact)
+    assert wrong_bf16 > total // 2                                     # a missed recheck flips most rows
 
 
 def test_argmax_view_decodes_exactly_like_the_model(tiny_decoder):

@@ -1,0 +1,176 @@
+"""Greedy CTC and FlexCTC-style batched beam search (arXiv 2508.07315; reference asr.md section 4).
+
+The beam search is label-synchronous with Viterbi recombination, over a [batch, beam] state held in
+tensors: per frame, every hypothesis is extended by every label at once (blank and a repeat of the
+frame's previous label emit nothing; any other label emits and adds the weighted scores of the fusion
+models, `FusionTable`s, and the insertion bonus), the top `beam` of beam x vocabulary survive,
+hypotheses more than `threshold` below the row's best are pruned, and hypotheses with the same
+transcript (hash and length) and the same last frame label are merged, keeping the best score. No
+per-hypothesis Python, no host reads inside the frame loop: the loop's length is fixed before it
+starts, so the same code runs on CPU and CUDA.
+
+Blank-frame skipping: a frame whose blank probability exceeds `blank_skip` is taken as blank for
+every hypothesis without a search step (the frames that are skipped are read once, before the loop);
+paths that emit on such frames are given up, which is what torchaudio's CUDA decoder does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from mmaccel.errors import check
+from mmaccel.speech.ctc.fusion import FusionTable
+from mmaccel.speech.ctc.vocab import CTCHypothesis, CTCVocabulary
+
+HASH_BASE = 1_000_003           # rolling hash of a transcript (int64, wrapping): equal hashes + lengths = merge
+
+
+def _check_inputs(log_probs: Tensor, lengths: Tensor | None, vocab: CTCVocabulary) -> Tensor:
+    check(isinstance(log_probs, Tensor) and log_probs.dim() == 3 and log_probs.is_floating_point(),
+          f"log_probs must be a float tensor [batch, frames, labels], got "
+          f"{tuple(log_probs.shape) if isinstance(log_probs, Tensor) else type(log_probs).__name__}")
+    B, T, V = log_probs.shape
+    check(B > 0 and T > 0, f"log_probs must hold at least one frame of one utterance, got {tuple(log_probs.shape)}")
+    check(V == len(vocab), f"log_probs have {V} labels, the vocabulary {len(vocab)}: they must be the same model's")
+    check(not bool(torch.isnan(log_probs).any()), "log_probs contain NaN: check the model's output (and its input audio)")
+    if lengths is None:
+        return torch.full((B,), T, dtype=torch.long, device=log_probs.device)
+    lengths = (lengths if isinstance(lengths, Tensor) else torch.tensor(lengths)).to(log_probs.device).long()
+    check(lengths.shape == (B,) and bool(((lengths >= 0) & (lengths <= T)).all()),
+          f"lengths must be [batch] frame counts in [0, {T}], got {lengths.tolist()}")
+    return lengths
+
+
+def ctc_greedy(log_probs: Tensor, vocab: CTCVocabulary, lengths: Tensor | None = None, *,
+               frame_seconds: float = 0.02) -> list[CTCHypothesis]:
+    """Best label per frame, repeats merged and blanks removed; the score is the best path's log-probability."""
+    lengths = _check_inputs(log_probs, lengths, vocab)
+    best, labels = log_probs.float().max(-1)                                           # [B, T]
+    T = labels.shape[1]
+    inside = torch.arange(T, device=labels.device)[None] < lengths[:, None]
+    previous = torch.cat([torch.full_like(labels[:, :1], vocab.blank), labels[:, :-1]], 1)
+    emit = inside & (labels != vocab.blank) & (labels != previous)
+    scores = (best * inside).sum(1)
+    out = []
+    for b, (row, mask) in enumerate(zip(labels.cpu(), emit.cpu())):
+        frames = mask.nonzero()[:, 0].tolist()
+        out.append(vocab.hypothesis(row[frames].tolist(), frames, float(scores[b]), frame_seconds))
+    return out
+
+
+def _frame_plan(log_probs: Tensor, lengths: Tensor, blank: int, blank_skip: float | None):
+    """Which frames each row searches: frames [B, J] (their indices, padded), count [B], and per searched
+    frame the skipped frames just before it: their blank log-probability sum [B, J] and whether any [B, J];
+    the skipped frames after a row's last searched one add `tail` [B]."""
+    B, T, _ = log_probs.shape
+    inside = torch.arange(T, device=log_probs.device)[None] < lengths[:, None]
+    blank_lp = log_probs[..., blank].float()
+    skip = inside & (blank_lp > math.log(blank_skip)) if blank_skip is not None else torch.zeros_like(inside)
+    keep = inside & ~skip
+    count = keep.sum(1)
+    J = max(int(count.max()), 1)                                                     # the one host read
+    slot = torch.where(keep, keep.cumsum(1) - 1, J)                                 # dropped frames -> column J
+    frames = torch.zeros(B, J + 1, dtype=torch.long, device=log_probs.device)
+    frames.scatter_(1, slot, torch.arange(T, device=frames.device).expand(B, T).contiguous())
+    frames = frames[:, :J]
+    skipped_lp = torch.where(skip, blank_lp, 0.0).cumsum(1)
+    skipped_n = skip.long().cumsum(1)
+    at = frames.clamp(max=T - 1)
+    before_lp, before_n = (_since_previous(x.gather(1, at)) for x in (skipped_lp, skipped_n))
+    last = frames.gather(1, (count - 1).clamp(min=0)[:, None])[:, 0]
+    tail = skipped_lp[:, -1] - torch.where(count > 0, skipped_lp.gather(1, last[:, None])[:, 0], 0.0)
+    return frames, count, before_lp, before_n > 0, tail
+
+
+def _since_previous(x: Tensor) -> Tensor:
+    """Per row, each entry of a running sum minus the one before it (the first stays)."""
+    return x - torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1]], 1)
+
+
+@torch.inference_mode()
+def ctc_beam_search(log_probs: Tensor, vocab: CTCVocabulary, lengths: Tensor | None = None, *, beam: int = 16,
+                    fusion: Sequence[tuple[FusionTable, float]] = (), insertion_bonus: float = 0.0,
+                    threshold: float = 20.0, blank_skip: float | None = 0.999,
+                    frame_seconds: float = 0.02) -> list[CTCHypothesis]:
+    """Beam search over `log_probs` [B, T, V] (natural log, per frame normalised); `fusion`: (table,
+    weight) pairs, e.g. an n-gram LM (`ngram_table`) and a boost list (`phrase_table`)."""
+    lengths = _check_inputs(log_probs, lengths, vocab)
+    check(isinstance(beam, int) and beam >= 1, f"beam must be an int >= 1, got {beam!r}")
+    check(isinstance(threshold, (int, float)) and threshold > 0, f"threshold must be > 0, got {threshold!r}")
+    check(blank_skip is None or (isinstance(blank_skip, float) and 0.0 < blank_skip < 1.0),
+          f"blank_skip must be a probability in (0, 1) or None, got {blank_skip!r}")
+    check(math.isfinite(insertion_bonus), f"insertion_bonus must be finite, got {insertion_bonus!r}")
+    tables = []
+    for table, weight in fusion:
+        check(isinstance(table, FusionTable), f"fusion entries are (FusionTable, weight), got {type(table).__name__}")
+        check(table.vocab_size == len(vocab), f"{table.name} covers {table.vocab_size} labels, the model {len(vocab)}: "
+              "build it for this vocabulary")
+        check(isinstance(weight, (int, float)) and math.isfinite(weight), f"{table.name} weight must be finite")
+        tables.append((table.to(log_probs.device), float(weight)))
+
+    device, (B, _, V), K = log_probs.device, log_probs.shape, beam
+    frames, count, before_lp, before_any, tail = _frame_plan(log_probs, lengths, vocab.blank, blank_skip)
+    J = frames.shape[1]
+    NEG = float("-inf")
+    total = torch.full((B, K), NEG, device=device)
+    total[:, 0] = 0.0
+    last = torch.full((B, K), vocab.blank, dtype=torch.long, device=device)         # label of the previous frame
+    states = [torch.full((B, K), t.start, dtype=torch.long, device=device) for t, _ in tables]
+    digest = torch.zeros(B, K, dtype=torch.long, device=device)
+    size = torch.zeros(B, K, dtype=torch.long, device=device)
+    labels_v = torch.arange(V, device=device)
+    keep_k = torch.arange(K, device=device).expand(B, K)
+    back_src = torch.empty(J, B, K, dtype=torch.long, device=device)
+    back_label = torch.empty(J, B, K, dtype=torch.long, device=device)
+    order = torch.arange(K, device=device)
+    for j in range(J):
+        active = (j < count)[:, None]                                               # [B, 1]
+        lp = log_probs.gather(1, frames[:, j, None, None].expand(B, 1, V))[:, 0].float()   # [B, V]
+        last_j = torch.where(before_any[:, j, None], vocab.blank, last)
+        emit = (labels_v != vocab.blank) & (labels_v != last_j[..., None])              # [B, K, V]
+        gain = torch.full((B, K, V), insertion_bonus, device=device)
+        for (table, weight), state in zip(tables, states):
+            gain = gain + weight * table.score[state]
+        scores = (total + before_lp[:, j, None])[..., None] + lp[:, None, :] + torch.where(emit, gain, 0.0)
+        top, flat = scores.view(B, K * V).topk(K, dim=1)                                # [B, K]
+        src, label = flat // V, flat % V
+        top = torch.where(top < top[:, :1] - threshold, NEG, top)
+        emitted = emit.view(B, K * V).gather(1, flat)
+        new_states = []
+        for (table, _), state in zip(tables, states):
+            before = state.gather(1, src)
+            new_states.append(torch.where(emitted, table.next[before, label], before))
+        new_digest = torch.where(emitted, digest.gather(1, src) * HASH_BASE + label + 1, digest.gather(1, src))
+        new_size = size.gather(1, src) + emitted.long()
+        # Viterbi recombination: equal transcripts with equal last labels keep only their best (first among equals)
+        same = ((new_digest[:, :, None] == new_digest[:, None, :]) & (new_size[:, :, None] == new_size[:, None, :])
+                & (label[:, :, None] == label[:, None, :]) & (order[:, None] > order[None, :]))       # k' < k
+        top = torch.where((same & torch.isfinite(top)[:, None, :]).any(-1), NEG, top)        # topk is sorted
+        total = torch.where(active, top, total)
+        last = torch.where(active, label, last)
+        states = [torch.where(active, n, s) for n, s in zip(new_states, states)]
+        digest = torch.where(active, new_digest, digest)
+        size = torch.where(active, new_size, size)
+        back_src[j] = torch.where(active, src, keep_k)
+        back_label[j] = torch.where(active & emitted, label, -1)
+    total = total + tail[:, None]
+    for (table, weight), state in zip(tables, states):
+        total = total + weight * table.final[state]
+    best = total.argmax(1)
+    return [vocab.hypothesis(*_backtrack(back_src[:, b].cpu(), back_label[:, b].cpu(), frames[b].cpu(), int(best[b])),
+                             float(total[b, best[b]]), frame_seconds) for b in range(B)]
+
+
+def _backtrack(src: Tensor, label: Tensor, frames: Tensor, k: int) -> tuple[list[int], list[int]]:
+    """Labels and their frames of hypothesis k, from the back pointers src/label [J, K] (label -1: none)."""
+    tokens, at = [], []
+    for j in range(src.shape[0] - 1, -1, -1):
+        if label[j, k] >= 0:
+            tokens.append(int(label[j, k]))
+            at.append(int(frames[j]))
+        k = int(src[j, k])
+    return tokens[::-1], at[::-1]
