@@ -18,11 +18,10 @@ from pathlib import Path
 import torch
 
 from mmaccel.errors import check
-from mmaccel.speech.ctc.arpa import NGramModel, read_arpa
+from mmaccel.speech.ctc.arpa import BOS, EOS, UNK, NGramModel, read_arpa
 from mmaccel.speech.ctc.fusion import FusionTable, check_table_size
 from mmaccel.speech.ctc.vocab import CTCVocabulary
 
-BOS, EOS, UNK = "<s>", "</s>", "<unk>"
 UNSEEN_LOG10 = -10.0            # log10 P of a label that is neither an LM word nor covered by <unk>
 LN10 = math.log(10.0)
 
