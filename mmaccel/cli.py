@@ -79,7 +79,7 @@ def cmd_asr_transcribe(args) -> int:
     asr = ASRPipeline.from_pretrained(args.model, heads=heads_option(args.heads), draft=draft_option(args.draft),
                                       assistant=args.assistant, device=args.device, cuda_graphs=args.cuda_graphs)
     out = asr.transcribe(list(args.files), args.method, batch_size=args.batch_size, language=args.language,
-                         **dict(args.param))
+                         encoder=args.encoder, **dict(args.param))
     failed = 0
     for t in out.transcripts:
         if t.error is not None:
@@ -319,11 +319,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="method parameter, e.g. --param depth=4 (repeatable)")
     at.add_argument("--batch-size", type=int, default=8)
     at.add_argument("--language", default="en", help="language code for multilingual models")
+    at.add_argument("--encoder", default="fp32", choices=("fp32", "bf16", "int8"),
+                    help="encoder precision: fp32 (the model as loaded) or cheaper bf16 / int8 (may change transcripts)")
     add_device_option(at)
     at.set_defaults(func=cmd_asr_transcribe)
 
     b = sub.add_parser("bench", help="run a benchmark suite (or `report` to refresh the README tables)")
-    b.add_argument("suite", help="core | image | image-fid | asr | video | kernels | report")
+    b.add_argument("suite", help="core | image | image-fid | asr | ctc | video | kernels | report")
     b.add_argument("--quick", action="store_true", help="reduced run (same code path, fewer samples)")
     b.add_argument("--out", help="JSON path (Markdown and PNG are written beside it)")
     b.add_argument("--methods", help="comma-separated methods, e.g. 'speculative:k=6,ngram'")
@@ -331,7 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--inception-samples", type=int, default=None,
                    help="image suite: of those, how many the (slow) Inception FID scores (full run: 300)")
     b.add_argument("--model", default=None, help="asr suite: builtin:base (default), builtin:tiny.en or a Whisper directory; "
-                   "video suite: builtin:moving-fashion (default) or a Qwen-VL directory with words.json")
+                   "video suite: builtin:moving-fashion (default) or a Qwen-VL directory with words.json; "
+                   "ctc suite: builtin:ctc-base (default), a WhisperCTC or a Wav2Vec2ForCTC directory")
     b.add_argument("--heads", default=None,
                    help="asr suite: heads file(s), comma-separated, 'auto' (the shipped ones, default) or 'none'")
     b.add_argument("--draft", default=None, help="asr suite: draft decoder file, 'auto' (default) or 'none'")

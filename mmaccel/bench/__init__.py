@@ -2,8 +2,10 @@
 
 from mmaccel.bench.asr_suite import build_asr_suite
 from mmaccel.bench.core_suite import build_core_suite
+from mmaccel.bench.ctc_suite import build_ctc_suite
 from mmaccel.bench.image_suite import build_image_suite
 from mmaccel.bench.video_suite import build_video_suite
 
-SUITES = {"core": build_core_suite, "image": build_image_suite, "asr": build_asr_suite, "video": build_video_suite}
+SUITES = {"core": build_core_suite, "image": build_image_suite, "asr": build_asr_suite, "ctc": build_ctc_suite,
+          "video": build_video_suite}
 __all__ = ["SUITES"]

@@ -58,6 +58,12 @@ DEFAULT_METHODS = [
     MethodSpec("speculative", {"k": 8, "stop_below": 0.8, "siblings": 2}, label="speculative-k8-s0.8-sib2"),
     MethodSpec("tree", {"depth": 3, "width": 2}, label="tree-d3w2"),
     MethodSpec("beam", {"num_beams": 5}),
+    # cheaper encoders (not lossless against the fp32 model: their WER is the price), the decoder
+    # methods on top checked against greedy on the same encoder states
+    MethodSpec("greedy", {"encoder": "bf16"}, label="greedy-enc-bf16"),
+    MethodSpec("eagle", {"k": 4, "stop_below": 0.0, "encoder": "bf16"}, label="eagle-k4-enc-bf16"),
+    MethodSpec("greedy", {"encoder": "int8"}, label="greedy-enc-int8"),
+    MethodSpec("eagle", {"k": 4, "stop_below": 0.0, "encoder": "int8"}, label="eagle-k4-enc-int8"),
     MethodSpec("hf-generate"),
     MethodSpec("hf-assisted"),
     MethodSpec("faster-whisper", {"compute_type": "int8"}, label="faster-whisper-int8"),
@@ -118,12 +124,24 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
     def quality(spec: MethodSpec, outputs: list, baseline: list) -> dict:
         n = len(outputs)
         wer = corpus_wer(refs[:n], outputs)
-        return {"wer": round(100 * wer.wer, 2), "identical_to_ar": round(sum(a == b for a, b in zip(outputs, baseline)) / n, 4)}
+        row = {"wer": round(100 * wer.wer, 2), "identical_to_ar": _identical(outputs, baseline)}
+        encoder = spec.params.get("encoder", "fp32")
+        if encoder != "fp32":       # lossless decoding on a cheaper encoder: against greedy on the same states
+            if spec.name == "greedy":
+                same_encoder_greedy[encoder] = outputs
+            elif encoder in same_encoder_greedy:
+                row["identical_to_greedy_same_encoder"] = _identical(outputs, same_encoder_greedy[encoder])
+        return row
+
+    same_encoder_greedy: dict[str, list] = {}       # encoder precision -> its greedy outputs (listed first)
 
     def claims_lossless(spec: MethodSpec) -> bool:
         if spec.name in PEERS:
             return spec.name.startswith("hf-")
-        return build_asr_method(spec.name, **spec.params).lossless
+        params = dict(spec.params)
+        if params.pop("encoder", "fp32") != "fp32":
+            return False
+        return build_asr_method(spec.name, **params).lossless
 
     def warmup(spec: MethodSpec) -> None:
         run_batch(spec, corpus[:1], 0)
@@ -154,6 +172,10 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
               "threads": torch.get_num_threads(), "quick": quick}
     return Suite("asr", config, methods, batches, run_batch, quality, claims_lossless, verify_identical=True,
                  primary_quality="wer", warmup=warmup, finish=finish)
+
+
+def _identical(outputs: list, reference: list) -> float:
+    return round(sum(a == b for a, b in zip(outputs, reference)) / len(outputs), 4)
 
 
 # ---- peers ------------------------------------------------------------------------------------------

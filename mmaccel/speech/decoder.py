@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from mmaccel.core.model import CacheWrite, DecodeState, KVCache, check_step_args, default_positions, expect, step_key
 from mmaccel.core.quant import Int8Linear
 from mmaccel.errors import check
+from mmaccel.speech.encoder_precision import input_dtype
 
 
 @dataclass
@@ -340,15 +341,19 @@ class WhisperDecoderModel:
     # ---- audio --------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def encode(self, features: Tensor, prompt: list[int], seconds: list[float] | None = None) -> EncodedAudio:
+    def encode(self, features: Tensor, prompt: list[int], seconds: list[float] | None = None,
+               encoder: nn.Module | None = None) -> EncodedAudio:
         """Run the encoder on log-mel `features` [B, mels, 3000]; every row gets `prompt`.
-        `seconds`: each row's audio length (for drafts with a `cross_window`)."""
+        `seconds`: each row's audio length (for drafts with a `cross_window`). `encoder`: another
+        precision of the model's encoder (`encoder_precision.encoder_variant`); its states are cast
+        to the decoder's dtype."""
         cfg = self.hf.config
         check(isinstance(features, Tensor) and features.dim() == 3 and features.shape[1] == cfg.num_mel_bins,
               f"features must be log-mel [batch, {cfg.num_mel_bins}, frames], got "
               f"{tuple(features.shape) if isinstance(features, Tensor) else type(features).__name__}")
         check(len(prompt) > 0, "the decoder prompt needs at least <|startoftranscript|>")
-        states = self.hf.model.encoder(features.to(self.device, self.dtype)).last_hidden_state
+        encoder = self.hf.model.encoder if encoder is None else encoder
+        states = encoder(features.to(self.device, input_dtype(encoder))).last_hidden_state.to(self.dtype)
         prompt_t = torch.tensor(prompt, dtype=torch.long).expand(features.shape[0], -1).contiguous()
         frames = None
         if seconds is not None:

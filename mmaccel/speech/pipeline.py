@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from torch import nn
 
 from mmaccel.core.methods import Method, Resources
 from mmaccel.core.model import on_host
@@ -32,6 +33,7 @@ from mmaccel.core.quant import fast_bf16_matmul
 from mmaccel.speech.decoder import WhisperDecoderModel
 from mmaccel.speech.draft import WhisperDraft, load_draft
 from mmaccel.speech.eagle import EagleDecoder, EagleHead
+from mmaccel.speech.encoder_precision import check_precision, encoder_variant
 from mmaccel.speech.heads import WhisperHeads, load_heads, merge_heads
 from mmaccel.speech.methods import build_asr_method
 from mmaccel.speech.whisper import WhisperBundle, load_whisper
@@ -115,6 +117,7 @@ class ASRPipeline:
         self._draft_model = None if draft is None else draft.decoder_model(self.model, quantized=self.model.device.type == "cpu")
         self.assistant: Assistant | None = None  # another Whisper, for speculative-cross
         self._eagle: tuple[EagleHead, EagleDecoder] | None = None     # built once per head (int8 on a CPU)
+        self._encoders = {"fp32": bundle.model.model.encoder}            # precision -> encoder, built on first use
 
     @classmethod
     def from_pretrained(cls, source: str = "builtin:base", *, heads: str | os.PathLike | list | None = "auto",
@@ -174,12 +177,23 @@ class ASRPipeline:
             self._eagle = head, EagleDecoder(head, self.model, quantized=self.model.device.type == "cpu")
         return self._eagle[1]
 
+    def encoder(self, precision: str = "fp32") -> nn.Module:
+        """The model's encoder at `precision` (fp32, bf16 or int8; see `encoder_precision`)."""
+        if check_precision(precision) not in self._encoders:
+            self._encoders[precision] = encoder_variant(self._encoders["fp32"], precision)
+        return self._encoders[precision]
+
     # ---- transcription ------------------------------------------------------------------------
 
     def transcribe(self, audio: AudioLike | list, method: str | Method = "greedy", *, batch_size: int = 8,
                    language: str | None = "en", sample_rate: int | None = None, max_new_tokens: int = MAX_NEW_TOKENS,
-                   progress: Callable[[int, int], None] | None = None, **method_params: Any) -> ASROutput:
+                   progress: Callable[[int, int], None] | None = None, encoder: str = "fp32",
+                   **method_params: Any) -> ASROutput:
         """Transcribe one input or a list (paths, arrays with `sample_rate`, `Audio`s).
+
+        `encoder`: the encoder's precision, fp32 (the model as loaded), bf16 or int8; the cheaper
+        ones change the encoder states and so may change the transcript (the decoder methods stay
+        lossless against greedy on the same states).
 
         `method`: a name from `mmaccel.speech.methods.ASR_REGISTRY` or a Method; `method_params`
         configure it (k, depth, width, exit_layer, num_beams, ...). `progress(done, total)` is called
@@ -189,6 +203,7 @@ class ASRPipeline:
         check(isinstance(max_new_tokens, int) and 1 <= max_new_tokens <= MAX_NEW_TOKENS,
               f"max_new_tokens must be in [1, {MAX_NEW_TOKENS}], got {max_new_tokens!r}")
         spec = build_asr_method(method, **method_params)
+        encoder_module = self.encoder(encoder)
         prompt = self.bundle.prompt(language)
         many = isinstance(audio, list)
         items = audio if many else [audio]
@@ -217,7 +232,7 @@ class ASRPipeline:
             with stats.timed("features"):
                 features = log_mel(self.bundle.feature_extractor, [w for _, _, w in batch])
             with stats.timed("encoder"):
-                inputs = self.model.encode(features, prompt, [w.duration for _, _, w in batch])
+                inputs = self.model.encode(features, prompt, [w.duration for _, _, w in batch], encoder_module)
             t0 = time.perf_counter()
             gen = spec.run(resources, inputs, max_new_tokens=max_new_tokens, sampling=Sampling(),
                            eos_token_id=self.bundle.tokens.end_of_text, prompt_tokens=[prompt] * len(batch))

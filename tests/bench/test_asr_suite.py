@@ -27,6 +27,19 @@ def test_quick_asr_suite_compares_methods_and_peers(tiny_en_asr):
     assert "| fw-int8 |" in markdown_table(doc)
 
 
+def test_cheaper_encoder_rows_are_checked_against_greedy_on_the_same_encoder(tiny_en_asr):
+    if not (SPHINX_DATA / "librivox").is_dir():
+        pytest.skip("apt-get install pocketsphinx-testdata")
+    methods = [MethodSpec("greedy"), MethodSpec("greedy", {"encoder": "bf16"}, label="greedy-bf16"),
+               MethodSpec("ngram", {"k": 3, "encoder": "bf16"}, label="ngram-bf16")]
+    suite = build_asr_suite(methods=methods, tts_utterances=0, pipeline=tiny_en_asr)
+    suite.batches = {1: suite.batches[1][:2]}
+    rows = {r["method"]: r for r in run_suite(suite, log=lambda m: None)["results"]}
+    assert not rows["greedy-bf16"]["lossless"] and not rows["ngram-bf16"]["lossless"]     # vs the fp32 model
+    assert rows["ngram-bf16"]["quality"]["identical_to_greedy_same_encoder"] == 1.0
+    assert "identical_to_greedy_same_encoder" not in rows["greedy"]["quality"]
+
+
 def test_the_suite_takes_heads_and_draft_files(tiny_en_asr, tmp_path):
     # tiny_en_asr: skipped where the tiny.en package is missing
     from mmaccel.errors import ModelNotFoundError
