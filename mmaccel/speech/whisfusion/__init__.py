@@ -1,0 +1,1 @@
+"""Whisfusion: a masked-diffusion text decoder on a frozen Whisper encoder."""

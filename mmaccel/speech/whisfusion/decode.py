@@ -1,0 +1,122 @@
+"""Parallel multi-step decoding of a `WhisfusionDecoder`, with K diverse candidates per utterance.
+
+Each utterance's canvas starts fully masked. Every step runs the decoder once over all rows (B
+utterances x K candidates in one batch), fills the masked positions and re-masks the least confident
+of the positions just filled, so that after step s a share cos(pi/2 (s+1)/S) of the canvas is still
+masked (MaskGIT's schedule); after the last step nothing is. Positions filled earlier stay fixed.
+
+Diversity: candidate 0 of each utterance takes the arg-max everywhere (the deterministic decode);
+candidates 1..K-1 sample their tokens at `temperature` and rank their confidences with Gumbel noise
+of the same temperature, so they differ from step 0 on (Whisfusion's own loop fills step 0 by
+arg-max in every row, which makes its K candidates identical after the first step).
+
+Selection: `confidence` keeps the candidate whose tokens have the highest mean log-probability
+(each token's probability when it was fixed, up to and including the first `<|endoftext|>`);
+`rover` votes over the K candidates' normalised words (`rover`), candidates ordered by that
+confidence, so the output is normalised text (Whisper's English normaliser). The cost is S decoder
+passes over B x K rows, whatever the transcript's length.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from mmaccel.errors import check
+from mmaccel.speech.whisfusion.model import MASK, WhisfusionDecoder
+from mmaccel.speech.whisfusion.rover import rover
+
+SELECTIONS = ("rover", "confidence")
+
+
+@dataclass
+class WhisfusionResult:
+    texts: list[str]                    # the selected transcript of each utterance
+    candidates: list[list[str]]         # [B][K] each candidate's text
+    confidence: list[list[float]]       # [B][K] mean log-probability of each candidate's tokens
+    tokens: list[list[int]]             # [B] the most confident candidate's text tokens
+    passes: int                         # decoder passes (each over all B x K rows)
+
+
+def check_settings(candidates: int, steps: int, temperature: float, select: str) -> None:
+    check(isinstance(candidates, int) and 1 <= candidates <= 64, f"candidates must be an int in [1, 64], got {candidates!r}")
+    check(isinstance(steps, int) and 1 <= steps <= 64, f"steps must be an int in [1, 64], got {steps!r}")
+    check(isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0,
+          f"temperature must be a positive number, got {temperature!r}")
+    check(select in SELECTIONS, f"unknown selection {select!r}; choose from {', '.join(SELECTIONS)}")
+
+
+def still_masked(length: Tensor, step: int, steps: int) -> Tensor:
+    """[R] canvas positions left masked after `step` (0-based) of `steps`, for canvases of `length` [R]."""
+    return torch.floor(length.double() * math.cos(math.pi / 2 * (step + 1) / steps)).long().clamp_min(0)
+
+
+@torch.no_grad()
+def whisfusion_decode(model: WhisfusionDecoder, encoder_states: Tensor, seconds: list[float], prompt: list[int],
+                      end_of_text: int, decode_text, *, candidates: int = 8, steps: int = 4, temperature: float = 1.0,
+                      select: str = "rover", seed: int = 0, normalize=None) -> WhisfusionResult:
+    """`encoder_states` [B, S, d] of B windows holding `seconds` of audio each; `decode_text(ids) -> str`
+    (the tokenizer's decode, specials skipped); `normalize` (for `rover`) maps a text to the words voted
+    on (default: Whisper's English normaliser)."""
+    check_settings(candidates, steps, temperature, select)
+    B, K, P = encoder_states.shape[0], candidates, len(prompt)
+    check(len(seconds) == B, f"seconds needs one length per window ({B}), got {len(seconds)}")
+    device = encoder_states.device
+    lengths = torch.tensor([model.canvas_length(s, P) for s in seconds], device=device).repeat_interleave(K)
+    R, N = B * K, P + int(lengths.max())
+    position = torch.arange(N, device=device)[None]
+    canvas = (position >= P) & (position < P + lengths[:, None])                  # [R, N] positions to decode
+    tokens = torch.full((R, N), end_of_text, dtype=torch.long, device=device)
+    tokens[:, :P] = torch.tensor(prompt, device=device)
+    tokens[canvas] = MASK
+    padding = position >= P + lengths[:, None]
+    states, cross_padding = model.cut_states(encoder_states, seconds)
+    cross = [(k.repeat_interleave(K, 0), v.repeat_interleave(K, 0)) for k, v in model.cross_kv(states)]
+    cross_padding = cross_padding.repeat_interleave(K, 0)
+    sampled = (torch.arange(R, device=device) % K != 0)[:, None]                    # rows 1..K-1 of each utterance
+    generator = torch.Generator(device=device).manual_seed(seed)
+    logp_kept = torch.zeros(R, N, device=device)
+    for step in range(steps):
+        masked = tokens == MASK
+        logits = model.logits(model.hidden(tokens, cross, padding, cross_padding)[:, P:]).float()
+        logits[..., end_of_text + 1:] = float("-inf")                              # no special tokens in text
+        logp = torch.log_softmax(logits, -1)
+        choice = logp.argmax(-1)                                                     # [R, L]
+        if K > 1:
+            rows = sampled[:, 0]
+            probs = torch.softmax(logp[rows] / temperature, -1)
+            choice[rows] = torch.multinomial(probs.flatten(0, 1), 1, generator=generator).view(probs.shape[:2])
+        chosen = logp.gather(-1, choice[..., None]).squeeze(-1)                    # [R, L]
+        fresh = masked[:, P:]
+        rank_key = chosen + torch.where(sampled, temperature * _gumbel((R, N - P), generator, device), 0.0)
+        rank_key = torch.where(fresh, rank_key, float("inf"))                       # only fresh ones may be re-masked
+        keep_masked = still_masked(lengths, step, steps)
+        ranks = rank_key.argsort(1).argsort(1)
+        remask = fresh & (ranks < keep_masked[:, None])
+        fill = fresh & ~remask
+        tokens[:, P:] = torch.where(fill, choice, tokens[:, P:])
+        logp_kept[:, P:] = torch.where(fill, chosen, logp_kept[:, P:])
+    texts, scores, ids = [], [], []
+    for r in range(R):
+        row = tokens[r, P:P + int(lengths[r])].tolist()
+        end = row.index(end_of_text) if end_of_text in row else len(row)
+        ids.append(row[:end])
+        texts.append(decode_text(row[:end]).strip())
+        scores.append(float(logp_kept[r, P:P + min(end + 1, int(lengths[r]))].mean()))
+    by_utt = [list(range(b * K, (b + 1) * K)) for b in range(B)]
+    best = [max(rows, key=lambda r: scores[r]) for rows in by_utt]
+    if select == "confidence":
+        chosen_texts = [texts[r] for r in best]
+    else:
+        if normalize is None:
+            from mmaccel.metrics.wer import normalize
+        chosen_texts = [rover([normalize(texts[r]) for r in sorted(rows, key=lambda r: -scores[r])]) for rows in by_utt]
+    return WhisfusionResult(chosen_texts, [[texts[r] for r in rows] for rows in by_utt],
+                            [[round(scores[r], 4) for r in rows] for rows in by_utt], [ids[r] for r in best], steps)
+
+
+def _gumbel(shape: tuple[int, ...], generator: torch.Generator, device) -> Tensor:
+    return -torch.log(-torch.log(torch.rand(shape, generator=generator, device=device).clamp(1e-20, 1 - 1e-7)))

@@ -1,0 +1,110 @@
+"""`WhisfusionPipeline`: audio in, transcripts out, through a Whisper encoder and a Whisfusion decoder.
+
+    from mmaccel.speech.whisfusion.pipeline import WhisfusionPipeline
+    pipe = WhisfusionPipeline.from_pretrained()                    # builtin:whisfusion-tiny.en
+    out = pipe.transcribe(["a.wav"], candidates=8, steps=4, select="rover")
+
+Long audio is cut into windows of at most 30 s (`split_long`, as `ASRPipeline` does) and the windows'
+transcripts joined. Outputs are `ASROutput`s (time split into features, encoder, decode; `passes`
+counts decoder passes, each over all candidates of a batch).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from mmaccel.core.stats import DecodeStats
+from mmaccel.errors import InputError, ModelNotFoundError, check
+from mmaccel.paths import assets_dir
+from mmaccel.speech.audio import AudioLike, as_audio, is_silent, log_mel, split_long
+from mmaccel.speech.pipeline import ASROutput, Transcript
+from mmaccel.speech.whisfusion.decode import check_settings, whisfusion_decode
+from mmaccel.speech.whisfusion.model import WhisfusionDecoder, read_config
+from mmaccel.speech.whisper import WhisperBundle, load_whisper
+
+BUILTIN = {"builtin:whisfusion-tiny.en": "whisfusion_tiny_en"}
+TRAIN_COMMAND = "python -m mmaccel.speech.whisfusion.train --out runs/whisfusion"
+
+
+class WhisfusionPipeline:
+    def __init__(self, bundle: WhisperBundle, decoder: WhisfusionDecoder):
+        check(isinstance(bundle, WhisperBundle), f"bundle must be a WhisperBundle, got {type(bundle).__name__}")
+        check(isinstance(decoder, WhisfusionDecoder), f"decoder must be a WhisfusionDecoder, got {type(decoder).__name__}")
+        self.bundle, self.decoder = bundle, decoder.eval()
+
+    @classmethod
+    def from_pretrained(cls, source: str = "builtin:whisfusion-tiny.en", cache_dir: str | os.PathLike | None = None,
+                        device: str | torch.device | None = None) -> "WhisfusionPipeline":
+        """`source`: the built-in decoder or a directory saved by `WhisfusionDecoder.save`; the Whisper it
+        was trained on is loaded from the name recorded there."""
+        from mmaccel.devices import resolve_device
+
+        if source.startswith("builtin:"):
+            check(source in BUILTIN, f"unknown built-in Whisfusion {source!r}; choose from {', '.join(BUILTIN)}")
+            path = assets_dir() / BUILTIN[source]
+            if not path.is_dir():
+                raise ModelNotFoundError(f"{path} is missing: train it with `{TRAIN_COMMAND}`")
+        else:
+            path = Path(source).expanduser()
+            check(path.is_dir(), f"{source!r} is neither a built-in name ({', '.join(BUILTIN)}) nor a directory")
+        device = resolve_device(device)
+        bundle = load_whisper(read_config(path)["whisper"], cache_dir)
+        decoder = WhisfusionDecoder.load(path, bundle.model)
+        bundle.model.to(device)
+        return cls(bundle, decoder.to(device))
+
+    @torch.no_grad()
+    def transcribe(self, audio: AudioLike | list, *, candidates: int = 8, steps: int = 4, temperature: float = 1.0,
+                   select: str = "rover", batch_size: int = 8, sample_rate: int | None = None,
+                   seed: int = 0) -> ASROutput:
+        """Transcribe one input or a list; see `whisfusion_decode` for the decoding settings."""
+        check_settings(candidates, steps, temperature, select)
+        check(isinstance(batch_size, int) and batch_size >= 1, f"batch_size must be an int >= 1, got {batch_size!r}")
+        many = isinstance(audio, list)
+        items = audio if many else [audio]
+        check(len(items) > 0, "no audio given: pass a file path, an array, or a non-empty list of them")
+        transcripts, windows = [], []
+        for i, item in enumerate(items):
+            try:
+                clip = as_audio(item, sample_rate)
+                if is_silent(clip):
+                    raise InputError(f"{clip.source}: the audio is silent (RMS below 1e-4); nothing to transcribe")
+            except InputError as err:
+                if not many:
+                    raise
+                transcripts.append(Transcript("", str(item) if isinstance(item, (str, os.PathLike)) else "array", 0.0,
+                                              error=str(err)))
+                continue
+            transcripts.append(Transcript("", clip.source, clip.duration))
+            windows += [(i, c, chunk) for c, chunk in enumerate(split_long(clip))]
+        windows.sort(key=lambda w: -w[2].duration)
+        stats, parts = DecodeStats(), {}
+        prompt, eot = self.bundle.prompt("en"), self.bundle.tokens.end_of_text
+        encoder, device = self.bundle.model.model.encoder, self.bundle.model.device
+        for start in range(0, len(windows), batch_size):
+            batch = windows[start:start + batch_size]
+            with stats.timed("features"):
+                features = log_mel(self.bundle.feature_extractor, [w for _, _, w in batch])
+            with stats.timed("encoder"):
+                states = encoder(features.to(device)).last_hidden_state
+            t0 = time.perf_counter()
+            result = whisfusion_decode(self.decoder, states, [w.duration for _, _, w in batch], prompt, eot,
+                                       lambda ids: self.bundle.tokenizer.decode(ids, skip_special_tokens=True),
+                                       candidates=candidates, steps=steps, temperature=temperature, select=select,
+                                       seed=seed + start)
+            stats.time_s["decode"] = stats.time_s.get("decode", 0.0) + time.perf_counter() - t0
+            stats.nfe += result.passes
+            stats.new_tokens += sum(len(t) for t in result.tokens)
+            for (i, c, _), text, tokens in zip(batch, result.texts, result.tokens):
+                parts.setdefault(i, {})[c] = tokens, text
+                transcripts[i].passes += result.passes
+        for i, chunks in parts.items():
+            ordered = [chunks[c] for c in sorted(chunks)]
+            transcripts[i].tokens = [t for tokens, _ in ordered for t in tokens]
+            transcripts[i].text = " ".join(text for _, text in ordered if text)
+        stats.time_s["total"] = sum(stats.time_s.get(k, 0.0) for k in ("features", "encoder", "decode"))
+        return ASROutput(transcripts, stats, f"whisfusion-{select}")
