@@ -325,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     at.set_defaults(func=cmd_asr_transcribe)
 
     b = sub.add_parser("bench", help="run a benchmark suite (or `report` to refresh the README tables)")
-    b.add_argument("suite", help="core | image | image-fid | asr | ctc | video | kernels | report")
+    b.add_argument("suite", help="core | image | image-fid | asr | asr-nar | ctc | video | kernels | report")
     b.add_argument("--quick", action="store_true", help="reduced run (same code path, fewer samples)")
     b.add_argument("--out", help="JSON path (Markdown and PNG are written beside it)")
     b.add_argument("--methods", help="comma-separated methods, e.g. 'speculative:k=6,ngram'")
@@ -334,7 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="image suite: of those, how many the (slow) Inception FID scores (full run: 300)")
     b.add_argument("--model", default=None, help="asr suite: builtin:base (default), builtin:tiny.en or a Whisper directory; "
                    "video suite: builtin:moving-fashion (default) or a Qwen-VL directory with words.json; "
-                   "ctc suite: builtin:ctc-base (default), a WhisperCTC or a Wav2Vec2ForCTC directory")
+                   "ctc suite: builtin:ctc-base (default), a WhisperCTC or a Wav2Vec2ForCTC directory; "
+                   "asr-nar suite: builtin:whisfusion-tiny.en (default) or a Whisfusion directory")
     b.add_argument("--heads", default=None,
                    help="asr suite: heads file(s), comma-separated, 'auto' (the shipped ones, default) or 'none'")
     b.add_argument("--draft", default=None, help="asr suite: draft decoder file, 'auto' (default) or 'none'")
