@@ -110,7 +110,8 @@ def cmd_bench(args) -> int:
                          "or report")
     extra = {}
     for option, minimum in (("samples", 2), ("inception_samples", 0), ("model", None), ("heads", None),
-                            ("draft", None), ("device", None), ("cuda_graphs", None)):               # suite-specific options
+                            ("draft", None), ("device", None), ("cuda_graphs", None), ("split", None)):
+        # suite-specific options
         value, flag = getattr(args, option), "--" + option.replace("_", "-")
         if value is None or value is False:
             continue
@@ -336,6 +337,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "video suite: builtin:moving-fashion (default) or a Qwen-VL directory with words.json; "
                    "ctc suite: builtin:ctc-base (default), a WhisperCTC or a Wav2Vec2ForCTC directory; "
                    "asr-nar suite: builtin:whisfusion-tiny.en (default) or a Whisfusion directory")
+    b.add_argument("--split", default=None, choices=("in-domain", "ood"),
+                   help="speech suites (asr, asr-nar, ctc): the held-out in-domain set (default) or the out-of-domain one")
     b.add_argument("--heads", default=None,
                    help="asr suite: heads file(s), comma-separated, 'auto' (the shipped ones, default) or 'none'")
     b.add_argument("--draft", default=None, help="asr suite: draft decoder file, 'auto' (default) or 'none'")

@@ -9,6 +9,8 @@ Audio, two sets, each in set-homogeneous batches of 1 and 8:
   utterances (held-out sentences and voices): the ASR benchmark's set.
 - `long`: `long_clips` clips of 20-30 s, each the next held-out TTS utterances joined with 0.3 s of
   silence (no utterance of the short set).
+With `split="ood"` both come from the out-of-domain utterances (`load_corpus`): the first half short,
+the second half joined into long clips.
 
 Rows: Whisper greedy (the baseline, one pass a token) and Whisfusion at several (candidates K,
 steps S, selection) settings, all reported on these held-out sets (a sweep, nothing is picked on
@@ -64,8 +66,8 @@ def _join(parts, gap) -> tuple[str, Audio, str]:
 
 def build_asr_nar_suite(quick: bool = False, methods: list[MethodSpec] | None = None,
                         model: str = "builtin:whisfusion-tiny.en", tts_utterances: int | None = None,
-                        long_count: int | None = None, pipeline=None) -> Suite:
-    from mmaccel.bench.asr_suite import load_corpus
+                        long_count: int | None = None, pipeline=None, split: str = "in-domain") -> Suite:
+    from mmaccel.bench.asr_suite import OOD_UTTERANCES, load_corpus
     from mmaccel.speech.pipeline import ASRPipeline
     from mmaccel.speech.whisfusion.pipeline import WhisfusionPipeline
 
@@ -78,9 +80,15 @@ def build_asr_nar_suite(quick: bool = False, methods: list[MethodSpec] | None = 
     ar = ASRPipeline(fusion.bundle)                              # the same Whisper: the same encoder states
     tts = tts_utterances if tts_utterances is not None else (QUICK_TTS if quick else FULL_TTS)
     count = long_count if long_count is not None else (QUICK_LONG if quick else FULL_LONG)
-    everything = load_corpus(tts + 12 * count)
-    real = len(everything) - tts - 12 * count
-    short, rest = everything[:real + tts], everything[real + tts:]
+    if split == "in-domain":
+        everything = load_corpus(tts + 12 * count)
+        real = len(everything) - tts - 12 * count
+        short, rest = everything[:real + tts], everything[real + tts:]
+    else:                           # the out-of-domain utterances: the first half short, the rest joined
+        everything = load_corpus(OOD_UTTERANCES, split)
+        real, half = 0, len(everything) // 2
+        short, rest = everything[:min(tts, half)], everything[half:]
+        count = min(count, int(sum(a.duration for _, a, _ in rest) // 30))
     sets = {"short": short, "long": long_clips(rest, count)}
     corpus = sets["short"] + sets["long"]
     refs = [t for _, _, t in corpus]
@@ -116,9 +124,10 @@ def build_asr_nar_suite(quick: bool = False, methods: list[MethodSpec] | None = 
                     r["quality"][f"speedup_{name}"] = round(theirs / mine, 3)
                     r["quality"][f"rtfx_{name}"] = round(sum(a.duration for _, a, _ in sets[name]) / mine, 2)
 
-    config = {"model": model, "whisper": fusion.bundle.name,
-              "audio": {"short": f"{real} real clips + {tts} held-out TTS utterances",
-                        "long": f"{len(sets['long'])} clips of 20-30 s joined from the next held-out TTS utterances"},
+    config = {"model": model, "whisper": fusion.bundle.name, "split": split,
+              "audio": {"short": f"{real} real clips + {len(short) - real} held-out TTS utterances" if split == "in-domain"
+                        else f"{len(short)} out-of-domain utterances (licence sentences, unseen voices, half under noise)",
+                        "long": f"{len(sets['long'])} clips of 20-30 s joined from the next held-out utterances"},
               "audio_s": {name: round(sum(a.duration for _, a, _ in items), 1) for name, items in sets.items()},
               "batch_sizes": [1, 8], "wer": f"corpus WER, {normalizer_version()}",
               "settings": "a sweep reported on the held-out sets; nothing is picked on them",

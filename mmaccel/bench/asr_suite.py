@@ -35,7 +35,7 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from mmaccel.bench.harness import MethodSpec, Suite
 from mmaccel.core.stats import DecodeStats, track_peak_memory
-from mmaccel.errors import InputError
+from mmaccel.errors import InputError, check
 from mmaccel.metrics.wer import corpus_wer, normalizer_version
 from mmaccel.paths import default_cache_dir
 from mmaccel.speech.audio import Audio, load_audio, log_mel
@@ -72,10 +72,23 @@ DEFAULT_METHODS = [
 FULL_TTS, QUICK_TTS = 60, 6
 
 
-def load_corpus(tts_utterances: int) -> list[tuple[str, Audio, str]]:
-    """(id, audio, reference) for the real clips and the first `tts_utterances` TTS eval utterances."""
-    from mmaccel.speech.data import build_tts_corpus, read_manifest, real_utterances
+SPLITS = ("in-domain", "ood")
+OOD_UTTERANCES = 48
 
+
+def load_corpus(tts_utterances: int, split: str = "in-domain") -> list[tuple[str, Audio, str]]:
+    """(id, audio, reference): in-domain, the real clips and the first `tts_utterances` TTS eval
+    utterances; "ood", the first `tts_utterances` of the out-of-domain split (`build_ood_corpus`:
+    licence sentences, unseen voices, half under noise)."""
+    from mmaccel.speech.data import build_ood_corpus, build_tts_corpus, read_manifest, real_utterances
+
+    check(split in SPLITS, f"unknown split {split!r}; choose from {', '.join(SPLITS)}")
+    if split == "ood":
+        root = default_cache_dir() / "speech" / "tts"
+        manifest = root / "ood.jsonl"
+        if not manifest.is_file():
+            build_ood_corpus(root, OOD_UTTERANCES)
+        return [(u.id, load_audio(u.audio_filepath), u.text) for u in read_manifest(manifest)[:tts_utterances]]
     utts = real_utterances()
     if tts_utterances:
         root = default_cache_dir() / "speech" / "tts"
@@ -88,8 +101,9 @@ def load_corpus(tts_utterances: int) -> list[tuple[str, Audio, str]]:
 
 def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None, model: str = "builtin:base",
                     tts_utterances: int | None = None, pipeline=None, heads: str = "auto", draft: str = "auto",
-                    device: str | None = None, cuda_graphs: bool = False) -> Suite:
-    """`heads` / `draft`: as `mmaccel asr transcribe` takes them ("auto", "none", or files; heads comma-separated)."""
+                    device: str | None = None, cuda_graphs: bool = False, split: str = "in-domain") -> Suite:
+    """`heads` / `draft`: as `mmaccel asr transcribe` takes them ("auto", "none", or files; heads comma-separated).
+    `split`: "in-domain" (the real clips and held-out TTS utterances) or "ood" (`load_corpus`)."""
     from mmaccel.speech.pipeline import ASRPipeline, draft_option, heads_option
 
     methods = methods or DEFAULT_METHODS
@@ -99,8 +113,9 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
                                                   assistant=assistant, device=device, cuda_graphs=cuda_graphs)
     if methods[0].name != "greedy":
         methods = [MethodSpec("greedy")] + [m for m in methods if m.name not in ("greedy", "ar")]
-    tts = tts_utterances if tts_utterances is not None else (QUICK_TTS if quick else FULL_TTS)
-    corpus = load_corpus(tts)
+    tts = tts_utterances if tts_utterances is not None else \
+        (QUICK_TTS if quick else OOD_UTTERANCES if split == "ood" else FULL_TTS)
+    corpus = load_corpus(tts, split)
     refs = [text for _, _, text in corpus]
     audio_s = sum(a.duration for _, a, _ in corpus)
     sizes = (1, 8)
@@ -164,7 +179,9 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
             if dec and base_dec and pre is not None and base_pre is not None:
                 r["quality"]["generation_speedup"] = round((base_dec - base_pre) / (dec - pre), 3)
 
-    config = {"model": asr.bundle.name, "audio": f"{len(corpus) - tts} real clips + {tts} held-out TTS utterances",
+    audio = f"{len(corpus) - tts} real clips + {tts} held-out TTS utterances" if split == "in-domain" else \
+        f"{len(corpus)} out-of-domain utterances (licence sentences, unseen voices, half under noise)"
+    config = {"model": asr.bundle.name, "split": split, "audio": audio,
               "audio_s": round(audio_s, 1), "utterances": len(corpus), "batch_sizes": list(sizes),
               "wer": f"corpus WER, {normalizer_version()}", "heads": ", ".join(Path(f).name for f in asr.heads_source.split(", ")) if asr.heads_source else None,
               "draft": Path(asr.draft_source).name if asr.draft_source else None,

@@ -1,8 +1,9 @@
 """`mmaccel bench ctc`: CTC decoders on the same log-probs of a CTC model, against greedy and the peers.
 
 Audio: the 18 real clips (LibriVox, cards, ALSA) and the first `tts_utterances` held-out TTS
-utterances (held-out sentences and voices) are the test set; the next `tts_utterances` of the same
-held-out split are the dev set, where every setting is picked. The model runs once per batch
+utterances (held-out sentences and voices) are the test set (`split="ood"`: the out-of-domain
+utterances instead); the next `tts_utterances` of the same held-out split are the dev set, where
+every setting is picked. The model runs once per batch
 (not timed with the decoders; its RTFx is reported beside them); then every decoder reads the same
 log-probs in the same batches (1 and 16), interleaved in one process:
 
@@ -101,8 +102,8 @@ def boosted_recall(references: list[str], hypotheses: list[str], boosted: list[s
 
 
 def build_ctc_suite(quick: bool = False, methods: list[MethodSpec] | None = None, model: str = "builtin:ctc-base",
-                    tts_utterances: int | None = None, order: int | None = None) -> Suite:
-    from mmaccel.bench.asr_suite import load_corpus
+                    tts_utterances: int | None = None, order: int | None = None, split: str = "in-domain") -> Suite:
+    from mmaccel.bench.asr_suite import OOD_UTTERANCES, load_corpus
     from mmaccel.speech.ctc.peers import flashlight_beam, pyctcdecode_beam
     from mmaccel.speech.ctc.pipeline import CTCPipeline
 
@@ -115,6 +116,8 @@ def build_ctc_suite(quick: bool = False, methods: list[MethodSpec] | None = None
     everything = load_corpus(2 * tts)
     real = len(everything) - 2 * tts
     test, dev = everything[: real + tts], everything[real + tts:]
+    if split != "in-domain":         # settings are still picked on the in-domain dev set
+        test = load_corpus(OOD_UTTERANCES if tts_utterances is None and not quick else tts, split)
     order = order or (4 if quick else 6)
     sentences_cap = 300 if quick else None
     arpa = char_lm_arpa(order, sentences_cap)
@@ -208,7 +211,9 @@ def build_ctc_suite(quick: bool = False, methods: list[MethodSpec] | None = None
         if hasattr(ctc, "transcribe_early_exit"):
             doc["early_exit"] = early_exit_study(ctc, dev, test, refs, vocab)
 
-    config = {"model": model, "audio": f"{real} real clips + {tts} held-out TTS utterances (dev: the next {tts})",
+    audio = f"{real} real clips + {tts} held-out TTS utterances" if split == "in-domain" else \
+        f"{len(test)} out-of-domain utterances (licence sentences, unseen voices, half under noise)"
+    config = {"model": model, "split": split, "audio": f"{audio} (dev: {len(dev)} in-domain held-out TTS utterances)",
               "audio_s": round(sum(a.duration for _, a, _ in test), 1), "utterances": len(test),
               "batch_sizes": list(sizes), "wer": f"corpus WER, {normalizer_version()}",
               "lm": f"character {order}-gram, Kneser-Ney (ours) on the train split's sentences ({arpa.name})",

@@ -8,6 +8,11 @@ of `pocketsphinx-testdata` (with their transcripts) and the 8 ALSA channel clips
 quotations, filtered to plain 6–24-word sentences) spoken by flite, festival and espeak-ng voices;
 a stable hash of each sentence puts one in ten into the evaluation split, and the evaluation voices
 are never used for training.
+
+Out of domain (`build_ood_corpus`): sentences of the software licences every Debian system carries
+(`/usr/share/common-licenses`: legal and technical prose, unlike any quotation), spoken by voices no
+training set uses (`OOD_VOICES`), half of them under noise (pink or babble at 5-15 dB SNR, seeded):
+a set no draft, head or trained model of this library has seen in any way.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from mmaccel.errors import InputError, ModelNotFoundError, check
 SPHINX_DATA = Path("/usr/share/pocketsphinx/test/data")
 ALSA_SOUNDS = Path("/usr/share/sounds/alsa")
 FORTUNES = Path("/usr/share/games/fortunes")
+LICENSES = Path("/usr/share/common-licenses")       # Debian's base-files: the out-of-domain text source
 # fortune files with plain prose; the rest hold code, verse layouts, or material unfit for a corpus
 FORTUNE_FILES = ("education", "food", "fortunes", "humorists", "kids", "law", "literature", "love", "medicine",
                  "miscellaneous", "people", "pets", "platitudes", "science", "sports", "wisdom", "work")
@@ -175,10 +181,14 @@ VOICES = {v.name: v for v in [
     Voice("espeak-en-us", "espeak-ng", "en-us"), Voice("espeak-en-us-m3", "espeak-ng", "en-us+m3"),
     Voice("espeak-en-us-f2", "espeak-ng", "en-us+f2"), Voice("espeak-en-gb", "espeak-ng", "en-gb"),
     Voice("espeak-en-gb-m5", "espeak-ng", "en-gb+m5"), Voice("espeak-en-gb-scotland", "espeak-ng", "en-gb-scotland"),
+    Voice("espeak-en-029", "espeak-ng", "en-029"), Voice("espeak-en-gb-x-rp-f3", "espeak-ng", "en-gb-x-rp+f3"),
+    Voice("espeak-en-gb-x-gbcwmd", "espeak-ng", "en-gb-x-gbcwmd"),
 ]}
 TRAIN_VOICES = ("flite-kal16", "flite-awb", "festival-kal", "espeak-en-us", "espeak-en-us-m3", "espeak-en-us-f2",
                 "espeak-en-gb", "espeak-en-gb-m5", "espeak-en-gb-scotland")
 EVAL_VOICES = ("flite-rms", "flite-slt", "festival-ked", "festival-slt-hts")
+# the out-of-domain split: three accents no other split uses, and one held-out voice of the eval split
+OOD_VOICES = ("espeak-en-029", "espeak-en-gb-x-rp-f3", "espeak-en-gb-x-gbcwmd", "flite-slt")
 
 
 def synthesize(text: str, voice: Voice, wav: Path) -> Path:
@@ -223,3 +233,61 @@ def build_tts_corpus(out_dir: str | os.PathLike, split: str = "train", voices: t
                 synthesize(text, voice, wav)
             utterances.append(Utterance(str(wav.relative_to(root)), text, _duration(wav), uid, voice.name))
     return write_manifest(root / f"{split}.jsonl", utterances)
+
+
+# ---- the out-of-domain split --------------------------------------------------------------------
+
+
+def license_sentences(licenses: Path = LICENSES) -> list[str]:
+    """Plain 6-24-word sentences of the licence texts (files in name order, duplicates dropped)."""
+    if not licenses.is_dir():
+        raise ModelNotFoundError(f"sentence source {licenses} not found (Debian's base-files package holds it)")
+    seen, out = set(), []
+    for file in sorted(licenses.iterdir()):
+        if file.is_symlink() or not file.is_file():
+            continue
+        text = " ".join(file.read_text(encoding="utf-8", errors="ignore").split())
+        for sentence in re.split(r"(?<=[.!?])\s+", text):
+            words = len(sentence.split())
+            if _PLAIN.match(sentence) and 6 <= words <= 24 and not re.search(r"[A-Z]{2,}", sentence) \
+                    and sentence not in seen:
+                seen.add(sentence)
+                out.append(sentence)
+    return out
+
+
+def build_ood_corpus(out_dir: str | os.PathLike, count: int = 48, seed: int = 0) -> Path:
+    """Speak `count` licence sentences (evenly spread over them) with `OOD_VOICES` in rotation into
+    `<out_dir>/ood/`; every other utterance gets pink or babble noise (the other clean utterances
+    talking) at 5-15 dB SNR. Writes `<out_dir>/ood.jsonl`; existing wavs are kept."""
+    import numpy as np
+    import soundfile as sf
+
+    from mmaccel.speech.audio import SAMPLE_RATE, load_audio
+    from mmaccel.speech.ctc.augment import add_noise, babble_noise, pink_noise
+
+    texts = license_sentences()
+    check(1 <= count <= len(texts), f"count must be in [1, {len(texts)}], got {count}")
+    picked = [texts[i * len(texts) // count] for i in range(count)]
+    root = Path(out_dir)
+    clean = []
+    for i, text in enumerate(picked):
+        voice = VOICES[OOD_VOICES[i % len(OOD_VOICES)]]
+        wav = root / "ood" / f"ood_{i:03d}_{voice.name}.wav"
+        if not wav.is_file():
+            synthesize(text, voice, wav)
+        clean.append(wav)
+    utterances = []
+    for i, (text, wav) in enumerate(zip(picked, clean)):
+        voice = OOD_VOICES[i % len(OOD_VOICES)]
+        if i % 2:
+            noisy = wav.with_name(wav.stem + "_noisy.wav")
+            if not noisy.is_file():
+                rng = np.random.default_rng([seed, i])
+                samples = load_audio(wav).samples
+                others = [load_audio(clean[j]).samples for j in range(0, len(clean), 2)]
+                noise = pink_noise(len(samples), rng) if i % 4 == 1 else babble_noise(len(samples), others, rng)
+                sf.write(str(noisy), add_noise(samples, noise, float(rng.uniform(5, 15))).astype(np.float32), SAMPLE_RATE)
+            wav = noisy
+        utterances.append(Utterance(str(wav.relative_to(root)), text, _duration(wav), wav.stem, voice))
+    return write_manifest(root / "ood.jsonl", utterances)

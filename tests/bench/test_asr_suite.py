@@ -67,3 +67,14 @@ def test_bench_asr_runs_on_a_cuda_device_with_graphs(tiny_en_asr):
     validate_document(doc)
     assert report.replays > 0
     assert all(r["lossless"] for r in doc["results"]), doc["results"]
+
+
+def test_the_out_of_domain_split(tiny_en_asr):
+    from mmaccel.bench.asr_suite import load_corpus
+    from mmaccel.errors import InputError
+
+    with pytest.raises(InputError, match="unknown split 'test'"):
+        load_corpus(2, "test")
+    suite = build_asr_suite(methods=[MethodSpec("greedy")], tts_utterances=2, pipeline=tiny_en_asr, split="ood")
+    assert suite.config["split"] == "ood" and "out-of-domain" in suite.config["audio"]
+    assert sum(len(b) for b in suite.batches[1]) == 2

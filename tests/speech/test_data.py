@@ -6,9 +6,11 @@ import shutil
 import pytest
 
 from mmaccel.errors import InputError
-from mmaccel.speech.data import (EVAL_VOICES, TRAIN_VOICES, VOICES, Utterance, build_tts_corpus, read_manifest,
-                                 real_utterances, sentences, write_manifest)
-from mmaccel.speech.data import FORTUNES, SPHINX_DATA
+from mmaccel.speech.audio import load_audio
+from mmaccel.speech.data import (EVAL_VOICES, OOD_VOICES, TRAIN_VOICES, VOICES, Utterance, build_ood_corpus,
+                                 build_tts_corpus, license_sentences, read_manifest, real_utterances, sentences,
+                                 write_manifest)
+from mmaccel.speech.data import FORTUNES, LICENSES, SPHINX_DATA
 
 
 def test_manifest_round_trip_and_relative_paths(tmp_path):
@@ -68,3 +70,25 @@ def test_tts_corpus_is_built_and_resumed(tmp_path):
     assert (tmp_path / "eval" / f"{utts[0].id}.wav").stat().st_mtime_ns == stamp      # not re-spoken
     with pytest.raises(InputError, match="unknown voice"):
         build_tts_corpus(tmp_path, "eval", voices=("robot",))
+
+
+def test_the_out_of_domain_split_shares_no_text_or_training_voice(tmp_path):
+    assert set(OOD_VOICES) <= set(VOICES) and not set(OOD_VOICES) & set(TRAIN_VOICES)
+    if not LICENSES.is_dir() or not FORTUNES.is_dir() or shutil.which("espeak-ng") is None:
+        pytest.skip("needs /usr/share/common-licenses, fortunes and espeak-ng")
+    texts = license_sentences()
+    assert len(texts) > 150 and len(set(texts)) == len(texts) and texts == license_sentences()
+    assert not set(texts) & (set(sentences("train")) | set(sentences("eval")))
+    path = build_ood_corpus(tmp_path, count=4)
+    utts = read_manifest(path)
+    assert [u.voice for u in utts] == list(OOD_VOICES[:4])
+    assert [u.text for u in utts] == [texts[i * len(texts) // 4] for i in range(4)]           # spread over them
+    noisy = [u.audio_filepath.endswith("_noisy.wav") for u in utts]
+    assert noisy == [False, True, False, True]
+    clean = load_audio(tmp_path / "ood" / f"ood_001_{OOD_VOICES[1]}.wav").samples
+    assert not (load_audio(utts[1].audio_filepath).samples == clean).all()          # noise was added
+    stamp = (tmp_path / "ood" / f"ood_000_{OOD_VOICES[0]}.wav").stat().st_mtime_ns
+    assert read_manifest(build_ood_corpus(tmp_path, count=4)) == utts
+    assert (tmp_path / "ood" / f"ood_000_{OOD_VOICES[0]}.wav").stat().st_mtime_ns == stamp   # not re-spoken
+    with pytest.raises(InputError, match="count must be in"):
+        build_ood_corpus(tmp_path, count=0)
