@@ -65,13 +65,13 @@ def whisfusion_decode(model: WhisfusionDecoder, encoder_states: Tensor, seconds:
     B, K, P = encoder_states.shape[0], candidates, len(prompt)
     check(len(seconds) == B, f"seconds needs one length per window ({B}), got {len(seconds)}")
     device = encoder_states.device
-    lengths = torch.tensor([model.canvas_length(s, P) for s in seconds], device=device).repeat_interleave(K)
-    R, N = B * K, P + int(lengths.max())
+    host_lengths = [model.canvas_length(s, P) for s in seconds for _ in range(K)]   # [R], candidates adjacent
+    lengths = torch.tensor(host_lengths, device=device)
+    R, N = B * K, P + max(host_lengths)
     position = torch.arange(N, device=device)[None]
     canvas = (position >= P) & (position < P + lengths[:, None])                  # [R, N] positions to decode
-    tokens = torch.full((R, N), end_of_text, dtype=torch.long, device=device)
-    tokens[:, :P] = torch.tensor(prompt, device=device)
-    tokens[canvas] = MASK
+    start = torch.tensor(prompt + [end_of_text] * (N - P), device=device).expand(R, N)
+    tokens = torch.where(canvas, torch.full_like(start, MASK), start)
     padding = position >= P + lengths[:, None]
     states, cross_padding = model.cut_states(encoder_states, seconds)
     cross = [(k.repeat_interleave(K, 0), v.repeat_interleave(K, 0)) for k, v in model.cross_kv(states)]
@@ -85,10 +85,10 @@ def whisfusion_decode(model: WhisfusionDecoder, encoder_states: Tensor, seconds:
         logits[..., end_of_text + 1:] = float("-inf")                              # no special tokens in text
         logp = torch.log_softmax(logits, -1)
         choice = logp.argmax(-1)                                                     # [R, L]
-        if K > 1:
-            rows = sampled[:, 0]
-            probs = torch.softmax(logp[rows] / temperature, -1)
-            choice[rows] = torch.multinomial(probs.flatten(0, 1), 1, generator=generator).view(probs.shape[:2])
+        if K > 1:                                    # rows 1..K-1 of each utterance sample (fixed shapes)
+            probs = torch.softmax(logp.view(B, K, N - P, -1)[:, 1:] / temperature, -1)
+            drawn = torch.multinomial(probs.flatten(0, 2), 1, generator=generator).view(B, K - 1, N - P)
+            choice = torch.cat([choice.view(B, K, N - P)[:, :1], drawn], 1).view(R, N - P)
         chosen = logp.gather(-1, choice[..., None]).squeeze(-1)                    # [R, L]
         fresh = masked[:, P:]
         rank_key = chosen + torch.where(sampled, temperature * _gumbel((R, N - P), generator, device), 0.0)
@@ -100,12 +100,13 @@ def whisfusion_decode(model: WhisfusionDecoder, encoder_states: Tensor, seconds:
         tokens[:, P:] = torch.where(fill, choice, tokens[:, P:])
         logp_kept[:, P:] = torch.where(fill, chosen, logp_kept[:, P:])
     texts, scores, ids = [], [], []
-    for r in range(R):
-        row = tokens[r, P:P + int(lengths[r])].tolist()
+    canvases, kept = tokens[:, P:].cpu().tolist(), logp_kept[:, P:].cpu()                  # one read-back
+    for r, (row, L) in enumerate(zip(canvases, host_lengths)):
+        row = row[:L]
         end = row.index(end_of_text) if end_of_text in row else len(row)
         ids.append(row[:end])
         texts.append(decode_text(row[:end]).strip())
-        scores.append(float(logp_kept[r, P:P + min(end + 1, int(lengths[r]))].mean()))
+        scores.append(float(kept[r, :min(end + 1, L)].mean()))
     by_utt = [list(range(b * K, (b + 1) * K)) for b in range(B)]
     best = [max(rows, key=lambda r: scores[r]) for rows in by_utt]
     if select == "confidence":

@@ -84,9 +84,9 @@ class WhisfusionDecoder(nn.Module):
     def cut_states(self, encoder_states: Tensor, seconds: list[float]) -> tuple[Tensor, Tensor]:
         """The states of a batch cut to its longest `audio_frames` and the cross-attention padding [B, S]
         (True beyond each row's own frames)."""
-        frames = torch.tensor([self.audio_frames(s, encoder_states.shape[1]) for s in seconds],
-                              device=encoder_states.device)
-        S = int(frames.max())
+        host = [self.audio_frames(s, encoder_states.shape[1]) for s in seconds]
+        frames = torch.tensor(host, device=encoder_states.device)
+        S = max(host)
         return encoder_states[:, :S], torch.arange(S, device=frames.device)[None] >= frames[:, None]
 
     def embed(self, tokens: Tensor) -> Tensor:
@@ -131,7 +131,7 @@ class WhisfusionDecoder(nn.Module):
         return self.decoder.layer_norm(x)
 
     def logits(self, hidden: Tensor) -> Tensor:
-        return hidden @ self.decoder.embed_tokens.weight.T
+        return F.linear(hidden, self.decoder.embed_tokens.weight)
 
     def forward(self, tokens: Tensor, encoder_states: Tensor, key_padding: Tensor | None = None,
                 cross_padding: Tensor | None = None) -> Tensor:

@@ -1,6 +1,8 @@
 """Whisfusion's parallel decoding on a tiny random Whisper: the unmasking schedule, one step equals the
 arg-max of one pass, candidates differ from step 0, seeds reproduce, selection and bad settings."""
 
+import copy
+
 import pytest
 import torch
 
@@ -82,3 +84,20 @@ def test_bad_settings_are_refused(setup, kw, message):
     model, enc = setup
     with pytest.raises(InputError, match=message):
         decode(model, enc, **kw)
+
+
+def test_decoding_runs_on_a_cuda_device_and_reads_back_once_per_call(setup):
+    """Every step is device work: what the host waits for does not grow with the steps."""
+    from tests.emulated_cuda import emulated_cuda
+
+    model, enc = setup
+    want = decode(model, enc, candidates=3, steps=4, seed=5)
+    seen = []
+    for steps in (2, 4):
+        with emulated_cuda() as report:
+            got = whisfusion_decode(copy.deepcopy(model).to("cuda"), enc.cuda(), [3.0, 6.0], PROMPT, EOT, text_of,
+                                    candidates=3, steps=steps, seed=5)
+        if steps == 4:
+            assert got.candidates == want.candidates and got.texts == want.texts
+        seen.append((report.kinds(), report.uploads))
+    assert seen[0] == seen[1], seen
