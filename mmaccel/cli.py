@@ -92,6 +92,38 @@ def cmd_asr_transcribe(args) -> int:
     return 1 if failed else 0
 
 
+def _print_transcripts(rows: list[tuple[str, str | None, str]]) -> int:
+    """(source, error, text) per input, tab-separated; exit status 1 when any input failed."""
+    for source, error, text in rows:
+        print(f"{source}\tERROR: {error}" if error is not None else f"{source}\t{text}")
+    return 1 if any(error is not None for _, error, _ in rows) else 0
+
+
+def cmd_asr_ctc(args) -> int:
+    from mmaccel.speech.ctc.pipeline import CTCPipeline
+
+    pipe = CTCPipeline.from_pretrained(args.model, lm=args.lm, lm_weight=args.lm_weight,
+                                       insertion_bonus=args.insertion_bonus)
+    out = pipe.transcribe(list(args.files), args.method, beam=args.beam, boost=args.boost or None,
+                          boost_weight=args.boost_weight,
+                          exit=None if args.exit_threshold is None else ("entropy", args.exit_threshold))
+    print(json.dumps({"method": args.method, "audio_s": round(out.audio_seconds, 3), "rtfx": round(out.rtfx, 3),
+                      "time_s": {k: round(v, 4) for k, v in out.seconds.items()},
+                      **({"exit_layers": out.exit_layers} if out.exit_layers else {})}), file=sys.stderr)
+    return _print_transcripts([(f, None, t.text) for f, t in zip(args.files, out.transcripts)])
+
+
+def cmd_asr_whisfusion(args) -> int:
+    from mmaccel.speech.whisfusion.pipeline import WhisfusionPipeline
+
+    pipe = WhisfusionPipeline.from_pretrained(args.model, device=args.device)
+    out = pipe.transcribe(list(args.files), candidates=args.candidates, steps=args.steps,
+                          temperature=args.temperature, select=args.select, batch_size=args.batch_size, seed=args.seed)
+    print(json.dumps({"method": out.method, "audio_s": round(out.audio_s, 3), "rtfx": round(out.rtfx, 3),
+                      **out.stats.to_dict()}), file=sys.stderr)
+    return _print_transcripts([(t.source, t.error, t.text) for t in out.transcripts])
+
+
 def cmd_bench(args) -> int:
     from mmaccel.bench import SUITES
     from mmaccel.bench.harness import markdown_table, run_suite, write_results
@@ -324,6 +356,33 @@ def build_parser() -> argparse.ArgumentParser:
                     help="encoder precision: fp32 (the model as loaded) or cheaper bf16 / int8 (may change transcripts)")
     add_device_option(at)
     at.set_defaults(func=cmd_asr_transcribe)
+
+    ac = asr_sub.add_parser("ctc", help="CTC transcription: greedy or batched beam search with an LM and boosting")
+    ac.add_argument("files", nargs="+", help="audio files; > 30 s is cut into windows")
+    ac.add_argument("--model", default="builtin:ctc-base",
+                    help="builtin:ctc-base, a WhisperCTC directory or a transformers Wav2Vec2ForCTC directory")
+    ac.add_argument("--method", default="beam", choices=("greedy", "beam"))
+    ac.add_argument("--beam", type=int, default=16)
+    ac.add_argument("--lm", default=None, help="ARPA n-gram over the model's labels (characters for builtin:ctc-base)")
+    ac.add_argument("--lm-weight", type=float, default=0.5)
+    ac.add_argument("--insertion-bonus", type=float, default=0.0)
+    ac.add_argument("--boost", action="append", default=[], metavar="PHRASE", help="phrase to boost (repeatable)")
+    ac.add_argument("--boost-weight", type=float, default=1.0)
+    ac.add_argument("--exit-threshold", type=float, default=None,
+                    help="encoder early exit: leave after the first exit head whose mean entropy is below this")
+    ac.set_defaults(func=cmd_asr_ctc)
+
+    aw = asr_sub.add_parser("whisfusion", help="parallel masked-diffusion decoding (Whisfusion) on a Whisper encoder")
+    aw.add_argument("files", nargs="+", help="audio files; > 30 s is chunked")
+    aw.add_argument("--model", default="builtin:whisfusion-tiny.en", help="builtin:whisfusion-tiny.en or a saved directory")
+    aw.add_argument("--candidates", type=int, default=8, help="K candidate transcripts decoded side by side")
+    aw.add_argument("--steps", type=int, default=4, help="refinement steps (decoder passes)")
+    aw.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of candidates 1..K-1")
+    aw.add_argument("--select", default="rover", choices=("rover", "confidence"))
+    aw.add_argument("--batch-size", type=int, default=8)
+    aw.add_argument("--seed", type=int, default=0)
+    add_device_option(aw)
+    aw.set_defaults(func=cmd_asr_whisfusion)
 
     b = sub.add_parser("bench", help="run a benchmark suite (or `report` to refresh the README tables)")
     b.add_argument("suite", help="core | image | image-fid | asr | asr-nar | ctc | video | kernels | report")

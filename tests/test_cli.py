@@ -5,6 +5,7 @@ import json
 import pytest
 
 from mmaccel.cli import main
+from tests.speech.ctc.test_wav2vec2 import checkpoint  # noqa: F401  (fixture)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -93,3 +94,24 @@ def test_asr_transcribe_prints_transcripts_and_reports_bad_files(capsys, tmp_pat
     assert "needs a draft model" in capsys.readouterr().err
     assert main(["asr", "transcribe", FILES[1], "--model", "builtin:tiny.en", "--draft", str(tmp_path / "d.safetensors")]) == 2
     assert "draft decoder file not found" in capsys.readouterr().err
+
+
+def test_asr_ctc_and_whisfusion_print_transcripts(capsys, tmp_path, checkpoint, tiny_en_asr):  # noqa: F811
+    from tests.speech.test_pipeline import FILES, LIBRIVOX
+    from mmaccel.speech.whisfusion.model import WhisfusionDecoder
+
+    if not LIBRIVOX.is_dir():
+        pytest.skip("apt-get install pocketsphinx-testdata")
+    assert main(["asr", "ctc", FILES[1], FILES[2], "--model", str(checkpoint), "--method", "greedy"]) == 0
+    out, err = capsys.readouterr()
+    assert out.count("\n") == 2 and out.startswith(f"{FILES[1]}\t") and "rtfx" in json.loads(err.strip().splitlines()[-1])
+    assert main(["asr", "ctc", FILES[1], "--model", str(checkpoint), "--beam", "0"]) == 2
+    assert "beam must be" in capsys.readouterr().err
+    WhisfusionDecoder(tiny_en_asr.bundle.model, tokens_per_second=5.0).save(tmp_path / "wf", "builtin:tiny.en")
+    rc = main(["asr", "whisfusion", FILES[1], str(tmp_path / "missing.wav"), "--model", str(tmp_path / "wf"),
+               "--candidates", "2", "--steps", "1"])
+    out, err = capsys.readouterr()
+    assert rc == 1 and out.startswith(f"{FILES[1]}\t") and "missing.wav\tERROR: audio file not found" in out
+    assert json.loads(err.strip().splitlines()[-1])["nfe"] == 1
+    assert main(["asr", "whisfusion", FILES[1], "--model", str(tmp_path / "wf"), "--candidates", "0"]) == 2
+    assert "candidates must be" in capsys.readouterr().err
