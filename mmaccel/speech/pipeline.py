@@ -205,27 +205,9 @@ class ASRPipeline:
         spec = build_asr_method(method, **method_params)
         encoder_module = self.encoder(encoder)
         prompt = self.bundle.prompt(language)
-        many = isinstance(audio, list)
-        items = audio if many else [audio]
-        check(len(items) > 0, "no audio given: pass a file path, an array, or a non-empty list of them")
         stats = DecodeStats()
-        transcripts, windows = [], []       # windows: (transcript index, chunk index, Audio chunk)
-        for i, item in enumerate(items):
-            try:
-                clip = as_audio(item, sample_rate)
-                if is_silent(clip):
-                    raise InputError(f"{clip.source}: the audio is silent (RMS below 1e-4); nothing to transcribe")
-            except InputError as err:
-                if not many:
-                    raise
-                transcripts.append(Transcript("", _name(item), 0.0, error=str(err)))
-                continue
-            transcripts.append(Transcript("", clip.source, clip.duration))
-            windows += [(i, c, chunk) for c, chunk in enumerate(split_long(clip))]
-        # windows of similar length share a batch (longest first), so rows finish close together;
-        # each transcript is stitched from its windows in their own order
+        transcripts, windows = audio_windows(audio, sample_rate)
         parts: dict[int, dict[int, tuple[list[int], str]]] = {}
-        windows.sort(key=lambda w: -w[2].duration)
         resources = self.resources(spec)
         for start in range(0, len(windows), batch_size):
             batch = windows[start : start + batch_size]
@@ -246,11 +228,41 @@ class ASRPipeline:
                 transcripts[i].passes += len(tokens) if gen.commit_pass is None else len(set(gen.commit_pass[row]))
             if progress is not None:
                 progress(min(start + batch_size, len(windows)), len(windows))
-        for i, chunks in parts.items():
-            ordered = [chunks[c] for c in sorted(chunks)]
-            transcripts[i].tokens = [t for tokens, _ in ordered for t in tokens]
-            transcripts[i].text = " ".join(text for _, text in ordered if text)
+        join_windows(transcripts, parts)
         return ASROutput(transcripts, stats, spec.name)
+
+
+def audio_windows(audio: AudioLike | list, sample_rate: int | None) -> tuple[list[Transcript], list[tuple]]:
+    """One input or a list -> (a `Transcript` per input, its text still empty; the windows to decode as
+    (input index, window index, Audio) of at most 30 s, longest first). Windows of similar length
+    then share a batch, so rows finish close together. In a list, an input that cannot be read (or
+    is silent) gets its error in its transcript and no window; a single input raises it."""
+    many = isinstance(audio, list)
+    items = audio if many else [audio]
+    check(len(items) > 0, "no audio given: pass a file path, an array, or a non-empty list of them")
+    transcripts, windows = [], []
+    for i, item in enumerate(items):
+        try:
+            clip = as_audio(item, sample_rate)
+            if is_silent(clip):
+                raise InputError(f"{clip.source}: the audio is silent (RMS below 1e-4); nothing to transcribe")
+        except InputError as err:
+            if not many:
+                raise
+            transcripts.append(Transcript("", _name(item), 0.0, error=str(err)))
+            continue
+        transcripts.append(Transcript("", clip.source, clip.duration))
+        windows += [(i, c, chunk) for c, chunk in enumerate(split_long(clip))]
+    windows.sort(key=lambda w: -w[2].duration)
+    return transcripts, windows
+
+
+def join_windows(transcripts: list[Transcript], parts: dict[int, dict[int, tuple[list[int], str]]]) -> None:
+    """Stitch each transcript from its windows' (tokens, text), `parts[input][window]`, in window order."""
+    for i, chunks in parts.items():
+        ordered = [chunks[c] for c in sorted(chunks)]
+        transcripts[i].tokens = [t for tokens, _ in ordered for t in tokens]
+        transcripts[i].text = " ".join(text for _, text in ordered if text)
 
 
 def _present(path: Path) -> Path | None:

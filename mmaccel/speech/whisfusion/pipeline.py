@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 
 from mmaccel.core.stats import DecodeStats
-from mmaccel.errors import InputError, ModelNotFoundError, check
+from mmaccel.errors import ModelNotFoundError, check
 from mmaccel.paths import assets_dir
-from mmaccel.speech.audio import AudioLike, as_audio, is_silent, log_mel, split_long
-from mmaccel.speech.pipeline import ASROutput, Transcript
+from mmaccel.speech.audio import AudioLike, log_mel
+from mmaccel.speech.pipeline import ASROutput, audio_windows, join_windows
 from mmaccel.speech.whisfusion.decode import check_settings, whisfusion_decode
 from mmaccel.speech.whisfusion.model import WhisfusionDecoder, read_config
 from mmaccel.speech.whisper import WhisperBundle, load_whisper
@@ -64,24 +64,7 @@ class WhisfusionPipeline:
         """Transcribe one input or a list; see `whisfusion_decode` for the decoding settings."""
         check_settings(candidates, steps, temperature, select)
         check(isinstance(batch_size, int) and batch_size >= 1, f"batch_size must be an int >= 1, got {batch_size!r}")
-        many = isinstance(audio, list)
-        items = audio if many else [audio]
-        check(len(items) > 0, "no audio given: pass a file path, an array, or a non-empty list of them")
-        transcripts, windows = [], []
-        for i, item in enumerate(items):
-            try:
-                clip = as_audio(item, sample_rate)
-                if is_silent(clip):
-                    raise InputError(f"{clip.source}: the audio is silent (RMS below 1e-4); nothing to transcribe")
-            except InputError as err:
-                if not many:
-                    raise
-                transcripts.append(Transcript("", str(item) if isinstance(item, (str, os.PathLike)) else "array", 0.0,
-                                              error=str(err)))
-                continue
-            transcripts.append(Transcript("", clip.source, clip.duration))
-            windows += [(i, c, chunk) for c, chunk in enumerate(split_long(clip))]
-        windows.sort(key=lambda w: -w[2].duration)
+        transcripts, windows = audio_windows(audio, sample_rate)
         stats, parts = DecodeStats(), {}
         prompt, eot = self.bundle.prompt("en"), self.bundle.tokens.end_of_text
         encoder, device = self.bundle.model.model.encoder, self.bundle.model.device
@@ -102,9 +85,6 @@ class WhisfusionPipeline:
             for (i, c, _), text, tokens in zip(batch, result.texts, result.tokens):
                 parts.setdefault(i, {})[c] = tokens, text
                 transcripts[i].passes += result.passes
-        for i, chunks in parts.items():
-            ordered = [chunks[c] for c in sorted(chunks)]
-            transcripts[i].tokens = [t for tokens, _ in ordered for t in tokens]
-            transcripts[i].text = " ".join(text for _, text in ordered if text)
+        join_windows(transcripts, parts)
         stats.time_s["total"] = sum(stats.time_s.get(k, 0.0) for k in ("features", "encoder", "decode"))
         return ASROutput(transcripts, stats, f"whisfusion-{select}")
