@@ -31,11 +31,10 @@ from mmaccel.speech.audio import Audio
 DEFAULT_METHODS = [
     MethodSpec("greedy"),
     MethodSpec("whisfusion", {"candidates": 1, "steps": 4, "select": "confidence"}, label="whisfusion-k1-s4"),
+    MethodSpec("whisfusion", {"candidates": 4, "steps": 4, "select": "rover"}, label="whisfusion-k4-s4-rover"),
     MethodSpec("whisfusion", {"candidates": 8, "steps": 4, "select": "confidence"}, label="whisfusion-k8-s4-conf"),
     MethodSpec("whisfusion", {"candidates": 8, "steps": 4, "select": "rover"}, label="whisfusion-k8-s4-rover"),
     MethodSpec("whisfusion", {"candidates": 8, "steps": 8, "select": "rover"}, label="whisfusion-k8-s8-rover"),
-    MethodSpec("whisfusion", {"candidates": 8, "steps": 16, "select": "rover"}, label="whisfusion-k8-s16-rover"),
-    MethodSpec("whisfusion", {"candidates": 15, "steps": 4, "select": "rover"}, label="whisfusion-k15-s4-rover"),
 ]
 FULL_TTS, QUICK_TTS = 100, 4
 FULL_LONG, QUICK_LONG = 16, 2

@@ -78,12 +78,13 @@ def whisfusion_decode(model: WhisfusionDecoder, encoder_states: Tensor, seconds:
     cross_padding = cross_padding.repeat_interleave(K, 0)
     sampled = (torch.arange(R, device=device) % K != 0)[:, None]                    # rows 1..K-1 of each utterance
     generator = torch.Generator(device=device).manual_seed(seed)
+    ids = model.output_ids(end_of_text)                                           # [V'] ids the read-out covers
+    readout = model.decoder.embed_tokens.weight[ids]
     logp_kept = torch.zeros(R, N, device=device)
     for step in range(steps):
         masked = tokens == MASK
-        logits = model.logits(model.hidden(tokens, cross, padding, cross_padding)[:, P:]).float()
-        logits[..., end_of_text + 1:] = float("-inf")                              # no special tokens in text
-        logp = torch.log_softmax(logits, -1)
+        hidden = model.hidden(tokens, cross, padding, cross_padding)[:, P:]
+        logp = torch.log_softmax(torch.nn.functional.linear(hidden, readout).float(), -1)   # [R, L, V']
         choice = logp.argmax(-1)                                                     # [R, L]
         if K > 1:                                    # rows 1..K-1 of each utterance sample (fixed shapes)
             probs = torch.softmax(logp.view(B, K, N - P, -1)[:, 1:] / temperature, -1)
@@ -97,7 +98,7 @@ def whisfusion_decode(model: WhisfusionDecoder, encoder_states: Tensor, seconds:
         ranks = rank_key.argsort(1).argsort(1)
         remask = fresh & (ranks < keep_masked[:, None])
         fill = fresh & ~remask
-        tokens[:, P:] = torch.where(fill, choice, tokens[:, P:])
+        tokens[:, P:] = torch.where(fill, ids[choice], tokens[:, P:])
         logp_kept[:, P:] = torch.where(fill, chosen, logp_kept[:, P:])
     texts, scores, ids = [], [], []
     canvases, kept = tokens[:, P:].cpu().tolist(), logp_kept[:, P:].cpu()                  # one read-back

@@ -38,6 +38,7 @@ from mmaccel.errors import InputError, ModelNotFoundError, check
 FORMAT, FORMAT_VERSION = "mmaccel-whisfusion", 1
 WEIGHTS_FILE, CONFIG_FILE = "whisfusion.safetensors", "whisfusion.json"
 MASK = -1                       # token id of a masked canvas position
+SHORTLIST = "shortlist"         # the tensor of output ids in a saved file
 
 
 class WhisfusionDecoder(nn.Module):
@@ -55,6 +56,9 @@ class WhisfusionDecoder(nn.Module):
         self.max_positions = cfg.max_target_positions
         self.mask_embedding = nn.Parameter(self.decoder.embed_tokens.weight.detach().mean(0).clone())
         self.tokens_per_second, self.margin = float(tokens_per_second), int(margin)
+        # the token ids decoding may write (None: every id up to <|endoftext|>); the training
+        # transcripts' tokens for a trained decoder, so each step's read-out is a few thousand rows
+        self.shortlist: Tensor | None = None
         self.cross_margin = int(cross_margin)
         self.frames_per_second = cfg.max_source_positions / 30.0          # 50 encoder states a second
         for p in self.frozen_parameters():
@@ -139,12 +143,22 @@ class WhisfusionDecoder(nn.Module):
 
     # ---- files ----------------------------------------------------------------------------------
 
+    def output_ids(self, end_of_text: int) -> Tensor:
+        """The token ids decoding reads out: the shortlist, else every id up to `end_of_text`."""
+        device = self.decoder.embed_tokens.weight.device
+        if self.shortlist is None:
+            return torch.arange(end_of_text + 1, device=device)
+        return self.shortlist.to(device)
+
     def save(self, path: str | os.PathLike, source: str, info: dict | None = None) -> Path:
         from safetensors.torch import save_file
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.detach().half().contiguous() for k, v in self.trained_state().items()}, str(path / WEIGHTS_FILE))
+        tensors = {k: v.detach().half().contiguous() for k, v in self.trained_state().items()}
+        if self.shortlist is not None:
+            tensors[SHORTLIST] = self.shortlist.to(torch.int64).contiguous()
+        save_file(tensors, str(path / WEIGHTS_FILE))
         config = {"format": FORMAT, "version": FORMAT_VERSION, "whisper": source,
                   "tokens_per_second": self.tokens_per_second, "margin": self.margin,
                   "cross_margin": self.cross_margin, "info": info or {}}
@@ -164,6 +178,8 @@ class WhisfusionDecoder(nn.Module):
             state = load_file(str(path / WEIGHTS_FILE))
         except (OSError, SafetensorError) as err:
             raise ModelNotFoundError(f"{path / WEIGHTS_FILE}: unreadable Whisfusion weights ({err})") from None
+        if SHORTLIST in state:
+            model.shortlist = state.pop(SHORTLIST).long()
         want = model.trained_state()
         missing, extra = sorted(set(want) - set(state)), sorted(set(state) - set(want))
         check(not missing and not extra, f"{path / WEIGHTS_FILE} does not fit {config['whisper']}'s decoder: "

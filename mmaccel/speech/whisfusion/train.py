@@ -27,7 +27,10 @@ Stages (`--stages`, comma-separated, in this order; default all):
    utterances (held-out sentences and voices) and the real clips (LibriVox, cards, ALSA): Whisfusion
    (K `--candidates` (8), S `--steps-decode` (4), both selections) against Whisper's own greedy
    decoder on the same encoder. Writes `<out>/eval.json`.
-4. `export`: `WhisfusionDecoder.save(--export-dir)` (default `mmaccel/assets/whisfusion_tiny_en`).
+4. `export`: `WhisfusionDecoder.save(--export-dir)` (default `mmaccel/assets/whisfusion_tiny_en`), with the
+   shortlist of token ids the training transcripts use (and `<|endoftext|>`): decoding reads out only
+   those rows of the tied embedding (a few thousand of 51 864), which the decoder never learned to
+   write anyway.
 
 Other flags: `--threads` (0: torch's default), `--seed` (0), `--log-every` (20).
 """
@@ -109,6 +112,12 @@ def load_windows(folder: Path) -> list[dict]:
     return [w for p in paths for w in torch.load(p)["windows"]]
 
 
+def training_shortlist(windows: list[dict], end_of_text: int) -> torch.Tensor:
+    """The ids the training transcripts use, and <|endoftext|> (sorted): what the decoder learns to write."""
+    seen = {int(t) for w in windows for t in w["tokens"]} | {end_of_text}
+    return torch.tensor(sorted(seen), dtype=torch.long)
+
+
 def tokens_per_second(windows: list[dict], margin: int, quantile: float) -> float:
     rates = [(len(w["tokens"]) + 1 - margin) / max(w["seconds"], 0.1) for w in windows]
     return float(np.quantile(rates, quantile))
@@ -156,9 +165,10 @@ def stage_train(args, out: Path, bundle) -> WhisfusionDecoder:
     windows = load_windows(out / "features")
     rate = tokens_per_second(windows, args.margin, args.rate_quantile)
     model = WhisfusionDecoder(bundle.model, rate, args.margin)
+    model.shortlist = training_shortlist(windows, bundle.tokens.end_of_text)
     log_line(out, f"train: {len(windows)} windows, {sum(w['seconds'] for w in windows) / 3600:.2f} h; "
                   f"{rate:.2f} tokens/s + {args.margin}; {sum(p.numel() for p in model.trained_state().values()) / 1e6:.1f} M "
-                  "trained parameters")
+                  f"trained parameters; {len(model.shortlist)} token ids in the transcripts")
     params = list(model.trained_state().values())
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
     sched = warmup_cosine(opt, args.steps, args.warmup)
@@ -200,6 +210,7 @@ def load_trained(out: Path, bundle, margin: int) -> WhisfusionDecoder:
     state = torch.load(path)
     model = WhisfusionDecoder(bundle.model, state["tokens_per_second"], margin)
     model.load_state_dict(state["model"])
+    model.shortlist = training_shortlist(load_windows(out / "features"), bundle.tokens.end_of_text)
     return model.eval()
 
 
@@ -282,6 +293,8 @@ def main(argv: list[str] | None = None) -> None:
             model = load_trained(out, bundle, args.margin)
         result = stage_eval(args, out, bundle, model) if "eval" in stages else None
         if "export" in stages:
+            if result is None and (out / "eval.json").is_file():
+                result = json.loads((out / "eval.json").read_text())
             info = {"command": command, "steps": args.steps, "eval": result}
             path = model.save(args.export_dir, args.model, info)
             log_line(out, f"export: {path}")

@@ -101,3 +101,17 @@ def test_decoding_runs_on_a_cuda_device_and_reads_back_once_per_call(setup):
             assert got.candidates == want.candidates and got.texts == want.texts
         seen.append((report.kinds(), report.uploads))
     assert seen[0] == seen[1], seen
+
+
+def test_a_shortlist_limits_what_decoding_writes(setup, tmp_path):
+    model, enc = setup
+    allowed = [3, 5, 8, 13, 21, EOT]
+    model.shortlist = torch.tensor(allowed)
+    try:
+        out = decode(model, enc, candidates=3, steps=2)
+        model.save(tmp_path / "wf", "tiny")
+        assert WhisfusionDecoder.load(tmp_path / "wf", tiny_whisper()).shortlist.tolist() == allowed
+    finally:
+        model.shortlist = None
+    written = {int(w[1:]) for row in out.candidates for text in row for w in text.split()}
+    assert written and written <= set(allowed) - {EOT}
