@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from mmaccel.core.stats import DecodeStats
+from mmaccel.core.stats import DecodeStats, track_peak_memory
 from mmaccel.errors import ModelNotFoundError, check
 from mmaccel.paths import assets_dir
 from mmaccel.speech.audio import AudioLike, log_mel
@@ -75,10 +75,11 @@ class WhisfusionPipeline:
             with stats.timed("encoder"):
                 states = encoder(features.to(device)).last_hidden_state
             t0 = time.perf_counter()
-            result = whisfusion_decode(self.decoder, states, [w.duration for _, _, w in batch], prompt, eot,
-                                       lambda ids: self.bundle.tokenizer.decode(ids, skip_special_tokens=True),
-                                       candidates=candidates, steps=steps, temperature=temperature, select=select,
-                                       seed=seed + start)
+            with track_peak_memory(stats, device):
+                result = whisfusion_decode(self.decoder, states, [w.duration for _, _, w in batch], prompt, eot,
+                                           lambda ids: self.bundle.tokenizer.decode(ids, skip_special_tokens=True),
+                                           candidates=candidates, steps=steps, temperature=temperature,
+                                           select=select, seed=seed + start)
             stats.time_s["decode"] = stats.time_s.get("decode", 0.0) + time.perf_counter() - t0
             stats.nfe += result.passes
             stats.new_tokens += sum(len(t) for t in result.tokens)

@@ -20,6 +20,7 @@ def test_transcribes_windows_and_joins_long_audio(pipe, files):  # noqa: F811
     out = pipe.transcribe(files[:2], candidates=3, steps=2, select="confidence")
     assert len(out.transcripts) == 2 and all(t.passes == 2 for t in out.transcripts)
     assert out.stats.nfe == 2 and {"features", "encoder", "decode"} <= set(out.stats.time_s) and out.rtfx > 0
+    assert out.stats.peak_mem_mb > 0
     first = load_audio(files[0])
     long = Audio(np.concatenate([first.samples] * int(np.ceil(35 / first.duration))))
     [joined] = pipe.transcribe([long], candidates=2, steps=2).transcripts
