@@ -353,7 +353,8 @@ def build_parser() -> argparse.ArgumentParser:
     at.add_argument("--batch-size", type=int, default=8)
     at.add_argument("--language", default="en", help="language code for multilingual models")
     at.add_argument("--encoder", default="fp32", choices=("fp32", "bf16", "int8"),
-                    help="encoder precision: fp32 (the model as loaded) or cheaper bf16 / int8 (may change transcripts)")
+                    help="encoder precision: fp32 (the model as loaded) or cheaper bf16 / int8 (may change transcripts; "
+                         "int8 fails on noisy audio, prefer bf16)")
     add_device_option(at)
     at.set_defaults(func=cmd_asr_transcribe)
 

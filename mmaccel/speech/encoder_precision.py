@@ -12,6 +12,11 @@ ASR benchmark reports the WER of each precision beside its speed.
   FBGEMM's dynamically quantised product on x86 CPUs); convolutions, norms and the rest stay fp32.
 
 The fp32 encoder is never modified: a variant is a copy, built once per pipeline and precision.
+
+Measured on Whisper base (`benchmarks/asr_base_encoder*.json`): bf16 keeps the WER (5.94 against 6.21
+in domain, 41.3 against 41.9 on the noisy out-of-domain split) at a 1.5x cheaper encoder; int8 costs
+3.4 points in domain and breaks on noisy audio (93 %: one activation scale per call loses the speech).
+Prefer bf16.
 """
 
 from __future__ import annotations
