@@ -118,6 +118,8 @@ def build_ctc_suite(quick: bool = False, methods: list[MethodSpec] | None = None
     test, dev = everything[: real + tts], everything[real + tts:]
     if split != "in-domain":         # settings are still picked on the in-domain dev set
         test = load_corpus(OOD_UTTERANCES if tts_utterances is None and not quick else tts, split)
+    # a sorted manifest, as batched CTC decoders are run: a batch's frame loop is as long as its longest row
+    test = sorted(test, key=lambda item: item[1].duration)
     order = order or (4 if quick else 6)
     sentences_cap = 300 if quick else None
     arpa = char_lm_arpa(order, sentences_cap)
@@ -214,6 +216,7 @@ def build_ctc_suite(quick: bool = False, methods: list[MethodSpec] | None = None
     audio = f"{real} real clips + {tts} held-out TTS utterances" if split == "in-domain" else \
         f"{len(test)} out-of-domain utterances (licence sentences, unseen voices, half under noise)"
     config = {"model": model, "split": split, "audio": f"{audio} (dev: {len(dev)} in-domain held-out TTS utterances)",
+              "batching": "utterances in order of duration (a sorted manifest)",
               "audio_s": round(sum(a.duration for _, a, _ in test), 1), "utterances": len(test),
               "batch_sizes": list(sizes), "wer": f"corpus WER, {normalizer_version()}",
               "lm": f"character {order}-gram, Kneser-Ney (ours) on the train split's sentences ({arpa.name})",

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mmaccel.errors import InputError, ModelNotFoundError, check
+from mmaccel.speech.text_sources import is_plain, plain_sentences
 
 SPHINX_DATA = Path("/usr/share/pocketsphinx/test/data")
 ALSA_SOUNDS = Path("/usr/share/sounds/alsa")
@@ -124,9 +125,6 @@ def real_utterances(sphinx: Path = SPHINX_DATA, alsa: Path = ALSA_SOUNDS) -> lis
 
 # ---- sentences ------------------------------------------------------------------------------------
 
-_PLAIN = re.compile(r"^[A-Z][A-Za-z ,;'\-]+[.!?]$")
-
-
 def sentences(split: str = "train", fortunes: Path = FORTUNES) -> list[str]:
     """Plain English sentences from the `fortunes` package, in a stable order.
 
@@ -143,14 +141,17 @@ def sentences(split: str = "train", fortunes: Path = FORTUNES) -> list[str]:
         for entry in file.read_text(encoding="utf-8", errors="ignore").split("\n%\n"):
             text = " ".join(entry.split())
             text = re.sub(r"\s+--\s.*$", "", text).strip('"')            # drop attributions and quotes
-            words = len(text.split())
-            if not (_PLAIN.match(text) and 6 <= words <= 24) or re.search(r"[A-Z]{2,}", text) or text in seen:
+            if not is_plain(text) or text in seen:
                 continue
             seen.add(text)
-            is_eval = int(hashlib.sha1(text.encode()).hexdigest(), 16) % 10 == 0
-            if is_eval == (split == "eval"):
+            if is_held_out(text) == (split == "eval"):
                 out.append(text)
     return out
+
+
+def is_held_out(sentence: str) -> bool:
+    """The evaluation tenth: sentences whose SHA-1 is a multiple of ten."""
+    return int(hashlib.sha1(sentence.encode()).hexdigest(), 16) % 10 == 0
 
 
 # ---- voices -------------------------------------------------------------------------------------
@@ -207,32 +208,83 @@ def synthesize(text: str, voice: Voice, wav: Path) -> Path:
     return wav
 
 
+TEXTS = ("fortunes", "varied")
+
+
+def varied_sentences(split: str = "train") -> list[str]:
+    """Three text sources interleaved one sentence each in turn: a man page, a Python docstring, a
+    `fortunes` quotation (`mmaccel.speech.text_sources`); each source's held-out tenth is `split="eval"`."""
+    from mmaccel.speech.text_sources import docstring_sentences, man_sentences
+
+    check(split in ("train", "eval"), f"split must be 'train' or 'eval', got {split!r}")
+    sources = [[s for s in found if is_held_out(s) == (split == "eval")]
+               for found in (man_sentences(), docstring_sentences())] + [sentences(split)]
+    out, seen = [], set()
+    for i in range(max(map(len, sources))):
+        for source in sources:
+            if i < len(source) and source[i] not in seen:
+                seen.add(source[i])
+                out.append(source[i])
+    return out
+
+
 def build_tts_corpus(out_dir: str | os.PathLike, split: str = "train", voices: tuple[str, ...] | None = None,
-                     max_sentences: int | None = None, voices_per_sentence: int = 2) -> Path:
-    """Speak the `split` sentences into `<out_dir>/<split>/` and write `<out_dir>/<split>.jsonl`.
+                     max_sentences: int | None = None, voices_per_sentence: int = 2, text: str = "fortunes",
+                     noisy: bool = False, seed: int = 0) -> Path:
+    """Speak the `split` sentences into `<out_dir>/<name>/` and write `<out_dir>/<name>.jsonl`, where
+    `name` is the split for `text="fortunes"` (`sentences`) and `varied_<split>` for `text="varied"`
+    (`varied_sentences`). Returns the manifest's path.
 
     Sentence i is spoken by `voices_per_sentence` voices in rotation over `voices` (default: the
-    split's voice set). Existing wav files are kept, so an interrupted build resumes.
+    split's voice set). `noisy`: every other utterance is replaced by a seeded augmented copy (speed,
+    reverberation, white / pink / babble noise: `mmaccel.speech.ctc.augment`). Existing wav files are
+    kept, so an interrupted build resumes.
     """
+    check(text in TEXTS, f"text must be one of {', '.join(TEXTS)}, got {text!r}")
     voices = voices or (TRAIN_VOICES if split == "train" else EVAL_VOICES)
     unknown = [v for v in voices if v not in VOICES]
     check(not unknown, f"unknown voice(s) {', '.join(unknown)}; choose from {', '.join(VOICES)}")
     check(1 <= voices_per_sentence <= len(voices), f"voices_per_sentence must be in [1, {len(voices)}]")
-    texts = sentences(split)
+    texts = sentences(split) if text == "fortunes" else varied_sentences(split)
     if max_sentences is not None:
         check(max_sentences >= 1, f"max_sentences must be >= 1, got {max_sentences}")
         texts = texts[:max_sentences]
     root = Path(out_dir)
+    name = split if text == "fortunes" else f"varied_{split}"
     utterances = []
-    for i, text in enumerate(texts):
+    for i, sentence in enumerate(texts):
         for j in range(voices_per_sentence):
             voice = VOICES[voices[(i * voices_per_sentence + j) % len(voices)]]
-            uid = f"{split}_{i:05d}_{voice.name}"
-            wav = root / split / f"{uid}.wav"
+            uid = f"{name}_{i:05d}_{voice.name}"
+            wav = root / name / f"{uid}.wav"
             if not wav.is_file():
-                synthesize(text, voice, wav)
-            utterances.append(Utterance(str(wav.relative_to(root)), text, _duration(wav), uid, voice.name))
-    return write_manifest(root / f"{split}.jsonl", utterances)
+                synthesize(sentence, voice, wav)
+            utterances.append(Utterance(str(wav.relative_to(root)), sentence, _duration(wav), uid, voice.name))
+    if noisy:
+        utterances = _augment_every_other(root, utterances, seed)
+    return write_manifest(root / f"{name}.jsonl", utterances)
+
+
+def _augment_every_other(root: Path, utterances: list[Utterance], seed: int) -> list[Utterance]:
+    """Utterance i (odd) replaced by an augmented copy `<stem>_aug.wav`, seeded by (seed, i); babble
+    comes from the three clean utterances before it."""
+    import numpy as np
+    import soundfile as sf
+
+    from mmaccel.speech.audio import SAMPLE_RATE, load_audio
+    from mmaccel.speech.ctc.augment import augment
+
+    out = list(utterances)
+    for i in range(1, len(out), 2):
+        u = out[i]
+        clean = root / u.audio_filepath
+        noisy = clean.with_name(clean.stem + "_aug.wav")
+        if not noisy.is_file():
+            others = [load_audio(root / out[j].audio_filepath).samples for j in range(max(0, i - 5), i, 2)]
+            samples = augment(load_audio(clean).samples, np.random.default_rng([seed, i]), others)
+            sf.write(str(noisy), samples, SAMPLE_RATE)
+        out[i] = Utterance(str(noisy.relative_to(root)), u.text, _duration(noisy), u.id + "_aug", u.voice)
+    return out
 
 
 # ---- the out-of-domain split --------------------------------------------------------------------
@@ -247,10 +299,8 @@ def license_sentences(licenses: Path = LICENSES) -> list[str]:
         if file.is_symlink() or not file.is_file():
             continue
         text = " ".join(file.read_text(encoding="utf-8", errors="ignore").split())
-        for sentence in re.split(r"(?<=[.!?])\s+", text):
-            words = len(sentence.split())
-            if _PLAIN.match(sentence) and 6 <= words <= 24 and not re.search(r"[A-Z]{2,}", sentence) \
-                    and sentence not in seen:
+        for sentence in plain_sentences(text):
+            if sentence not in seen:
                 seen.add(sentence)
                 out.append(sentence)
     return out

@@ -1,6 +1,7 @@
 """`bench ctc` plumbing on a tiny random Wav2Vec2ForCTC: every decoder on the same log-probs, settings from dev."""
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -53,7 +54,7 @@ def test_ctc_suite_reports_early_exit_for_a_whisper_ctc(monkeypatch, tmp_path):
     from mmaccel.speech.ctc.pipeline import CTCPipeline
     from tests.speech.ctc.test_whisper_ctc import bundle, clips, ctc
 
-    model = ctc.__wrapped__(bundle.__wrapped__())
+    model = ctc.__wrapped__(bundle.__wrapped__(), SimpleNamespace(param=2))          # 40-ms frames
     audio = clips()
     items = [(f"u{i}", a, text) for i, (a, text) in enumerate(zip(audio, ["a cat", "a bat", "tab cab", "cat at a bat",
                                                                           "a cab", "bat tab"]))]

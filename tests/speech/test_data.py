@@ -3,13 +3,15 @@
 import json
 import shutil
 
+import numpy as np
 import pytest
 
-from mmaccel.errors import InputError
+from mmaccel.errors import InputError, ModelNotFoundError
 from mmaccel.speech.audio import load_audio
+from mmaccel.speech.ctc.augment import augment
 from mmaccel.speech.data import (EVAL_VOICES, OOD_VOICES, TRAIN_VOICES, VOICES, Utterance, build_ood_corpus,
                                  build_tts_corpus, license_sentences, read_manifest, real_utterances, sentences,
-                                 write_manifest)
+                                 varied_sentences, write_manifest)
 from mmaccel.speech.data import FORTUNES, LICENSES, SPHINX_DATA
 
 
@@ -92,3 +94,31 @@ def test_the_out_of_domain_split_shares_no_text_or_training_voice(tmp_path):
     assert (tmp_path / "ood" / f"ood_000_{OOD_VOICES[0]}.wav").stat().st_mtime_ns == stamp   # not re-spoken
     with pytest.raises(InputError, match="count must be in"):
         build_ood_corpus(tmp_path, count=0)
+
+
+def test_the_varied_corpus_mixes_three_sources_and_augments_every_other_utterance(tmp_path):
+    if shutil.which("flite") is None or not FORTUNES.is_dir() or not LICENSES.is_dir():
+        pytest.skip("apt-get install flite fortunes")
+    try:
+        train, held_out = varied_sentences("train"), varied_sentences("eval")
+    except ModelNotFoundError:
+        pytest.skip("apt-get install manpages")
+    assert len(train) > 8000 and len(held_out) > 800 and not set(train) & set(held_out)
+    assert not set(train) & set(license_sentences())                          # the out-of-domain text stays unseen
+    fortunes = set(sentences("train"))
+    assert [s in fortunes for s in train[:6]] == [False, False, True] * 2      # man page, docstring, quotation
+    assert not set(held_out) & fortunes and set(held_out) & set(sentences("eval"))
+    path = build_tts_corpus(tmp_path, "train", voices=("flite-slt", "flite-rms"), max_sentences=4,
+                            voices_per_sentence=1, text="varied", noisy=True)
+    utts = read_manifest(path)
+    assert path.name == "varied_train.jsonl" and [u.text for u in utts] == train[:4]
+    assert [u.audio_filepath.endswith("_aug.wav") for u in utts] == [False, True, False, True]
+    clean = [load_audio(tmp_path / "varied_train" / f"varied_train_{i:05d}_{v}.wav").samples
+             for i, v in enumerate(["flite-slt", "flite-rms"] * 2)]
+    for i in (1, 3):                                  # seeded by (seed, i), babble from the clean ones before
+        want = augment(clean[i], np.random.default_rng([0, i]), clean[max(0, i - 5) : i : 2])
+        assert np.allclose(load_audio(utts[i].audio_filepath).samples, want, atol=1e-4)
+    assert read_manifest(build_tts_corpus(tmp_path, "train", voices=("flite-slt", "flite-rms"), max_sentences=4,
+                                          voices_per_sentence=1, text="varied", noisy=True)) == utts   # resumed
+    with pytest.raises(InputError, match="text must be one of"):
+        build_tts_corpus(tmp_path, "train", text="news")

@@ -5,7 +5,7 @@ tensors: per frame, every hypothesis is extended by every label at once (blank a
 frame's previous label emit nothing; any other label emits and adds the weighted scores of the fusion
 models, `FusionTable`s, and the insertion bonus), the top `beam` of beam x vocabulary survive,
 hypotheses more than `threshold` below the row's best are pruned, and hypotheses with the same
-transcript (hash and length) and the same last frame label are merged, keeping the best score. No
+transcript (a 64-bit rolling hash) and the same last frame label are merged, keeping the best score. No
 per-hypothesis Python, no host reads inside the frame loop: the loop's length is fixed before it
 starts, so the same code runs on CPU and CUDA.
 
@@ -26,7 +26,7 @@ from mmaccel.errors import check
 from mmaccel.speech.ctc.fusion import FusionTable
 from mmaccel.speech.ctc.vocab import CTCHypothesis, CTCVocabulary
 
-HASH_BASE = 1_000_003           # rolling hash of a transcript (int64, wrapping): equal hashes + lengths = merge
+HASH_BASE = 1_000_003           # rolling hash of a transcript (int64, wrapping): equal hashes = merge
 
 
 def _check_inputs(log_probs: Tensor, lengths: Tensor | None, vocab: CTCVocabulary) -> Tensor:
@@ -116,61 +116,67 @@ def ctc_beam_search(log_probs: Tensor, vocab: CTCVocabulary, lengths: Tensor | N
     frames, count, before_lp, before_any, tail = _frame_plan(log_probs, lengths, vocab.blank, blank_skip)
     J = frames.shape[1]
     NEG = float("-inf")
+    # Each searched frame's log-probs [B, J, V], the skipped blank frames just before it added; a row's frames
+    # past its count become a "hold" frame (blank 0, the rest -inf, the last label forgotten), which keeps
+    # every hypothesis and its score, so no per-frame mask of the rows still searching is needed.
+    lp_all = log_probs.gather(1, frames[..., None].expand(B, J, V)).float() + before_lp[..., None]
+    done = torch.arange(J, device=device)[None] >= count[:, None]
+    hold = torch.full((V,), NEG, device=device)
+    hold[vocab.blank] = 0.0
+    lp_all[done] = hold
+    forget = before_any | done                                                      # the last label resets to blank
     total = torch.full((B, K), NEG, device=device)
     total[:, 0] = 0.0
     last = torch.full((B, K), vocab.blank, dtype=torch.long, device=device)         # label of the previous frame
     states = [torch.full((B, K), t.start, dtype=torch.long, device=device) for t, _ in tables]
     digest = torch.zeros(B, K, dtype=torch.long, device=device)
-    size = torch.zeros(B, K, dtype=torch.long, device=device)
+    emits_gain = bool(tables) or insertion_bonus != 0.0
     labels_v = torch.arange(V, device=device)
-    keep_k = torch.arange(K, device=device).expand(B, K)
+    lower = torch.arange(K, device=device)[:, None] > torch.arange(K, device=device)[None, :]      # k' < k
+    blank, none = (torch.tensor(v, device=device) for v in (vocab.blank, -1))    # made once, not per frame
     back_src = torch.empty(J, B, K, dtype=torch.long, device=device)
     back_label = torch.empty(J, B, K, dtype=torch.long, device=device)
-    order = torch.arange(K, device=device)
     for j in range(J):
-        active = (j < count)[:, None]                                               # [B, 1]
-        lp = log_probs.gather(1, frames[:, j, None, None].expand(B, 1, V))[:, 0].float()   # [B, V]
-        last_j = torch.where(before_any[:, j, None], vocab.blank, last)
-        emit = (labels_v != vocab.blank) & (labels_v != last_j[..., None])              # [B, K, V]
-        gain = torch.full((B, K, V), insertion_bonus, device=device)
-        for (table, weight), state in zip(tables, states):
-            gain = gain + weight * table.score[state]
-        scores = (total + before_lp[:, j, None])[..., None] + lp[:, None, :] + torch.where(emit, gain, 0.0)
-        top, flat = scores.view(B, K * V).topk(K, dim=1)                                # [B, K]
+        last_j = torch.where(forget[:, j, None], blank, last)                            # [B, K]
+        scores = total[..., None] + lp_all[:, j, None, :]                                # [B, K, V]
+        if emits_gain:
+            gain = torch.full((B, K, V), insertion_bonus, device=device)
+            for (table, weight), state in zip(tables, states):
+                gain = gain + weight * table.score[state]
+            emit = (labels_v != vocab.blank) & (labels_v != last_j[..., None])
+            scores = scores + torch.where(emit, gain, 0.0)
+        top, flat = scores.view(B, K * V).topk(K, dim=1)                                # [B, K], sorted
         src, label = flat // V, flat % V
-        top = torch.where(top < top[:, :1] - threshold, NEG, top)
-        emitted = emit.view(B, K * V).gather(1, flat)
-        new_states = []
-        for (table, _), state in zip(tables, states):
-            before = state.gather(1, src)
-            new_states.append(torch.where(emitted, table.next[before, label], before))
-        new_digest = torch.where(emitted, digest.gather(1, src) * HASH_BASE + label + 1, digest.gather(1, src))
-        new_size = size.gather(1, src) + emitted.long()
-        # Viterbi recombination: equal transcripts with equal last labels keep only their best (first among equals)
-        same = ((new_digest[:, :, None] == new_digest[:, None, :]) & (new_size[:, :, None] == new_size[:, None, :])
-                & (label[:, :, None] == label[:, None, :]) & (order[:, None] > order[None, :]))       # k' < k
-        top = torch.where((same & torch.isfinite(top)[:, None, :]).any(-1), NEG, top)        # topk is sorted
-        total = torch.where(active, top, total)
-        last = torch.where(active, label, last)
-        states = [torch.where(active, n, s) for n, s in zip(new_states, states)]
-        digest = torch.where(active, new_digest, digest)
-        size = torch.where(active, new_size, size)
-        back_src[j] = torch.where(active, src, keep_k)
-        back_label[j] = torch.where(active & emitted, label, -1)
+        top = top.masked_fill(top < top[:, :1] - threshold, NEG)
+        emitted = (label != vocab.blank) & (label != last_j.gather(1, src))
+        states = [torch.where(emitted, table.next[before, label], before)
+                  for (table, _), before in ((t, s.gather(1, src)) for t, s in zip(tables, states))]
+        parent = digest.gather(1, src)
+        digest = torch.where(emitted, parent * HASH_BASE + label + 1, parent)
+        # Viterbi recombination: equal transcripts (hashes) with equal last labels keep only the first (best)
+        key = digest * HASH_BASE + label
+        same = (key[:, :, None] == key[:, None, :]) & lower & (top > NEG)[:, None, :]
+        total = top.masked_fill(same.any(-1), NEG)
+        last = label
+        back_src[j] = src
+        back_label[j] = torch.where(emitted, label, none)
     total = total + tail[:, None]
     for (table, weight), state in zip(tables, states):
         total = total + weight * table.final[state]
     best = total.argmax(1)
-    return [vocab.hypothesis(*_backtrack(back_src[:, b].cpu(), back_label[:, b].cpu(), frames[b].cpu(), int(best[b])),
-                             float(total[b, best[b]]), frame_seconds) for b in range(B)]
+    path, frames = torch.stack([_backtrack(back_src, back_label, best), frames]).tolist()   # [B, J] each
+    scores = total.gather(1, best[:, None])[:, 0].tolist()
+    return [vocab.hypothesis([t for t in path[b] if t >= 0], [f for t, f in zip(path[b], frames[b]) if t >= 0],
+                             scores[b], frame_seconds) for b in range(B)]
 
 
-def _backtrack(src: Tensor, label: Tensor, frames: Tensor, k: int) -> tuple[list[int], list[int]]:
-    """Labels and their frames of hypothesis k, from the back pointers src/label [J, K] (label -1: none)."""
-    tokens, at = [], []
-    for j in range(src.shape[0] - 1, -1, -1):
-        if label[j, k] >= 0:
-            tokens.append(int(label[j, k]))
-            at.append(int(frames[j]))
-        k = int(src[j, k])
-    return tokens[::-1], at[::-1]
+def _backtrack(src: Tensor, label: Tensor, best: Tensor) -> Tensor:
+    """The label emitted at each searched frame by hypothesis `best` [B] (-1: none), [B, J], from the back
+    pointers src / label [J, B, K]: one gather per frame for the whole batch, on the search's device."""
+    J, B, _ = src.shape
+    out = torch.empty(B, J, dtype=torch.long, device=src.device)
+    k = best[:, None]
+    for j in range(J - 1, -1, -1):
+        out[:, j] = label[j].gather(1, k)[:, 0]
+        k = src[j].gather(1, k)
+    return out

@@ -233,8 +233,8 @@ def ctc_losses(heads: nn.ModuleDict, batch: tuple[dict[int, Tensor], Tensor, Ten
     out = {}
     for key, head in heads.items():
         k = int(key)
-        log_probs = head(hidden[k], lengths).float().log_softmax(-1).transpose(0, 1)          # [T, B, V]
-        out[k] = F.ctc_loss(log_probs, targets, lengths, target_lengths, blank=0, zero_infinity=True)
+        log_probs = head(hidden[k], lengths).float().log_softmax(-1).transpose(0, 1)          # [T', B, V]
+        out[k] = F.ctc_loss(log_probs, targets, head.out_lengths(lengths), target_lengths, blank=0, zero_infinity=True)
     return out
 
 
@@ -298,6 +298,31 @@ def stage_train(args, out: Path, ctc: WhisperCTC) -> None:
     train_heads(ctc.heads, windows, steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
                 weight_decay=args.weight_decay, seed=args.seed, checkpoint=out / "last.pt",
                 checkpoint_every=args.checkpoint_every, log_every=args.log_every, log=lambda m: log_line(out, m))
+
+
+def init_heads(ctc: WhisperCTC, path: Path) -> None:
+    """Load the heads of the saved model at `path` into `ctc` (the same exit layers and sizes). A head
+    with stride s > 1 starting from a stride-1 one gets the input projection tiled s times over 1 / s:
+    at first it reads the mean of its s frames."""
+    from safetensors.torch import load_file
+
+    from mmaccel.speech.ctc.whisper_ctc import HEADS_FILE
+
+    file = path / HEADS_FILE
+    if not file.is_file():
+        raise InputError(f"--init {path}: no {HEADS_FILE} there")
+    tensors = {k: v.float() for k, v in load_file(str(file)).items()}
+    own = ctc.heads.state_dict()
+    for name, value in tensors.items():
+        want = own.get(name)
+        if name.endswith(".proj.weight") and want is not None and want.shape != value.shape \
+                and want.shape[1] % value.shape[1] == 0:
+            stride = want.shape[1] // value.shape[1]
+            tensors[name] = value.repeat(1, stride) / stride
+    try:
+        ctc.heads.load_state_dict(tensors)
+    except RuntimeError as err:
+        raise InputError(f"--init {path} does not fit these heads: {str(err).splitlines()[0]}") from None
 
 
 def load_trained(ctc: WhisperCTC, out: Path) -> None:
@@ -420,6 +445,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--heads", type=int, default=4, help="attention heads per head layer")
     p.add_argument("--layers", type=int, default=1, help="Transformer layers per head")
     p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--stride", type=int, default=1, help="encoder frames per output frame (2: 40 ms frames)")
+    p.add_argument("--init", default=None,
+                   help="a saved model directory whose heads training starts from (same exit layers and sizes; "
+                        "a stride-1 head starts a longer-stride one reading the mean of its frames)")
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--batch-size", type=int, default=4, help="windows per step")
     p.add_argument("--lr", type=float, default=1.5e-3)
@@ -458,7 +487,10 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.manual_seed(args.seed)
     ctc = WhisperCTC(load_whisper(args.model), args.exit_layers, width=args.width, heads=args.heads,
-                     layers=args.layers, dropout=args.dropout, source=args.model, vocab=character_vocab())
+                     layers=args.layers, dropout=args.dropout, stride=args.stride, source=args.model,
+                     vocab=character_vocab())
+    if args.init and "train" in stages:
+        init_heads(ctc, Path(args.init))
     if "features" in stages:
         stage_features(args, out, ctc)
     if "train" in stages:

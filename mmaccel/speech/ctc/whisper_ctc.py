@@ -181,16 +181,19 @@ def encode_variable(encoder, features: Tensor, lengths_frames: Tensor,
 
 
 class CTCHead(nn.Module):
-    """LayerNorm -> Linear(d, width) -> GELU -> `layers` pre-norm Transformer layers -> LayerNorm ->
-    Linear(width, V): a small contextual model over one encoder layer's states. No positional
-    encoding: the encoder states carry Whisper's."""
+    """LayerNorm -> Linear(stride * d, width) over `stride` adjacent frames stacked -> GELU -> `layers`
+    pre-norm Transformer layers -> LayerNorm -> Linear(width, V): a small contextual model over one
+    encoder layer's states, one output frame per `stride` encoder frames (stride 2: 40 ms frames, half
+    the steps of a frame-synchronous decoder). No positional encoding: the encoder states carry Whisper's."""
 
     def __init__(self, d_model: int, vocab_size: int, width: int = 256, heads: int = 4, layers: int = 2,
-                 dropout: float = 0.1):
+                 dropout: float = 0.1, stride: int = 1):
         super().__init__()
         check(width % heads == 0, f"the head width {width} must be a multiple of its attention heads {heads}")
+        check(isinstance(stride, int) and stride >= 1, f"the head stride must be an int >= 1, got {stride!r}")
+        self.stride = stride
         self.norm_in = nn.LayerNorm(d_model)
-        self.proj = nn.Linear(d_model, width)
+        self.proj = nn.Linear(stride * d_model, width)
         self.layers = nn.ModuleList(nn.TransformerEncoderLayer(width, heads, 4 * width, dropout, activation="gelu",
                                                                batch_first=True, norm_first=True)
                                     for _ in range(layers))
@@ -201,10 +204,21 @@ class CTCHead(nn.Module):
         self.norm_out = nn.LayerNorm(width)
         self.out = nn.Linear(width, vocab_size)
 
+    def out_lengths(self, lengths: Tensor) -> Tensor:
+        """Output frames of inputs of `lengths` encoder frames (a partial last group counts)."""
+        return (lengths + self.stride - 1) // self.stride
+
     def forward(self, hidden: Tensor, lengths: Tensor) -> Tensor:
-        """hidden [B, T, d], lengths [B] -> logits [B, T, V]; padded frames are masked out of attention."""
-        pad = torch.arange(hidden.shape[1], device=hidden.device)[None] >= lengths.to(hidden.device)[:, None]
-        x = F.gelu(self.proj(self.norm_in(hidden)))
+        """hidden [B, T, d], lengths [B] -> logits [B, ceil(T / stride), V]; padded frames are zeroed
+        before stacking and masked out of attention."""
+        B, T, d = hidden.shape
+        x = self.norm_in(hidden)
+        if self.stride > 1:
+            inside = torch.arange(T, device=hidden.device)[None, :, None] < lengths.to(hidden.device)[:, None, None]
+            x = F.pad(x * inside, (0, 0, 0, (-T) % self.stride)).reshape(B, -1, self.stride * d)
+        lengths = self.out_lengths(lengths.to(hidden.device))
+        pad = torch.arange(x.shape[1], device=hidden.device)[None] >= lengths[:, None]
+        x = F.gelu(self.proj(x))
         for layer in self.layers:
             x = layer(x, src_key_padding_mask=pad)
         return self.out(self.norm_out(x))
@@ -219,7 +233,7 @@ class WhisperCTC(nn.Module):
     """
 
     def __init__(self, whisper, exit_layers: Sequence[int] | None = None, *, width: int = 256, heads: int = 4,
-                 layers: int = 2, dropout: float = 0.1, source: str | None = None,
+                 layers: int = 2, dropout: float = 0.1, stride: int = 1, source: str | None = None,
                  vocab: CTCVocabulary | None = None):
         super().__init__()
         encoder = whisper.model.get_encoder()
@@ -230,14 +244,14 @@ class WhisperCTC(nn.Module):
               f"{encoder.config.num_mel_bins}")
         self.source = source or f"builtin:{whisper.name}"
         self.vocab = vocab or character_vocab()
-        self.frame_seconds = FRAME_SECONDS
+        self.frame_seconds = FRAME_SECONDS * stride
         self.num_layers, self.d_model = len(encoder.layers), encoder.config.d_model
         exits = tuple(sorted(set(exit_layers))) if exit_layers else default_exit_layers(self.num_layers)
         check(all(isinstance(k, int) and 1 <= k <= self.num_layers for k in exits),
               f"exit layers must be in 1..{self.num_layers} (this Whisper has {self.num_layers} encoder layers), "
               f"got {list(exits)}")
         self.exit_layers = exits
-        self.head_config = {"width": width, "heads": heads, "layers": layers, "dropout": dropout}
+        self.head_config = {"width": width, "heads": heads, "layers": layers, "dropout": dropout, "stride": stride}
         self.heads = nn.ModuleDict({str(k): CTCHead(self.d_model, len(self.vocab), **self.head_config) for k in exits})
         self.heads.to(encoder.conv1.weight.device)
         self.info: dict = {}
@@ -254,10 +268,12 @@ class WhisperCTC(nn.Module):
         check(isinstance(audios, (list, tuple)) and len(audios) > 0, "give a non-empty list of audio")
         return log_mel_variable(self.feature_extractor, [as_audio(a) for a in audios])
 
-    def head_log_probs(self, layer: int, hidden: Tensor, lengths: Tensor) -> Tensor:
-        """Label log-probabilities [B, T, V] of the head at `layer` over its states [B, T, d]; 0 past each length."""
-        logits = self.heads[str(layer)](hidden.float(), lengths)
-        return mask_padding(logits.float().log_softmax(-1), lengths)
+    def head_log_probs(self, layer: int, hidden: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+        """Label log-probabilities [B, T', V] of the head at `layer` over its states [B, T, d] (0 past each
+        length) and their frame counts [B] (T' = T / stride)."""
+        head = self.heads[str(layer)]
+        frames = head.out_lengths(lengths)
+        return mask_padding(head(hidden.float(), lengths).float().log_softmax(-1), frames), frames
 
     @torch.inference_mode()
     def log_probs(self, audios: Sequence[AudioLike], exit_layer: int | None = None) -> tuple[Tensor, Tensor]:
@@ -266,13 +282,13 @@ class WhisperCTC(nn.Module):
         layer = self.exit_layers[-1] if exit_layer is None else exit_layer
         check(layer in self.exit_layers, f"no head at layer {layer}; the heads are at {list(self.exit_layers)}")
         hidden, lengths = encode_variable(self.encoder, *self.features(audios), (layer,))
-        return self.head_log_probs(layer, hidden[layer], lengths), lengths
+        return self.head_log_probs(layer, hidden[layer], lengths)
 
     @torch.inference_mode()
     def log_probs_all(self, audios: Sequence[AudioLike]) -> dict[int, tuple[Tensor, Tensor]]:
         """{layer: (log_probs [B, T, V], lengths [B])} of every head, from one encoder pass."""
         hidden, lengths = encode_variable(self.encoder, *self.features(audios), self.exit_layers)
-        return {k: (self.head_log_probs(k, hidden[k], lengths), lengths) for k in self.exit_layers}
+        return {k: self.head_log_probs(k, hidden[k], lengths) for k in self.exit_layers}
 
     @torch.inference_mode()
     def transcribe_early_exit(self, audios: Sequence[AudioLike], criterion: str = "entropy",
@@ -283,17 +299,18 @@ class WhisperCTC(nn.Module):
         log-probabilities as `early_exit(log_probs_all(audios), ...)`, at the cost of the layers run."""
         check(criterion in CRITERIA, f"criterion must be one of {', '.join(CRITERIA)}, got {criterion!r}")
         hidden, lengths = _stem(self.encoder, *self.features(audios))
-        B, T = hidden.shape[:2]
+        stride = self.head_config["stride"]
+        B, T = hidden.shape[0], -(-hidden.shape[1] // stride)
         out = torch.zeros(B, T, len(self.vocab), device=hidden.device)
         chosen = torch.full((B,), self.exit_layers[-1], dtype=torch.long, device=hidden.device)
         rows, lens, done = torch.arange(B, device=hidden.device), lengths, 0
         for i, k in enumerate(self.exit_layers):
             hidden = _run_layers(self.encoder, hidden, lens, done, k)
             done = k
-            lp = self.head_log_probs(k, _exit_states(self.encoder, hidden, k), lens)
+            lp, frames = self.head_log_probs(k, _exit_states(self.encoder, hidden, k), lens)
             last = i == len(self.exit_layers) - 1
             stop = torch.ones_like(lens, dtype=torch.bool) if last else \
-                confident(utterance_confidence(lp, lens, criterion), criterion, threshold)
+                confident(utterance_confidence(lp, frames, criterion), criterion, threshold)
             out[rows[stop], :lp.shape[1]] = lp[stop]
             chosen[rows[stop]] = k
             if bool(stop.all()):
@@ -301,7 +318,7 @@ class WhisperCTC(nn.Module):
             go = ~stop
             rows, lens = rows[go], lens[go]
             hidden = hidden[go, :int(lens.max())]
-        return EarlyExitResult(chosen, out, lengths)
+        return EarlyExitResult(chosen, out, (lengths + stride - 1) // stride)
 
     # -- files --------------------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ import torch
 from mmaccel.paths import default_cache_dir
 from mmaccel.progress import progress
 from mmaccel.speech.audio import load_audio, log_mel
-from mmaccel.speech.data import build_tts_corpus, read_manifest
+from mmaccel.speech.data import TEXTS, build_tts_corpus, read_manifest
 from mmaccel.speech.train.common import log, release_freed_memory
 
 if TYPE_CHECKING:
@@ -70,10 +70,15 @@ def _add_data_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corpus", default=str(default_cache_dir() / "speech" / "tts"),
                    help="TTS corpus folder (train.jsonl / eval.jsonl; built if missing)")
     p.add_argument("--data", default=None, help="self-labelled data folder (default: <out>); shareable between scripts")
-    p.add_argument("--train-sentences", type=int, default=1500, help="sentences of the train split to speak (x2 voices)")
+    p.add_argument("--text", choices=TEXTS, default="fortunes",
+                   help="training text: fortunes quotations (2 voices a sentence, clean) or varied (man pages, "
+                        "Python docstrings and quotations in turn; 1 voice a sentence, every other one augmented)")
+    p.add_argument("--train-sentences", type=int, default=1500, help="sentences of the train split to speak")
     p.add_argument("--limit", type=int, default=None, help="use only the first N training utterances")
     p.add_argument("--eval-limit", type=int, default=160, help="evaluate on the first N held-out utterances")
     p.add_argument("--batch-size", type=int, default=8, help="utterances per labelling batch")
+    p.add_argument("--from-end", action="store_true",
+                   help="label the chunks last to first (a second process beside one walking them in order)")
 
 
 def data_dirs(args, out: Path) -> tuple[Path, Path]:
@@ -81,20 +86,42 @@ def data_dirs(args, out: Path) -> tuple[Path, Path]:
     return root / "data", root / "eval_data"
 
 
+def manifest_paths(args) -> dict[str, Path]:
+    """The corpus manifests of the train and eval splits of `--text`."""
+    prefix = "" if args.text == "fortunes" else f"{args.text}_"
+    return {split: Path(args.corpus) / f"{prefix}{split}.jsonl" for split in ("train", "eval")}
+
+
+def text_tokens(tokenizer, text: str) -> torch.Tensor:
+    """The distinct token ids of every training sentence of `text` (`TEXTS`), tokenised as a
+    transcript's first word (after a space) and as running text."""
+    from mmaccel.speech.data import sentences, varied_sentences
+
+    found = set()
+    for sentence in sentences("train") if text == "fortunes" else varied_sentences("train"):
+        for form in (" " + sentence, sentence):
+            found.update(tokenizer.encode(form, add_special_tokens=False))
+    return torch.tensor(sorted(found), dtype=torch.long)
+
+
 def collect_splits(asr, args, out: Path) -> None:
     """Speak the corpus (the train split up to `--train-sentences`; existing files are kept, so a
     larger number extends it), then label the train split (up to `--limit`) and the eval split."""
     corpus = Path(args.corpus)
-    for split, n in (("train", args.train_sentences), ("eval", None)):
-        log(out, f"building the {split} TTS corpus in {corpus} (kept where present)")
-        build_tts_corpus(corpus, split, max_sentences=n)
+    options = {} if args.text == "fortunes" else {"text": "varied", "voices_per_sentence": 1, "noisy": True,
+                                                  "seed": args.seed}
+    for split, n in (("train", args.train_sentences), ("eval", None if args.text == "fortunes" else args.eval_limit)):
+        log(out, f"building the {args.text} {split} TTS corpus in {corpus} (kept where present)")
+        build_tts_corpus(corpus, split, max_sentences=n, **options)
     train_dir, eval_dir = data_dirs(args, out)
-    collect(asr, corpus / "train.jsonl", train_dir, args.batch_size, args.limit, out)
-    collect(asr, corpus / "eval.jsonl", eval_dir, args.batch_size, args.eval_limit, out)
+    manifests = manifest_paths(args)
+    collect(asr, manifests["train"], train_dir, args.batch_size, args.limit, out, args.from_end)
+    collect(asr, manifests["eval"], eval_dir, args.batch_size, args.eval_limit, out, args.from_end)
 
 
-def collect(asr, manifest: Path, folder: Path, batch_size: int, limit: int | None, out: Path) -> None:
-    """Self-labelled rows, one chunk file per batch of utterances."""
+def collect(asr, manifest: Path, folder: Path, batch_size: int, limit: int | None, out: Path,
+            from_end: bool = False) -> None:
+    """Self-labelled rows, one chunk file per batch of utterances (chunks already written are kept)."""
     from mmaccel.core.speculative import LoopConfig, decode
     from mmaccel.speech.pipeline import MAX_NEW_TOKENS
 
@@ -104,8 +131,8 @@ def collect(asr, manifest: Path, folder: Path, batch_size: int, limit: int | Non
     eot = asr.bundle.tokens.end_of_text
     t0 = time.time()
     starts = range(0, len(utterances), batch_size)
-    for c, start in enumerate(progress(starts, desc=f"data {folder.name}", unit="batch")):
-        path = folder / f"chunk_{c:05d}.pt"
+    for start in progress(starts[::-1] if from_end else starts, desc=f"data {folder.name}", unit="batch"):
+        path = folder / f"chunk_{start // batch_size:05d}.pt"
         if path.is_file():
             continue
         batch = utterances[start : start + batch_size]

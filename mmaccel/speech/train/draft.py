@@ -37,7 +37,7 @@ from mmaccel.speech.decoder import EncodedAudio, WhisperDecoderModel, audio_fram
 from mmaccel.speech.draft import WhisperDraft, load_draft, new_draft, save_draft, trainable
 from mmaccel.speech.pipeline import ASRPipeline
 from mmaccel.speech.train.common import log, optimizer_step, shortlist_columns, warmup_cosine, write_eval
-from mmaccel.speech.train.data import load_rows, start_run
+from mmaccel.speech.train.data import load_rows, manifest_paths, start_run
 
 STAGES = ("data", "train", "eval")
 KEEP = ("id", "tokens", "prompt_len", "encoder")
@@ -206,13 +206,13 @@ def main(argv: list[str] | None = None) -> None:
         window = None if args.cross_window < 0 else args.cross_window
         draft = new_draft(asr.bundle.model, [int(k) for k in args.layers.split(",")], window)
         rows, cross = cached_rows(draft.decoder_model(asr.model), run.train_dir, args.limit,
-                                  Path(args.corpus) / "train.jsonl", KEEP_KD if args.kd > 0 else KEEP)
+                                  manifest_paths(args)["train"], KEEP_KD if args.kd > 0 else KEEP)
         draft.vocab = torch.unique(torch.cat([r["tokens"][r["prompt_len"]:] for r in rows]))      # the shortlist
         draft = train(asr, draft, rows, cross, args, out)
         log(out, f"wrote {save_draft(path, asr.bundle.model, draft, run.info)}")
     if "eval" in run.stages:
         result = evaluate(asr, load_draft(path, asr.bundle.model), load_rows(run.eval_dir, args.eval_limit, KEEP),
-                          Path(args.corpus) / "eval.jsonl")
+                          manifest_paths(args)["eval"])
         write_eval(out, result)
 
 

@@ -43,7 +43,7 @@ from mmaccel.speech.decoder import LayerStep, WhisperDecoderModel
 from mmaccel.speech.eagle import EagleHead, new_eagle_head, with_fusion
 from mmaccel.speech.heads import WhisperHeads, load_heads, save_heads
 from mmaccel.speech.train.common import log, optimizer_step, shortlist_columns, warmup_cosine, write_eval
-from mmaccel.speech.train.data import load_rows, start_run
+from mmaccel.speech.train.data import load_rows, manifest_paths, start_run, text_tokens
 from mmaccel.speech.train.draft import (cached_rows, cross_cache, distillation_loss, row_frames, training_parameters,
                                         training_state)
 
@@ -240,6 +240,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cross-window", type=int, default=50,
                    help="encoder frames after the audio the head attends to (-1: the whole 30-s window)")
     p.add_argument("--eval-passes", type=int, default=5)
+    p.add_argument("--shortlist-text", action="store_true",
+                   help="widen the shortlist beyond the transcripts' tokens: the tokens of every training sentence "
+                        "of --text (spoken or not) and the --init head's shortlist")
     p.add_argument("--layers", type=lambda v: tuple(int(x) for x in v.split(",")), default=(-1,),
                    help="target layers the head's layers start from (comma-separated; negative counts from the end)")
     p.add_argument("--fuse", type=lambda v: tuple(int(x) for x in v.split(",")) if v else (), default=(),
@@ -260,14 +263,17 @@ def main(argv: list[str] | None = None) -> None:
             head = with_fusion(head, asr.model, args.fuse)
         keep = KEEP + (("layers",) if head.feature_layers else ())
         rows, cross = cached_rows(head.layer.decoder_model(asr.model), run.train_dir, args.limit,
-                                  Path(args.corpus) / "train.jsonl", keep)
-        head.layer.vocab = torch.unique(torch.cat([r["tokens"][r["prompt_len"]:] for r in rows]))     # the shortlist
+                                  manifest_paths(args)["train"], keep)
+        shortlist = [r["tokens"][r["prompt_len"]:] for r in rows]
+        if args.shortlist_text:
+            shortlist += [text_tokens(asr.bundle.tokenizer, args.text)] + ([head.layer.vocab] if args.init else [])
+        head.layer.vocab = torch.unique(torch.cat(shortlist))
         heads.eagle = train(asr, head, rows, cross, args, out)
         log(out, f"wrote {save_heads(path, asr.model, heads, run.info)}")
     if "eval" in run.stages:
         head = load_heads(path, asr.model).eagle
         keep = KEEP + (("layers",) if head.feature_layers else ())
-        result = evaluate(asr, head, load_rows(run.eval_dir, args.eval_limit, keep), Path(args.corpus) / "eval.jsonl",
+        result = evaluate(asr, head, load_rows(run.eval_dir, args.eval_limit, keep), manifest_paths(args)["eval"],
                           args.eval_passes)
         write_eval(out, result)
 

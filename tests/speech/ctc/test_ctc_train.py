@@ -80,3 +80,37 @@ def test_help(capsys):
     assert exit_.value.code == 0
     text = capsys.readouterr().out
     assert "--window-s" in text and "--copies" in text and "corpus,features,train,eval,export" in text
+
+
+def test_stride2_heads_train_and_start_from_stride1_heads(tmp_path):
+    from types import SimpleNamespace
+
+    from transformers import WhisperFeatureExtractor
+
+    from mmaccel.errors import InputError
+    from mmaccel.speech.ctc.train import init_heads
+    from mmaccel.speech.ctc.whisper_ctc import WhisperCTC
+    from tests.speech.conftest import tiny_whisper
+
+    bundle = SimpleNamespace(model=tiny_whisper(), feature_extractor=WhisperFeatureExtractor(feature_size=8), name="t")
+    torch.manual_seed(0)
+    one = WhisperCTC(bundle, width=32, heads=2, layers=1, source="t")
+    one.save(tmp_path / "one")
+    two = WhisperCTC(bundle, width=32, heads=2, layers=1, stride=2, source="t")
+    init_heads(two, tmp_path / "one")
+    a, b = torch.randn(2, 3, one.d_model).unbind(0)
+    for k in one.exit_layers:
+        first, second = one.heads[str(k)], two.heads[str(k)]
+        with torch.no_grad():                      # at first the stride-2 head reads the mean of its two frames
+            torch.testing.assert_close(second.proj(torch.cat([a, b], -1)), first.proj((a + b) / 2), atol=2e-3, rtol=0)
+    d = one.d_model
+    heads2 = nn.ModuleDict({str(k): CTCHead(d, V, width=32, heads=2, layers=1, dropout=0.0, stride=2) for k in (1, 2)})
+    data = [{"hidden": {k: torch.randn(30, d).half() for k in (1, 2)}, "labels": torch.randint(1, V, (4,))}
+            for _ in range(4)]
+    losses = train_heads(heads2, data, steps=30, batch_size=4, lr=3e-3, warmup=1, log_every=0)
+    assert losses[-1][1] < losses[0][1]
+    wide = WhisperCTC(bundle, width=48, heads=2, layers=1, source="t")
+    with pytest.raises(InputError, match="does not fit these heads"):
+        init_heads(wide, tmp_path / "one")
+    with pytest.raises(InputError, match="no ctc_heads.safetensors"):
+        init_heads(wide, tmp_path)

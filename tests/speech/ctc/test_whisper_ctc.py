@@ -26,10 +26,11 @@ def bundle():
                            name="tiny-test")
 
 
-@pytest.fixture(scope="module")
-def ctc(bundle):
+@pytest.fixture(scope="module", params=[1, 2], ids=["stride1", "stride2"])
+def ctc(bundle, request):
     torch.manual_seed(0)
-    model = WhisperCTC(bundle, width=32, heads=2, layers=1, dropout=0.0, source="tiny-test").eval()
+    model = WhisperCTC(bundle, width=32, heads=2, layers=1, dropout=0.0, stride=request.param,
+                       source="tiny-test").eval()
     with torch.no_grad():                        # spread the heads' confidence so utterances differ in it
         for head in model.heads.values():
             head.out.weight.mul_(8)
@@ -108,23 +109,31 @@ def test_log_mel_variable_matches_30s_features():
         log_mel_variable(fe, [Audio(np.zeros(300, dtype=np.float32))])
 
 
-def test_ctc_head_shapes_and_padding():
+@pytest.mark.parametrize("stride", [1, 2, 3])
+def test_ctc_head_shapes_and_padding(stride):
     torch.manual_seed(0)
-    head = CTCHead(32, 29, width=16, heads=2, layers=2).eval()
+    head = CTCHead(32, 29, width=16, heads=2, layers=2, stride=stride).eval()
     hidden = torch.randn(3, 12, 32)
     lengths = torch.tensor([12, 7, 9])
     with torch.no_grad():
         logits = head(hidden, lengths)
         alone = head(hidden[1:2, :7], torch.tensor([7]))
-    assert logits.shape == (3, 12, 29)
-    torch.testing.assert_close(logits[1, :7], alone[0], atol=1e-5, rtol=0)
+        garbage = head(torch.cat([hidden[1:2, :7], 100 * torch.randn(1, 5, 32)], 1), torch.tensor([7]))
+    n = -(-7 // stride)
+    assert logits.shape == (3, -(-12 // stride), 29) and head.out_lengths(lengths).tolist() == [-(-x // stride) for x in (12, 7, 9)]
+    torch.testing.assert_close(logits[1, :n], alone[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(garbage[0, :n], alone[0], atol=1e-5, rtol=0)     # frames past the length are not read
+    with pytest.raises(InputError, match="stride must be an int >= 1"):
+        CTCHead(32, 29, stride=0)
 
 
 def test_log_probs_normalised_and_per_layer(ctc):
     audios = clips()
     lp, lengths = ctc.log_probs(audios)
     frames = torch.tensor([n // 160 for n in LENGTHS])
-    assert lengths.tolist() == ((frames + 1) // 2).tolist() and lp.shape == (6, 19, 29)
+    stride = ctc.head_config["stride"]
+    assert lengths.tolist() == ((frames + 1) // 2 + stride - 1).div(stride, rounding_mode="floor").tolist()
+    assert lp.shape == (6, -(-19 // stride), 29) and ctc.frame_seconds == pytest.approx(0.02 * stride)
     for b, n in enumerate(lengths.tolist()):
         torch.testing.assert_close(lp[b, :n].logsumexp(-1), torch.zeros(n), atol=1e-5, rtol=0)
         assert bool((lp[b, n:] == 0).all())
@@ -165,7 +174,8 @@ def test_save_load_round_trip(ctc, bundle, tmp_path):
     ctc.save(tmp_path / "m", info={"steps": 3})
     meta = json.loads((tmp_path / "m" / "ctc.json").read_text())
     assert meta["format"] == "mmaccel-whisper-ctc" and meta["whisper"] == "tiny-test" and meta["exit_layers"] == [1, 2]
-    assert meta["head"] == {"width": 32, "heads": 2, "layers": 1, "dropout": 0.0} and len(meta["tokens"]) == 29
+    assert meta["head"] == {"width": 32, "heads": 2, "layers": 1, "dropout": 0.0, "stride": ctc.head_config["stride"]}
+    assert len(meta["tokens"]) == 29 and meta["frame_seconds"] == pytest.approx(ctc.frame_seconds)
     loaded = WhisperCTC.load(tmp_path / "m", whisper=bundle)
     assert loaded.info == {"steps": 3} and loaded.exit_layers == (1, 2) and loaded.source == "tiny-test"
     audios = clips()[:3]
