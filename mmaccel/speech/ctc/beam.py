@@ -131,6 +131,13 @@ def ctc_beam_search(log_probs: Tensor, vocab: CTCVocabulary, lengths: Tensor | N
     states = [torch.full((B, K), t.start, dtype=torch.long, device=device) for t, _ in tables]
     digest = torch.zeros(B, K, dtype=torch.long, device=device)
     emits_gain = bool(tables) or insertion_bonus != 0.0
+    # Without fusion or bonus a label's score is the same for every hypothesis, so only a frame's best K labels
+    # can make the top K of beam x labels (any other label has K better ones on the same hypothesis): the
+    # search reads those, [B, J, K] sorted, from one top-k over all frames (K x K candidates, not K x V).
+    columns = None
+    if not emits_gain and K < V:
+        lp_all, columns = lp_all.topk(K, dim=-1)
+    W = lp_all.shape[-1]
     labels_v = torch.arange(V, device=device)
     lower = torch.arange(K, device=device)[:, None] > torch.arange(K, device=device)[None, :]      # k' < k
     blank, none = (torch.tensor(v, device=device) for v in (vocab.blank, -1))    # made once, not per frame
@@ -138,15 +145,17 @@ def ctc_beam_search(log_probs: Tensor, vocab: CTCVocabulary, lengths: Tensor | N
     back_label = torch.empty(J, B, K, dtype=torch.long, device=device)
     for j in range(J):
         last_j = torch.where(forget[:, j, None], blank, last)                            # [B, K]
-        scores = total[..., None] + lp_all[:, j, None, :]                                # [B, K, V]
+        scores = total[..., None] + lp_all[:, j, None, :]                                # [B, K, W]
         if emits_gain:
             gain = torch.full((B, K, V), insertion_bonus, device=device)
             for (table, weight), state in zip(tables, states):
                 gain = gain + weight * table.score[state]
             emit = (labels_v != vocab.blank) & (labels_v != last_j[..., None])
             scores = scores + torch.where(emit, gain, 0.0)
-        top, flat = scores.view(B, K * V).topk(K, dim=1)                                # [B, K], sorted
-        src, label = flat // V, flat % V
+        top, flat = scores.view(B, K * W).topk(K, dim=1)                                # [B, K], sorted
+        src, label = flat // W, flat % W
+        if columns is not None:
+            label = columns[:, j].gather(1, label)
         top = top.masked_fill(top < top[:, :1] - threshold, NEG)
         emitted = (label != vocab.blank) & (label != last_j.gather(1, src))
         states = [torch.where(emitted, table.next[before, label], before)

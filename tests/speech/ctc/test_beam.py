@@ -157,3 +157,19 @@ def test_the_search_runs_on_a_cuda_device_without_waiting_on_it_per_frame():
         assert [h.score for h in got] == pytest.approx([h.score for h in want], abs=1e-4)
         seen.append((report.kinds(), report.uploads))
     assert seen[1] == seen[2], seen
+
+
+@pytest.mark.parametrize("beam", [3, 8, 16])
+def test_reading_only_each_frames_best_labels_changes_nothing(beam):
+    """Without fusion the search reads each frame's best `beam` labels only; with a fusion table that scores
+    nothing it reads every label: the two must find the same transcripts with the same scores."""
+    vocab = CTCVocabulary(["_", "|"] + [chr(ord("a") + i) for i in range(26)] + ["'"], blank=0)
+    V = len(vocab)
+    nothing = FusionTable(torch.zeros(1, V, dtype=torch.long), torch.zeros(1, V), torch.zeros(1), start=0, name="zero")
+    torch.manual_seed(beam)
+    lp = torch.randn(3, 40, V).mul(2.5).log_softmax(-1)
+    lengths = torch.tensor([40, 31, 12])
+    pruned = ctc_beam_search(lp, vocab, lengths, beam=beam)
+    full = ctc_beam_search(lp, vocab, lengths, beam=beam, fusion=[(nothing, 1.0)])
+    assert [(h.tokens, h.frames) for h in pruned] == [(h.tokens, h.frames) for h in full]
+    assert [h.score for h in pruned] == pytest.approx([h.score for h in full], abs=1e-5)
