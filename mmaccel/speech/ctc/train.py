@@ -26,8 +26,11 @@ Stages (`--stages`, comma-separated, run in this order; default all):
    `zero_infinity`), AdamW (`--lr` 1.5e-3, betas 0.9/0.98, `--weight-decay` 0.01, gradient norm
    clipped to 1), linear warm-up over `--warmup` (60) steps then cosine to 10 %, `--steps` (600)
    steps of `--batch-size` (4) windows drawn at random. Heads: `--width` (256), `--heads` (4),
-   `--layers` (1), `--dropout` (0.1). (A step costs ~2 s on 2 CPU cores alone, ~3.9 s beside another
-   training run.) A checkpoint (heads, optimiser, schedule, step, RNG states)
+   `--layers` (1), `--dropout` (0.1), `--stride` (1; 2 stacks pairs of encoder frames into one 40-ms
+   output frame, half the frames for a frame-synchronous decoder). `--init DIR` starts the heads from a
+   saved model's (a stride-1 head starts a stride-2 one reading the mean of its two frames). (A
+   stride-1 step costs ~2 s on 2 CPU cores alone, ~3.9 s beside another training run; stride 2
+   ~1.5 s on one core beside two other jobs.) A checkpoint (heads, optimiser, schedule, step, RNG states)
    goes to `<out>/last.pt` every `--checkpoint-every` (100) steps and at the end; a run finding one
    resumes from it.
 4. `eval`: greedy CTC WER (`mmaccel.metrics.wer.corpus_wer`, Whisper's English normaliser on both

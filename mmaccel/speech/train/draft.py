@@ -37,7 +37,7 @@ from mmaccel.speech.decoder import EncodedAudio, WhisperDecoderModel, audio_fram
 from mmaccel.speech.draft import WhisperDraft, load_draft, new_draft, save_draft, trainable
 from mmaccel.speech.pipeline import ASRPipeline
 from mmaccel.speech.train.common import log, optimizer_step, shortlist_columns, warmup_cosine, write_eval
-from mmaccel.speech.train.data import load_rows, manifest_paths, start_run
+from mmaccel.speech.train.data import load_rows, manifest_paths, start_run, text_tokens
 
 STAGES = ("data", "train", "eval")
 KEEP = ("id", "tokens", "prompt_len", "encoder")
@@ -198,16 +198,25 @@ def main(argv: list[str] | None = None) -> None:
                    help="weight in [0, 1] of the KL divergence to the target's distribution (the rest: cross-entropy)")
     p.add_argument("--cross-window", type=int, default=50,
                    help="encoder frames after the audio the draft attends to (-1: the whole 30-s window)")
+    p.add_argument("--init", default=None,
+                   help="a draft file training starts from (its layers and cross window; default: a new draft)")
+    p.add_argument("--shortlist-text", action="store_true",
+                   help="widen the shortlist beyond the transcripts' tokens: the tokens of every training sentence "
+                        "of --text (spoken or not) and the --init draft's shortlist")
     run = start_run(p, argv, "mmaccel.speech.train.draft", STAGES)
     args, out, asr = run.args, run.out, run.asr
     path = out / "draft.safetensors"
     if "train" in run.stages:
         check(0.0 <= args.kd <= 1.0, f"--kd must be in [0, 1], got {args.kd}")
         window = None if args.cross_window < 0 else args.cross_window
-        draft = new_draft(asr.bundle.model, [int(k) for k in args.layers.split(",")], window)
+        draft = load_draft(args.init, asr.bundle.model) if args.init else \
+            new_draft(asr.bundle.model, [int(k) for k in args.layers.split(",")], window)
         rows, cross = cached_rows(draft.decoder_model(asr.model), run.train_dir, args.limit,
                                   manifest_paths(args)["train"], KEEP_KD if args.kd > 0 else KEEP)
-        draft.vocab = torch.unique(torch.cat([r["tokens"][r["prompt_len"]:] for r in rows]))      # the shortlist
+        shortlist = [r["tokens"][r["prompt_len"]:] for r in rows]
+        if args.shortlist_text:
+            shortlist += [text_tokens(asr.bundle.tokenizer, args.text)] + ([draft.vocab] if args.init else [])
+        draft.vocab = torch.unique(torch.cat(shortlist))
         draft = train(asr, draft, rows, cross, args, out)
         log(out, f"wrote {save_draft(path, asr.bundle.model, draft, run.info)}")
     if "eval" in run.stages:
