@@ -47,6 +47,7 @@ DEFAULT_METHODS = [
     MethodSpec("greedy"),
     MethodSpec("beam", {"beam": 4}, label="beam-4"),
     MethodSpec("beam", {"beam": 16}, label="beam-16"),
+    MethodSpec("beam", {"beam": 16, "recombine": "sum"}, label="beam-16-sum"),
     MethodSpec("beam", {"beam": 64}, label="beam-64"),
     MethodSpec("beam", {"beam": 16, "lm": True}, label="beam-16+lm"),
     MethodSpec("beam", {"beam": 16, "lm": True, "boost": True}, label="beam-16+lm+boost"),
@@ -167,7 +168,7 @@ def build_ctc_suite(quick: bool = False, methods: list[MethodSpec] | None = None
     boosted = boost_list(refs, known, vocab)
     boost = phrase_table(boosted, vocab) if boosted else None
     plain = [i for i, r in enumerate(refs) if not set(_words(r)) & set(boosted)]
-    sizes = (1, 16)
+    sizes = (1, 16, 64)
     batches = {b: [test[i:i + b] for i in range(0, len(test), b)] for b in sizes}
 
     def run_batch(spec: MethodSpec, items: list, seed: int) -> tuple[list, DecodeStats]:
@@ -180,7 +181,7 @@ def build_ctc_suite(quick: bool = False, methods: list[MethodSpec] | None = None
         elif spec.name == "beam":
             fusion = ([(lm, lm_weight)] if use_lm else []) + ([(boost, boost_weight)] if use_boost and boost else [])
             out = ctc_beam_search(lp, vocab, lengths, beam=beam, fusion=fusion, insertion_bonus=bonus if use_lm else 0.0,
-                                  frame_seconds=step)
+                                  recombine=spec.params.get("recombine", "max"), frame_seconds=step)
         elif spec.name == "pyctcdecode":
             out = pyctcdecode_beam(lp, vocab, lengths, beam=beam, frame_seconds=step)
         elif spec.name == "flashlight":

@@ -26,6 +26,7 @@ from mmaccel.errors import check
 from mmaccel.speech.ctc.fusion import FusionTable
 from mmaccel.speech.ctc.vocab import CTCHypothesis, CTCVocabulary
 
+RECOMBINE = ("max", "sum")
 HASH_BASE = 1_000_003           # rolling hash of a transcript (int64, wrapping): equal hashes = merge
 
 
@@ -94,16 +95,22 @@ def _since_previous(x: Tensor) -> Tensor:
 @torch.inference_mode()
 def ctc_beam_search(log_probs: Tensor, vocab: CTCVocabulary, lengths: Tensor | None = None, *, beam: int = 16,
                     fusion: Sequence[tuple[FusionTable, float]] = (), insertion_bonus: float = 0.0,
-                    threshold: float = 20.0, blank_skip: float | None = 0.999,
+                    threshold: float = 20.0, blank_skip: float | None = 0.999, recombine: str = "max",
                     frame_seconds: float = 0.02) -> list[CTCHypothesis]:
     """Beam search over `log_probs` [B, T, V] (natural log, per frame normalised); `fusion`: (table,
-    weight) pairs, e.g. an n-gram LM (`ngram_table`) and a boost list (`phrase_table`)."""
+    weight) pairs, e.g. an n-gram LM (`ngram_table`) and a boost list (`phrase_table`).
+
+    `recombine`: how hypotheses with the same transcript and last frame label merge. "max" keeps the
+    best alignment's score (Viterbi, as FlexCTC does for CTC); "sum" adds their probabilities
+    (log-sum-exp), so a hypothesis scores its transcript over all the alignments the beam kept, as
+    prefix beam search does (pyctcdecode); at the end the ones ending in blank and in a label merge too."""
     lengths = _check_inputs(log_probs, lengths, vocab)
     check(isinstance(beam, int) and beam >= 1, f"beam must be an int >= 1, got {beam!r}")
     check(isinstance(threshold, (int, float)) and threshold > 0, f"threshold must be > 0, got {threshold!r}")
     check(blank_skip is None or (isinstance(blank_skip, float) and 0.0 < blank_skip < 1.0),
           f"blank_skip must be a probability in (0, 1) or None, got {blank_skip!r}")
     check(math.isfinite(insertion_bonus), f"insertion_bonus must be finite, got {insertion_bonus!r}")
+    check(recombine in RECOMBINE, f"recombine must be one of {', '.join(RECOMBINE)}, got {recombine!r}")
     tables = []
     for table, weight in fusion:
         check(isinstance(table, FusionTable), f"fusion entries are (FusionTable, weight), got {type(table).__name__}")
@@ -164,12 +171,18 @@ def ctc_beam_search(log_probs: Tensor, vocab: CTCVocabulary, lengths: Tensor | N
         digest = torch.where(emitted, parent * HASH_BASE + label + 1, parent)
         # Viterbi recombination: equal transcripts (hashes) with equal last labels keep only the first (best)
         key = digest * HASH_BASE + label
-        same = (key[:, :, None] == key[:, None, :]) & lower & (top > NEG)[:, None, :]
+        equal = key[:, :, None] == key[:, None, :]                                     # [B, K, K]
+        same = equal & lower & (top > NEG)[:, None, :]
+        if recombine == "sum":                                                       # each group's first takes its sum
+            top = torch.where(equal, top[:, None, :], NEG).logsumexp(-1)
         total = top.masked_fill(same.any(-1), NEG)
         last = label
         back_src[j] = src
         back_label[j] = torch.where(emitted, label, none)
     total = total + tail[:, None]
+    if recombine == "sum":                       # one transcript, ending in blank or in its last label: one score
+        summed = torch.where(digest[:, :, None] == digest[:, None, :], total[:, None, :], NEG).logsumexp(-1)
+        total = torch.where(total > NEG, summed, NEG)
     for (table, weight), state in zip(tables, states):
         total = total + weight * table.final[state]
     best = total.argmax(1)

@@ -47,10 +47,11 @@ def test_a_beam_of_one_is_greedy_and_lengths_cut_rows():
     assert ctc_beam_search(lp, VOCAB, lengths, beam=8)[1].tokens == alone[0].tokens
 
 
-def brute_force(lp: torch.Tensor, tables, bonus: float) -> tuple[float, list[int]]:
-    """Best score over every alignment of [T, V] log-probs (max over alignments of a transcript = Viterbi)."""
+def brute_force(lp: torch.Tensor, tables, bonus: float, recombine: str = "max") -> tuple[float, list[int]]:
+    """Best transcript of [T, V] log-probs and its score over every alignment: the best alignment's
+    ("max", Viterbi) or the log-sum-exp of all of them ("sum")."""
     T, V = lp.shape
-    best = (-math.inf, [])
+    by_transcript: dict[tuple, list[float]] = {}
     for path in itertools.product(range(V), repeat=T):
         score, previous, emitted = 0.0, 0, []
         states = [t.start for t, _ in tables]
@@ -64,23 +65,40 @@ def brute_force(lp: torch.Tensor, tables, bonus: float) -> tuple[float, list[int
                     states[i] = int(table.next[states[i], label])
             previous = label
         score += sum(w * float(t.final[s]) for (t, w), s in zip(tables, states))
-        best = max(best, (score, emitted), key=lambda x: x[0])
-    return best
+        by_transcript.setdefault(tuple(emitted), []).append(score)
+    pool = max if recombine == "max" else lambda xs: float(torch.tensor(xs, dtype=torch.float64).logsumexp(0))
+    score, tokens = max((pool(scores), list(t)) for t, scores in by_transcript.items())
+    return score, tokens
 
 
+@pytest.mark.parametrize("recombine", ["max", "sum"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_a_wide_beam_finds_the_best_transcript_of_all_alignments(seed):
-    """With room for every hypothesis, the search is exact Viterbi over alignments with fusion scores."""
+def test_a_wide_beam_finds_the_best_transcript_of_all_alignments(seed, recombine):
+    """With room for every hypothesis, the search is exact over alignments with fusion scores: Viterbi
+    ("max") or the transcript's total probability ("sum", the CTC forward sum)."""
     vocab = CTCVocabulary(["_", "a", "b", "c"], blank=0)
     torch.manual_seed(seed)
     lp = torch.randn(6, 4).mul(1.5).log_softmax(-1)
     tables = [(random_table(5, 4, seed), 0.7), (random_table(3, 4, seed + 10), 0.3)]
-    score, tokens = brute_force(lp, tables, bonus=0.4)
+    score, tokens = brute_force(lp, tables, bonus=0.4, recombine=recombine)
     [hyp] = ctc_beam_search(lp[None], vocab, beam=1024, fusion=tables, insertion_bonus=0.4, threshold=1e9,
-                            blank_skip=None)
+                            blank_skip=None, recombine=recombine)
     assert hyp.tokens == tokens and hyp.score == pytest.approx(score, abs=1e-4)
-    [narrow] = ctc_beam_search(lp[None], vocab, beam=2, fusion=tables, insertion_bonus=0.4, blank_skip=None)
+    [narrow] = ctc_beam_search(lp[None], vocab, beam=2, fusion=tables, insertion_bonus=0.4, blank_skip=None,
+                               recombine=recombine)
     assert narrow.score <= score + 1e-4
+
+
+def test_summing_alignments_can_pick_another_transcript_than_the_best_alignment():
+    """Blank is likelier than "a" on each of two frames (best alignment "__": 0.36), but "a" has three
+    alignments (a_, _a, aa: 0.64 together): the CTC textbook case."""
+    vocab = CTCVocabulary(["_", "a"], blank=0)
+    lp = torch.tensor([[0.6, 0.4], [0.6, 0.4]]).log()
+    for recombine in ("max", "sum"):
+        want = brute_force(lp, [], 0.0, recombine)
+        [hyp] = ctc_beam_search(lp[None], vocab, beam=64, threshold=1e9, blank_skip=None, recombine=recombine)
+        assert (hyp.tokens, round(hyp.score, 4)) == (want[1], round(want[0], 4))
+    assert brute_force(lp, [], 0.0, "max")[1] == [] and brute_force(lp, [], 0.0, "sum")[1] == [1]
 
 
 def test_skipped_blank_frames_still_separate_repeated_labels():
@@ -121,6 +139,8 @@ def test_bad_input_is_a_clear_error():
         ctc_beam_search(torch.full_like(lp, float("nan")), VOCAB)
     with pytest.raises(InputError, match="beam must be"):
         ctc_beam_search(lp, VOCAB, beam=0)
+    with pytest.raises(InputError, match="recombine must be one of max, sum"):
+        ctc_beam_search(lp, VOCAB, recombine="mean")
     with pytest.raises(InputError, match="the vocabulary 4"):
         ctc_beam_search(lp, CTCVocabulary(["_", "a", "b", "c"]))
     with pytest.raises(InputError, match="covers 4 labels"):
