@@ -169,7 +169,8 @@ def ctc_beam_search(log_probs: Tensor, vocab: CTCVocabulary, lengths: Tensor | N
                   for (table, _), before in ((t, s.gather(1, src)) for t, s in zip(tables, states))]
         parent = digest.gather(1, src)
         digest = torch.where(emitted, parent * HASH_BASE + label + 1, parent)
-        # Viterbi recombination: equal transcripts (hashes) with equal last labels keep only the first (best)
+        # recombination: of equal transcripts (hashes) with equal last labels only the first (best) stays, with its
+        # own score ("max", Viterbi) or the group's log-sum-exp ("sum")
         key = digest * HASH_BASE + label
         equal = key[:, :, None] == key[:, None, :]                                     # [B, K, K]
         same = equal & lower & (top > NEG)[:, None, :]
