@@ -174,8 +174,9 @@ def ctc_beam_search(log_probs: Tensor, vocab: CTCVocabulary, lengths: Tensor | N
         key = digest * HASH_BASE + label
         equal = key[:, :, None] == key[:, None, :]                                     # [B, K, K]
         same = equal & lower & (top > NEG)[:, None, :]
-        if recombine == "sum":                                                       # each group's first takes its sum
-            top = torch.where(equal, top[:, None, :], NEG).logsumexp(-1)
+        if recombine == "sum":                       # each group's first takes its sum (relative to the row's best)
+            best_k = top[:, :1].clamp(min=-1e30)                                   # a row of -inf stays -inf, not NaN
+            top = torch.bmm(equal.to(top.dtype), (top - best_k).exp()[..., None])[..., 0].log() + best_k
         total = top.masked_fill(same.any(-1), NEG)
         last = label
         back_src[j] = src

@@ -193,3 +193,12 @@ def test_reading_only_each_frames_best_labels_changes_nothing(beam):
     full = ctc_beam_search(lp, vocab, lengths, beam=beam, fusion=[(nothing, 1.0)])
     assert [(h.tokens, h.frames) for h in pruned] == [(h.tokens, h.frames) for h in full]
     assert [h.score for h in pruned] == pytest.approx([h.score for h in full], abs=1e-5)
+
+
+@pytest.mark.parametrize("recombine", ["max", "sum"])
+def test_an_impossible_frame_gives_minus_infinity_not_nan(recombine):
+    torch.manual_seed(0)
+    lp = torch.randn(2, 12, len(VOCAB)).log_softmax(-1)
+    lp[1, 5] = -math.inf                                     # no label can be read at frame 5 of row 1
+    good, impossible = ctc_beam_search(lp, VOCAB, beam=4, recombine=recombine)
+    assert math.isfinite(good.score) and impossible.score == -math.inf
