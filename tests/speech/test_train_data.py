@@ -35,3 +35,20 @@ def test_the_text_shortlist_covers_every_training_sentence_in_both_first_word_fo
     assert fortunes == list(range(7))
     varied = text_tokens(words, "varied").tolist()
     assert [p for p, i in words.ids.items() if i in varied] == ["_Pipes", "carry", "bytes.", "Pipes"]
+
+
+def test_the_training_shortlist_widens_only_when_asked(monkeypatch):
+    import torch
+
+    import mmaccel.speech.train.data as train_data
+    from mmaccel.speech.train.data import training_shortlist
+
+    monkeypatch.setattr(train_data, "text_tokens", lambda tokenizer, text: torch.tensor([7, 8]))
+    rows = [{"tokens": torch.tensor([50, 51, 3, 4]), "prompt_len": 2}, {"tokens": torch.tensor([50, 51, 4, 5]), "prompt_len": 2}]
+    start = torch.tensor([9])
+    plain = Namespace(shortlist_text=False, init=None, text="varied")
+    assert training_shortlist(rows, plain, None, start).tolist() == [3, 4, 5]
+    wide = Namespace(shortlist_text=True, init=None, text="varied")
+    assert training_shortlist(rows, wide, None, start).tolist() == [3, 4, 5, 7, 8]
+    wide.init = "a.safetensors"
+    assert training_shortlist(rows, wide, None, start).tolist() == [3, 4, 5, 7, 8, 9]

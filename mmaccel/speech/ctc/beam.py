@@ -145,6 +145,7 @@ def ctc_beam_search(log_probs: Tensor, vocab: CTCVocabulary, lengths: Tensor | N
     if not emits_gain and K < V:
         lp_all, columns = lp_all.topk(K, dim=-1)
     W = lp_all.shape[-1]
+    can_emit = torch.arange(V, device=device) != vocab.blank                        # [V]
     labels_v = torch.arange(V, device=device)
     lower = torch.arange(K, device=device)[:, None] > torch.arange(K, device=device)[None, :]      # k' < k
     blank, none = (torch.tensor(v, device=device) for v in (vocab.blank, -1))    # made once, not per frame
@@ -157,7 +158,7 @@ def ctc_beam_search(log_probs: Tensor, vocab: CTCVocabulary, lengths: Tensor | N
             gain = torch.full((B, K, V), insertion_bonus, device=device)
             for (table, weight), state in zip(tables, states):
                 gain = gain + weight * table.score[state]
-            emit = (labels_v != vocab.blank) & (labels_v != last_j[..., None])
+            emit = can_emit & (labels_v != last_j[..., None])
             scores = scores + torch.where(emit, gain, 0.0)
         top, flat = scores.view(B, K * W).topk(K, dim=1)                                # [B, K], sorted
         src, label = flat // W, flat % W

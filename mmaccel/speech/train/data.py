@@ -104,6 +104,15 @@ def text_tokens(tokenizer, text: str) -> torch.Tensor:
     return torch.tensor(sorted(found), dtype=torch.long)
 
 
+def training_shortlist(rows: list[dict], args, tokenizer, start: torch.Tensor | None) -> torch.Tensor:
+    """The read-out shortlist of a draft: the transcripts' tokens; with `--shortlist-text` also every token of
+    the training text of `--text` and `start`, the shortlist of the file training starts from (`--init`)."""
+    found = [r["tokens"][r["prompt_len"]:] for r in rows]
+    if args.shortlist_text:
+        found += [text_tokens(tokenizer, args.text)] + ([start] if args.init and start is not None else [])
+    return torch.unique(torch.cat(found))
+
+
 def collect_splits(asr, args, out: Path) -> None:
     """Speak the corpus (the train split up to `--train-sentences`; existing files are kept, so a
     larger number extends it), then label the train split (up to `--limit`) and the eval split."""

@@ -37,7 +37,7 @@ from mmaccel.speech.decoder import EncodedAudio, WhisperDecoderModel, audio_fram
 from mmaccel.speech.draft import WhisperDraft, load_draft, new_draft, save_draft, trainable
 from mmaccel.speech.pipeline import ASRPipeline
 from mmaccel.speech.train.common import log, optimizer_step, shortlist_columns, warmup_cosine, write_eval
-from mmaccel.speech.train.data import load_rows, manifest_paths, start_run, text_tokens
+from mmaccel.speech.train.data import load_rows, manifest_paths, start_run, training_shortlist
 
 STAGES = ("data", "train", "eval")
 KEEP = ("id", "tokens", "prompt_len", "encoder")
@@ -213,10 +213,7 @@ def main(argv: list[str] | None = None) -> None:
             new_draft(asr.bundle.model, [int(k) for k in args.layers.split(",")], window)
         rows, cross = cached_rows(draft.decoder_model(asr.model), run.train_dir, args.limit,
                                   manifest_paths(args)["train"], KEEP_KD if args.kd > 0 else KEEP)
-        shortlist = [r["tokens"][r["prompt_len"]:] for r in rows]
-        if args.shortlist_text:
-            shortlist += [text_tokens(asr.bundle.tokenizer, args.text)] + ([draft.vocab] if args.init else [])
-        draft.vocab = torch.unique(torch.cat(shortlist))
+        draft.vocab = training_shortlist(rows, args, asr.bundle.tokenizer, draft.vocab)
         draft = train(asr, draft, rows, cross, args, out)
         log(out, f"wrote {save_draft(path, asr.bundle.model, draft, run.info)}")
     if "eval" in run.stages:
