@@ -145,3 +145,17 @@ def test_shipped_base_heads_and_draft_decoder_draft_losslessly(files):
         assert out.texts == greedy.texts and out.stats.mean_accepted > 1.0, method
     calm = asr.transcribe(files[:3], "calm", threshold=1.0)
     assert calm.texts == greedy.texts and calm.stats.mean_exit_layer == 6.0
+
+
+def test_shipped_tiny_en_eagle_head_drafts_losslessly(tiny_en_asr, files):
+    from mmaccel.speech.pipeline import builtin_eagle_path
+
+    if not builtin_eagle_path("tiny.en").is_file():
+        pytest.skip("no shipped tiny.en EAGLE head")
+    head = tiny_en_asr.heads.eagle                         # "auto" found it beside the base files
+    assert head is not None and list(head.feature_layers) == [0, 2]
+    greedy = tiny_en_asr.transcribe(files[:3], "greedy", batch_size=3)
+    for params in ({"k": 4, "stop_below": 0.0}, {"k": 8, "stop_below": 0.5}):
+        for batch in (1, 3):
+            out = tiny_en_asr.transcribe(files[:3], "eagle", batch_size=batch, **params)
+            assert out.texts == greedy.texts and out.stats.mean_accepted > 1.0, (params, batch)

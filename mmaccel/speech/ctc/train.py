@@ -4,10 +4,11 @@
 
 Stages (`--stages`, comma-separated, run in this order; default all):
 
-1. `corpus`: speak the first `--sentences` (1500) sentences of the train split with
+1. `corpus`: speak the first `--sentences` (1500) sentences of the train split's `--text` (`fortunes`;
+   `varied`: man pages, docstrings and fortunes, every other utterance augmented) with
    `--voices-per-sentence` (3) of the training TTS voices into `--corpus`
    (`<cache>/speech/tts`, cache = `$MMACCEL_CACHE` or `~/.cache/mmaccel`; wavs already there are
-   kept), and every eval-split sentence with 2 of the held-out voices. The manifests are copied to
+   kept), and every eval-split fortunes sentence with 2 of the held-out voices. The manifests are copied to
    `<out>/corpus/{train,eval}.jsonl` (absolute paths), which the later stages read: the corpus
    folder's own `train.jsonl` is rewritten by every trainer that builds its corpus there.
 2. `features`: `--copies` (2) passes over the training utterances, copy 0 clean and in corpus order,
@@ -22,7 +23,7 @@ Stages (`--stages`, comma-separated, run in this order; default all):
    records the settings the shards were made with; a run with other settings stops with an error.
    A 20 s window keeps 3 x 1000 x 512 fp16 values (3 MB): ~1000 windows per copy of the default
    corpus, so ~6 GB on disk and in memory for 2 copies.
-3. `train`: all shards in memory; every head trains jointly (sum of the heads' CTC losses, blank 0,
+3. `train`: all shards in memory (this run's and those of `--extra-features` folders); every head trains jointly (sum of the heads' CTC losses, blank 0,
    `zero_infinity`), AdamW (`--lr` 1.5e-3, betas 0.9/0.98, `--weight-decay` 0.01, gradient norm
    clipped to 1), linear warm-up over `--warmup` (60) steps then cosine to 10 %, `--steps` (600)
    steps of `--batch-size` (4) windows drawn at random. Heads: `--width` (256), `--heads` (4),
@@ -118,10 +119,12 @@ def window_plan(utterances: Sequence[Utterance], copies: int, window_s: float, g
 
 def stage_corpus(args, out: Path) -> None:
     corpus = Path(args.corpus)
-    for split, n, per in (("train", args.sentences, args.voices_per_sentence), ("eval", None, 2)):
-        log_line(out, f"corpus: speaking the {split} split into {corpus} (existing wavs kept)")
+    for split, text, n, per in (("train", args.text, args.sentences, args.voices_per_sentence),
+                                ("eval", "fortunes", None, 2)):
+        log_line(out, f"corpus: speaking the {split} split of the {text} text into {corpus} (existing wavs kept)")
         t0 = time.time()
-        manifest = build_tts_corpus(corpus, split, max_sentences=n, voices_per_sentence=per)
+        manifest = build_tts_corpus(corpus, split, max_sentences=n, voices_per_sentence=per, text=text,
+                                    noisy=text == "varied")
         utterances = read_manifest(manifest)
         write_manifest(out / "corpus" / f"{split}.jsonl", utterances)
         hours = sum(u.duration for u in utterances) / 3600
@@ -203,16 +206,17 @@ def encode_windows(ctc: WhisperCTC, items: list[dict], batch: int) -> list[dict]
     return rows
 
 
-def load_windows(folder: Path, exit_layers: Sequence[int]) -> list[dict]:
-    """Every window of every shard in `folder` (hidden states of `exit_layers`, labels)."""
-    paths = sorted(folder.glob("shard_*.pt"))
-    check(len(paths) > 0, f"no feature shards in {folder}: run the features stage first")
+def load_windows(folders: Sequence[Path], exit_layers: Sequence[int]) -> list[dict]:
+    """Every window of every shard in `folders` (hidden states of `exit_layers`, labels), folder by folder."""
     windows = []
-    for path in paths:
-        shard = torch.load(path)
-        check(sorted(shard["exit_layers"]) == sorted(exit_layers), f"{path} holds layers {shard['exit_layers']}, "
-              f"the heads are at {list(exit_layers)}")
-        windows += [{"hidden": w["hidden"], "labels": w["labels"]} for w in shard["windows"]]
+    for folder in folders:
+        paths = sorted(Path(folder).glob("shard_*.pt"))
+        check(len(paths) > 0, f"no feature shards in {folder}: run the features stage first")
+        for path in paths:
+            shard = torch.load(path)
+            check(sorted(shard["exit_layers"]) == sorted(exit_layers), f"{path} holds layers "
+                  f"{shard['exit_layers']}, the heads are at {list(exit_layers)}")
+            windows += [{"hidden": w["hidden"], "labels": w["labels"]} for w in shard["windows"]]
     return windows
 
 
@@ -293,7 +297,7 @@ def train_heads(heads: nn.ModuleDict, windows: Sequence[dict], *, steps: int, ba
 
 def stage_train(args, out: Path, ctc: WhisperCTC) -> None:
     t0 = time.time()
-    windows = load_windows(out / "features", ctc.exit_layers)
+    windows = load_windows([out / "features", *map(Path, args.extra_features)], ctc.exit_layers)
     hours = sum(w["hidden"][ctc.exit_layers[0]].shape[0] for w in windows) * ctc.frame_seconds / 3600
     log_line(out, f"train: {len(windows)} windows ({hours:.1f} h) loaded in {time.time() - t0:.0f} s; heads at layers "
                   f"{list(ctc.exit_layers)}, {sum(p.numel() for p in ctc.heads.parameters()) / 1e6:.2f} M parameters")
@@ -436,6 +440,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--exit-layers", type=_ints, default=None,
                    help="encoder layers with a head (default: 2,4,6 for base)")
     p.add_argument("--corpus", default=str(default_cache_dir() / "speech" / "tts"), help="TTS corpus folder")
+    p.add_argument("--text", choices=("fortunes", "varied"), default="fortunes",
+                   help="the training sentences: fortunes, or varied (man pages, docstrings and fortunes, every "
+                        "other utterance augmented; `mmaccel.speech.data.varied_sentences`); the eval split is "
+                        "always the held-out fortunes")
     p.add_argument("--sentences", type=int, default=1500, help="train-split sentences to speak")
     p.add_argument("--voices-per-sentence", type=int, default=3, help="training voices per sentence")
     p.add_argument("--copies", type=int, default=2,
@@ -449,6 +457,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, default=1, help="Transformer layers per head")
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--stride", type=int, default=1, help="encoder frames per output frame (2: 40 ms frames)")
+    p.add_argument("--extra-features", nargs="*", default=[],
+                   help="feature folders of other runs (same encoder and exit layers) trained on beside this run's")
     p.add_argument("--init", default=None,
                    help="a saved model directory whose heads training starts from (same exit layers and sizes; "
                         "a stride-1 head starts a longer-stride one reading the mean of its frames)")

@@ -114,3 +114,18 @@ def test_stride2_heads_train_and_start_from_stride1_heads(tmp_path):
         init_heads(wide, tmp_path / "one")
     with pytest.raises(InputError, match="no ctc_heads.safetensors"):
         init_heads(wide, tmp_path)
+
+
+def test_load_windows_reads_every_folder_and_checks_layers(tmp_path):
+    from mmaccel.errors import InputError
+    from mmaccel.speech.ctc.train import load_windows
+
+    for name, data, layers in (("a", windows(2), [1, 2]), ("b", windows(3, seed=1), [1, 2]), ("c", windows(1), [1])):
+        (tmp_path / name).mkdir()
+        torch.save({"windows": data, "exit_layers": layers}, tmp_path / name / "shard_00000.pt")
+    both = load_windows([tmp_path / "a", tmp_path / "b"], [2, 1])
+    assert len(both) == 5 and both[2]["labels"].tolist() == windows(3, seed=1)[0]["labels"].tolist()
+    with pytest.raises(InputError, match="holds layers"):
+        load_windows([tmp_path / "a", tmp_path / "c"], [1, 2])
+    with pytest.raises(InputError, match="no feature shards"):
+        load_windows([tmp_path / "a", tmp_path / "empty"], [1, 2])
