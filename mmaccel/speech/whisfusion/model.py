@@ -50,7 +50,8 @@ class WhisfusionDecoder(nn.Module):
         decoder = getattr(getattr(whisper, "model", None), "decoder", None)
         check(decoder is not None and hasattr(decoder, "layers"),
               f"{type(whisper).__name__} is not a Whisper encoder-decoder (expected .model.decoder with layers)")
-        self.decoder = copy.deepcopy(decoder).float().train(False)
+        # trainable whatever the source's flags (a pipeline with drafts loaded has frozen its model)
+        self.decoder = copy.deepcopy(decoder).float().train(False).requires_grad_(True)
         cfg = whisper.config
         self.num_heads, self.d_model = cfg.decoder_attention_heads, cfg.d_model
         self.max_positions = cfg.max_target_positions
