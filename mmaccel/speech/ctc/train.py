@@ -70,7 +70,7 @@ from mmaccel.speech.ctc.beam import ctc_greedy
 from mmaccel.speech.ctc.early_exit import early_exit, encoder_cost, pick_threshold
 from mmaccel.speech.ctc.whisper_ctc import (WhisperCTC, character_vocab, encode_variable, log_mel_variable,
                                             normalize_text)
-from mmaccel.speech.data import Utterance, build_tts_corpus, read_manifest, real_utterances, write_manifest
+from mmaccel.speech.data import TEXTS, Utterance, build_tts_corpus, read_manifest, real_utterances, write_manifest
 from mmaccel.speech.train.common import log as log_line, optimizer_step, release_freed_memory, warmup_cosine
 
 STAGES = ("corpus", "features", "train", "eval", "export")
@@ -440,7 +440,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--exit-layers", type=_ints, default=None,
                    help="encoder layers with a head (default: 2,4,6 for base)")
     p.add_argument("--corpus", default=str(default_cache_dir() / "speech" / "tts"), help="TTS corpus folder")
-    p.add_argument("--text", choices=("fortunes", "varied"), default="fortunes",
+    p.add_argument("--text", choices=TEXTS, default="fortunes",
                    help="the training sentences: fortunes, or varied (man pages, docstrings and fortunes, every "
                         "other utterance augmented; `mmaccel.speech.data.varied_sentences`); the eval split is "
                         "always the held-out fortunes")
