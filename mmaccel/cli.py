@@ -53,6 +53,27 @@ def _labels(text: str) -> list:
     return [int(t) if t.lstrip("-").isdigit() else t for t in items]
 
 
+def cmd_image_generate_scale(args) -> int:
+    from mmaccel.image.scale_pipeline import ScalePipeline
+
+    labels = _labels(args.labels)
+    if not labels:
+        raise InputError("--labels is empty: pass class indices such as --labels 0,1,2")
+    refiner = None if args.refiner == "none" else args.refiner
+    pipe = ScalePipeline.from_pretrained(args.model, vq=args.vq, refiner=refiner, patch_nums=args.patch_nums,
+                                         num_heads=args.num_heads, device=args.device)
+    out = pipe.generate(labels, args.method, draft_steps=args.draft_steps, cfg_scale=args.cfg_scale,
+                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    directory = Path(args.out)
+    directory.mkdir(parents=True, exist_ok=True)
+    for i, (image, label) in enumerate(zip(out.images, out.labels)):
+        path = directory / f"{i:03d}_class{label}.png"
+        image.save(path)
+        print(path)
+    print(json.dumps(out.stats.to_dict()), file=sys.stderr)
+    return 0
+
+
 def cmd_image_generate(args) -> int:
     from mmaccel.image.pipeline import ImagePipeline
 
@@ -335,6 +356,26 @@ def build_parser() -> argparse.ArgumentParser:
     ig.add_argument("--out", required=True, help="directory for the PNGs")
     add_device_option(ig)
     ig.set_defaults(func=cmd_image_generate)
+    from mmaccel.image.scale_pipeline import SCALE_METHODS, SCALE_SAMPLING
+
+    isg = image_sub.add_parser("generate-scale", help="next-scale (VAR) generation, plain or CoDe: one PNG per label")
+    isg.add_argument("--model", default="builtin:fashion-mnist-var",
+                     help="builtin:fashion-mnist-var, a directory with var.*, vq.* (refiner.*), or a VAR file (with --vq)")
+    isg.add_argument("--vq", default=None, help="multi-scale tokenizer when --model is a VAR file (vae_ch160v4096z32.pth)")
+    isg.add_argument("--refiner", default="builtin", help="the small VAR for CoDe: a checkpoint, 'builtin' or 'none'")
+    isg.add_argument("--method", default="ar", choices=SCALE_METHODS)
+    isg.add_argument("--draft-steps", type=int, default=None, help="code: scales the large VAR draws (default 6)")
+    isg.add_argument("--labels", required=True, help="comma-separated class indices (or class names)")
+    isg.add_argument("--cfg-scale", type=float, default=SCALE_SAMPLING["cfg_scale"], help="VAR's ramped guidance")
+    isg.add_argument("--temperature", type=float, default=SCALE_SAMPLING["temperature"])
+    isg.add_argument("--top-k", type=int, default=SCALE_SAMPLING["top_k"])
+    isg.add_argument("--top-p", type=float, default=SCALE_SAMPLING["top_p"])
+    isg.add_argument("--patch-nums", type=int, nargs="+", default=None, help="the scale schedule of an official tokenizer")
+    isg.add_argument("--num-heads", type=int, default=None, help="heads of a VAR file whose count cannot be inferred")
+    isg.add_argument("--seed", type=int, default=0)
+    isg.add_argument("--out", required=True, help="directory for the PNGs")
+    add_device_option(isg)
+    isg.set_defaults(func=cmd_image_generate_scale)
 
     asr = sub.add_parser("asr", help="speech recognition with Whisper")
     asr_sub = asr.add_subparsers(dest="asr_command", required=True)
@@ -386,7 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
     aw.set_defaults(func=cmd_asr_whisfusion)
 
     b = sub.add_parser("bench", help="run a benchmark suite (or `report` to refresh the README tables)")
-    b.add_argument("suite", help="core | image | image-fid | asr | asr-nar | ctc | video | kernels | report")
+    b.add_argument("suite", help="core | image | image-scale | image-fid | asr | asr-nar | ctc | video | kernels | report")
     b.add_argument("--quick", action="store_true", help="reduced run (same code path, fewer samples)")
     b.add_argument("--out", help="JSON path (Markdown and PNG are written beside it)")
     b.add_argument("--methods", help="comma-separated methods, e.g. 'speculative:k=6,ngram'")

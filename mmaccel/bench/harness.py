@@ -95,6 +95,7 @@ def run_suite(suite: Suite, seed: int = 0, log: Callable[[str], None] = print) -
                 "tv_per_output": round(st.deviation / max(1, len(outputs[spec.key])), 6),
                 "time_s": {k: round(v, 4) for k, v in st.time_s.items()},
                 **({"mean_exit_layer": round(st.mean_exit_layer, 3)} if st.exit_hist else {}),
+                **({"cache_mb": round(st.cache_mb, 3)} if st.cache_mb else {}),
             })
     doc = {
         "suite": suite.name, "device": device_name(), "torch": torch.__version__,

@@ -61,17 +61,24 @@ DEMO_METHODS = [spec for spec in DEFAULT_METHODS if spec.key in ("ar", "speculat
 def build_image_suite(quick: bool = False, methods: list[MethodSpec] | None = None, pipeline=None,
                       samples: int | None = None, inception_samples: int | None = None,
                       cache_dir: str | Path | None = None, log: Callable[[str], None] = print,
-                      device: str | None = None, cuda_graphs: bool = False) -> Suite:
+                      device: str | None = None, cuda_graphs: bool = False, *, name: str = "image",
+                      sampling: dict[str, Any] | None = None, lossless: Callable[[MethodSpec], bool] | None = None,
+                      timed: dict[int, int] | None = None, describe: dict[str, Any] | None = None) -> Suite:
+    """The image suite; the next-scale suite (`image_scale.py`) reuses it with its own pipeline (`pipeline`,
+    anything with the `ImagePipeline` generate/decode_pixels/fingerprint interface), `sampling` recipe,
+    `lossless` claims, timed batch sizes and `describe` (the model part of the config)."""
     from mmaccel.image.pipeline import ImagePipeline
 
     pipe = pipeline or ImagePipeline.from_pretrained("builtin:fashion-mnist", device=device, cuda_graphs=cuda_graphs)
+    sampling = SAMPLING if sampling is None else sampling
+    lossless = lossless or (lambda spec: build_image_method(spec.name, **spec.params).lossless)
     classes = pipe.model.num_classes
     if quick:        # the demo and the CI acceptance test: a few images, batch 1 and one batch of 8
         counts = {1: 2, 8: 8}
         inception_samples = 0 if inception_samples is None else inception_samples
         domain_reference = 2000
     else:
-        counts = dict(TIMED_IMAGES)
+        counts = dict(TIMED_IMAGES if timed is None else timed)
         samples = FULL_SAMPLES if samples is None else samples
         inception_samples = 300 if inception_samples is None else inception_samples
         domain_reference = None                                   # the whole test split
@@ -82,10 +89,10 @@ def build_image_suite(quick: bool = False, methods: list[MethodSpec] | None = No
         batches[b] = [labels[i : i + b] for i in range(0, len(labels), b)]
     methods = methods or DEFAULT_METHODS
     for spec in methods:
-        build_image_method(spec.name, **spec.params)   # fail early on a bad name or parameter
+        lossless(spec)   # fail early on a bad name or parameter
 
     def run_batch(spec: MethodSpec, labels: list[int], seed: int):
-        out = pipe.generate(labels, spec.name, seed=seed, **SAMPLING, **spec.params)
+        out = pipe.generate(labels, spec.name, seed=seed, **sampling, **spec.params)
         return [(label, tokens) for label, tokens in zip(labels, out.tokens)], out.stats
 
     reference: dict[str, Any] = {}
@@ -120,15 +127,17 @@ def build_image_suite(quick: bool = False, methods: list[MethodSpec] | None = No
         if samples is None:
             return score(outputs)
         if spec.key not in scored:  # one score per method, shared by its batch-1 and batch-16 rows
-            outputs = quality_samples(pipe, spec, samples, cache_dir, log)
+            outputs = quality_samples(pipe, spec, samples, cache_dir, log, sampling)
             n = min(inception_samples, samples)
-            feats = quality_inception_features(pipe, spec, n, cache_dir, log) if n >= 2 else None
+            feats = quality_inception_features(pipe, spec, n, cache_dir, log, sampling) if n >= 2 else None
             scored[spec.key] = score(outputs, feats)
         return scored[spec.key]
 
-    config = {"model": "Fashion-MNIST LlamaGen GPT-micro (mmaccel/assets/fashion_gpt.safetensors) + fashion_vq",
-              "drafter": "GPT-nano (mmaccel/assets/fashion_gpt_draft.safetensors)",
-              "grid": f"{pipe.grid}x{pipe.grid} tokens", "sampling": SAMPLING, "batch_sizes": list(counts),
+    if describe is None:
+        describe = {"model": "Fashion-MNIST LlamaGen GPT-micro (mmaccel/assets/fashion_gpt.safetensors) + fashion_vq",
+                    "drafter": "GPT-nano (mmaccel/assets/fashion_gpt_draft.safetensors)",
+                    "grid": f"{pipe.grid}x{pipe.grid} tokens"}
+    config = {**describe, "sampling": sampling, "batch_sizes": list(counts),
               "timed_images_per_batch_size": counts, "labels": "i mod 10",
               "quality_samples": samples or "the timed outputs",
               "quality_batch": QUALITY_BATCH if samples else None,
@@ -136,21 +145,23 @@ def build_image_suite(quick: bool = False, methods: list[MethodSpec] | None = No
               "fid_reference": f"Fashion-MNIST test split at 64x64 (Inception: {inception_reference or 'all 10000'}; domain: "
                                    f"{domain_reference or 'all 10000'})",
               "quick": quick, "threads": torch.get_num_threads()}
-    return Suite("image", config, methods, batches, run_batch, quality,
-                 claims_lossless=lambda spec: build_image_method(spec.name, **spec.params).lossless,
+    return Suite(name, config, methods, batches, run_batch, quality, claims_lossless=lossless,
                  verify_identical=False, primary_quality="fid_domain",
-                 warmup=lambda spec: pipe.generate([0], spec.name, **SAMPLING, **spec.params),
-                 artifacts=lambda out: [sample_grid(pipe, methods, out.with_name(f"{out.stem}_samples.png"))])
+                 warmup=lambda spec: pipe.generate([0], spec.name, **sampling, **spec.params),
+                 artifacts=lambda out: [sample_grid(pipe, methods, out.with_name(f"{out.stem}_samples.png"),
+                                                    sampling=sampling)])
 
 
 def quality_samples(pipe, spec: MethodSpec, count: int, cache_dir: str | Path | None = None,
-                    log: Callable[[str], None] = print) -> list[tuple[int, torch.Tensor]]:
+                    log: Callable[[str], None] = print,
+                    sampling: dict[str, Any] | None = None) -> list[tuple[int, torch.Tensor]]:
     """`count` samples of `spec` as (label, tokens) pairs: labels i mod classes, generated in chunks of
     `QUALITY_BATCH` with seed `QUALITY_SEED + chunk`. Each chunk is cached under a key of the method,
     its parameters, the sampling recipe and the model weights, so a long run resumes and a longer run
     reuses the chunks of a shorter one. The key does not cover the code: after changing what a method
     computes, delete its folders (each folder's key.json names the method and parameters)."""
-    folder = _chunk_folder(pipe, spec, cache_dir)
+    sampling = SAMPLING if sampling is None else sampling
+    folder = _chunk_folder(pipe, spec, cache_dir, sampling)
     classes = pipe.model.num_classes
     outputs: list[tuple[int, torch.Tensor]] = []
     chunks = -(-count // QUALITY_BATCH)
@@ -160,7 +171,7 @@ def quality_samples(pipe, spec: MethodSpec, count: int, cache_dir: str | Path | 
         if path.is_file():
             tokens = torch.load(path, weights_only=True)
         else:
-            tokens = pipe.generate(labels, spec.name, seed=QUALITY_SEED + c, **SAMPLING, **spec.params).tokens
+            tokens = pipe.generate(labels, spec.name, seed=QUALITY_SEED + c, **sampling, **spec.params).tokens
             _save_atomic(tokens, path)
             with bars_cleared():
                 log(f"[image quality] {spec.key}: chunk {c + 1}/{chunks} generated")
@@ -169,14 +180,16 @@ def quality_samples(pipe, spec: MethodSpec, count: int, cache_dir: str | Path | 
 
 
 def quality_inception_features(pipe, spec: MethodSpec, count: int, cache_dir: str | Path | None = None,
-                               log: Callable[[str], None] = print) -> torch.Tensor:
+                               log: Callable[[str], None] = print,
+                               sampling: dict[str, Any] | None = None) -> torch.Tensor:
     """FID Inception features [count, 2048] of the first `count` `quality_samples` of `spec`, cached per
     chunk (fp16, beside the token chunk) so the slow extractor also resumes."""
     from mmaccel.metrics.fid import extract_features
 
     chunks = -(-count // QUALITY_BATCH)
-    tokens = torch.stack([t for _, t in quality_samples(pipe, spec, chunks * QUALITY_BATCH, cache_dir, log)])
-    folder = _chunk_folder(pipe, spec, cache_dir)
+    sampling = SAMPLING if sampling is None else sampling
+    tokens = torch.stack([t for _, t in quality_samples(pipe, spec, chunks * QUALITY_BATCH, cache_dir, log, sampling)])
+    folder = _chunk_folder(pipe, spec, cache_dir, sampling)
     feats = []
     for c in progress(range(chunks), desc=f"{spec.key} Inception features", unit="chunk"):
         path = folder / f"chunk_{c:05d}.inception.pt"
@@ -192,11 +205,11 @@ def quality_inception_features(pipe, spec: MethodSpec, count: int, cache_dir: st
     return torch.cat(feats)[:count]
 
 
-def _chunk_folder(pipe, spec: MethodSpec, cache_dir: str | Path | None) -> Path:
+def _chunk_folder(pipe, spec: MethodSpec, cache_dir: str | Path | None, sampling: dict[str, Any]) -> Path:
     """The cache folder of `spec`'s quality chunks: a hash of the method, its parameters, the sampling
     recipe, the chunking and the model weights."""
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir() / "bench" / "image"
-    key = {"method": spec.name, "params": spec.params, "sampling": SAMPLING, "batch": QUALITY_BATCH,
+    key = {"method": spec.name, "params": spec.params, "sampling": sampling, "batch": QUALITY_BATCH,
            "seed": QUALITY_SEED, "weights": pipe.fingerprint()}
     folder = root / hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     folder.mkdir(parents=True, exist_ok=True)
@@ -212,7 +225,8 @@ def _save_atomic(tensor: torch.Tensor, path: Path) -> None:
     tmp.replace(path)            # an interrupted run leaves no half-written chunk
 
 
-def sample_grid(pipe, methods: list[MethodSpec], path, labels: list[int] | None = None, seed: int = 0) -> Any:
+def sample_grid(pipe, methods: list[MethodSpec], path, labels: list[int] | None = None, seed: int = 0,
+                sampling: dict[str, Any] | None = None) -> Any:
     """One row of samples per method (same labels and seed), written as a labelled PNG at `path`."""
     import matplotlib
 
@@ -222,7 +236,7 @@ def sample_grid(pipe, methods: list[MethodSpec], path, labels: list[int] | None 
     labels = list(range(pipe.model.num_classes)) if labels is None else labels
     rows = []
     for spec in methods:
-        out = pipe.generate(labels, spec.name, seed=seed, **SAMPLING, **spec.params)
+        out = pipe.generate(labels, spec.name, seed=seed, **(SAMPLING if sampling is None else sampling), **spec.params)
         rows.append((spec.key, out.images, out.stats.nfe))
     fig, axes = plt.subplots(len(rows), len(labels), figsize=(1.1 * len(labels) + 1.2, 1.15 * len(rows)), dpi=100,
                              squeeze=False)

@@ -129,28 +129,7 @@ class ImagePipeline:
 
     def labels(self, class_labels: Any) -> list[int]:
         """Class indices (or class names) -> a checked list of ints in [0, num_classes)."""
-        C = self.model.num_classes
-        if isinstance(class_labels, (numbers.Integral, str)):
-            class_labels = [class_labels]
-        if isinstance(class_labels, Tensor):
-            check(class_labels.dim() <= 1 and not class_labels.is_floating_point(),
-                  "class_labels must be a 1-D integer tensor")
-            class_labels = class_labels.reshape(-1).tolist()
-        check(isinstance(class_labels, (list, tuple, range)), f"class_labels must be a list of class indices, "
-              f"got {type(class_labels).__name__}")
-        check(len(class_labels) > 0, "class_labels is empty: pass at least one class index")
-        out = []
-        for label in class_labels:
-            if isinstance(label, str):
-                if self.class_names is None or label not in self.class_names:
-                    known = f"; known names: {', '.join(self.class_names)}" if self.class_names else ""
-                    raise InputError(f"unknown class label {label!r}{known}")
-                label = self.class_names.index(label)
-            if isinstance(label, bool) or not isinstance(label, numbers.Integral):
-                raise InputError(f"unknown class label {label!r}: labels are class indices in [0, {C})")
-            check(0 <= label < C, f"class label {label} out of range: this model has classes 0..{C - 1}")
-            out.append(int(label))
-        return out
+        return check_labels(class_labels, self.model.num_classes, self.class_names)
 
     def resources(self, cfg_scale: float) -> tuple[Resources, bool]:
         """(what methods may use, guided?) for one CFG scale: target and drafter CFG-wrapped when guided."""
@@ -190,12 +169,42 @@ class ImagePipeline:
         return self.vq.decode(tokens.to(self.vq.codebook.device)).clamp(-1, 1)
 
     def decode(self, tokens: Tensor) -> list:
-        """Code grids [B, h, w] -> PIL images: grey ("L") when the channels agree within 3/255 (a tokenizer
-        trained on grey data), else RGB."""
-        from PIL import Image
+        """Code grids [B, h, w] -> PIL images (`to_pil`)."""
+        return to_pil(self.decode_pixels(tokens))
 
-        x = ((self.decode_pixels(tokens) + 1) * 127.5).round().cpu()
-        if x.shape[1] == 1 or float((x.amax(1) - x.amin(1)).max()) <= 3:
-            return [Image.fromarray(img.mean(0).round().to(torch.uint8).numpy(), mode="L") for img in x]
-        x = x.to(torch.uint8)
-        return [Image.fromarray(img.permute(1, 2, 0).numpy(), mode="RGB") for img in x]
+
+def check_labels(class_labels: Any, num_classes: int, class_names: Sequence[str] | None = None) -> list[int]:
+    """Class indices (or class names) -> a checked list of ints in [0, num_classes)."""
+    C = num_classes
+    if isinstance(class_labels, (numbers.Integral, str)):
+        class_labels = [class_labels]
+    if isinstance(class_labels, Tensor):
+        check(class_labels.dim() <= 1 and not class_labels.is_floating_point(), "class_labels must be a 1-D integer tensor")
+        class_labels = class_labels.reshape(-1).tolist()
+    check(isinstance(class_labels, (list, tuple, range)), f"class_labels must be a list of class indices, "
+          f"got {type(class_labels).__name__}")
+    check(len(class_labels) > 0, "class_labels is empty: pass at least one class index")
+    out = []
+    for label in class_labels:
+        if isinstance(label, str):
+            if class_names is None or label not in class_names:
+                known = f"; known names: {', '.join(class_names)}" if class_names else ""
+                raise InputError(f"unknown class label {label!r}{known}")
+            label = class_names.index(label)
+        if isinstance(label, bool) or not isinstance(label, numbers.Integral):
+            raise InputError(f"unknown class label {label!r}: labels are class indices in [0, {C})")
+        check(0 <= label < C, f"class label {label} out of range: this model has classes 0..{C - 1}")
+        out.append(int(label))
+    return out
+
+
+def to_pil(pixels: Tensor) -> list:
+    """Images [B, 3, H, W] in [-1, 1] -> PIL images: grey ("L") when the channels agree within 3/255 (a
+    tokenizer trained on grey data), else RGB."""
+    from PIL import Image
+
+    x = ((pixels + 1) * 127.5).round().cpu()
+    if x.shape[1] == 1 or float((x.amax(1) - x.amin(1)).max()) <= 3:
+        return [Image.fromarray(img.mean(0).round().to(torch.uint8).numpy(), mode="L") for img in x]
+    x = x.to(torch.uint8)
+    return [Image.fromarray(img.permute(1, 2, 0).numpy(), mode="RGB") for img in x]

@@ -1,0 +1,77 @@
+"""`mmaccel bench image-scale`: next-scale generation (VAR) alone and with CoDe's hand-off.
+
+The built-in next-scale models (`ScalePipeline.from_pretrained("builtin:fashion-mnist-var")`): a
+large VAR (the baseline, "ar"), a small VAR alone ("ar-small", the quality floor) and CoDe at several
+hand-off scales N ("code-nN": the large VAR draws scales 0..N-1, the small one the rest). Same labels,
+seeds and batches for every method, interleaved in one process, through the image suite's harness
+(`build_image_suite`): domain FID on the quality samples, Inception FID on `--inception-samples`
+of them (the whole test split as reference from 5 000 on), class accuracy. The VAE decoder is not
+timed (CoDe's protocol).
+
+Memory: the process peak (`peak_mem_mb`, weights and Python included) hardly moves on a CPU, so each
+row also carries what the method holds for generation: `cache_mb` (the largest KV cache a call
+allocated), `weights_mb` (the VARs it runs) and `model_mem_mb` (their sum), with `model_mem_ratio`
+against the large VAR alone at the same batch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from mmaccel.bench.harness import MethodSpec, Suite
+from mmaccel.bench.image_suite import build_image_suite
+from mmaccel.errors import check
+
+TIMED_IMAGES = {1: 20, 16: 160, 64: 512}
+DEFAULT_METHODS = [
+    MethodSpec("ar"),
+    MethodSpec("ar-small"),
+    *(MethodSpec("code", {"draft_steps": n}, label=f"code-n{n}") for n in (8, 7, 6, 5, 4)),
+]
+
+
+def _weights_mb(module) -> float:
+    return sum(t.numel() * t.element_size() for t in module.state_dict().values()) / 2**20
+
+
+def build_image_scale_suite(quick: bool = False, methods: list[MethodSpec] | None = None, pipeline=None,
+                            samples: int | None = None, inception_samples: int | None = None,
+                            cache_dir: str | Path | None = None, log: Callable[[str], None] = print,
+                            device: str | None = None) -> Suite:
+    from mmaccel.image.scale_pipeline import BUILTIN_SCALE, SCALE_METHODS, SCALE_SAMPLING, ScalePipeline
+
+    pipe = pipeline or ScalePipeline.from_pretrained(BUILTIN_SCALE, device=device)
+    methods = methods or DEFAULT_METHODS
+    check(methods[0].name == "ar", "the first method of image-scale must be 'ar' (the large VAR alone)")
+
+    def lossless(spec: MethodSpec) -> bool:
+        check(spec.name in SCALE_METHODS, f"unknown next-scale method {spec.name!r}; choose from {', '.join(SCALE_METHODS)}")
+        return spec.name == "ar"
+
+    weights = {"ar": _weights_mb(pipe.model),
+               "ar-small": _weights_mb(pipe.refiner) if pipe.refiner is not None else 0.0}
+    weights["code"] = weights["ar"] + weights["ar-small"]
+    c, r = pipe.model.config, pipe.refiner.config if pipe.refiner is not None else None
+    describe = {"model": f"Fashion-MNIST VAR depth {c.depth}, width {c.embed_dim} (mmaccel/assets/fashion_var_large.safetensors)",
+                "refiner": None if r is None else
+                f"VAR depth {r.depth}, width {r.embed_dim} (mmaccel/assets/fashion_var_small.safetensors)",
+                "tokenizer": f"fashion_msvq, {pipe.vq.vocab_size} codes, scales {list(pipe.vq.patch_nums)}",
+                "timing": "generation only (the VAE decoder is not timed)"}
+
+    def finish(doc: dict[str, Any]) -> None:
+        base = {row["batch"]: row for row in doc["results"] if row["method"] == "ar"}
+        for row in doc["results"]:
+            name = next(spec.name for spec in methods if spec.key == row["method"])
+            row["weights_mb"] = round(weights[name], 3)
+            row["model_mem_mb"] = round(weights[name] + row.get("cache_mb", 0.0), 3)
+        for row in doc["results"]:
+            ar = base.get(row["batch"])
+            if ar is not None:
+                row["model_mem_ratio"] = round(row["model_mem_mb"] / ar["model_mem_mb"], 4)
+
+    suite = build_image_suite(quick=quick, methods=methods, pipeline=pipe, samples=samples,
+                              inception_samples=inception_samples, cache_dir=cache_dir, log=log, name="image-scale",
+                              sampling=dict(SCALE_SAMPLING), lossless=lossless, timed=TIMED_IMAGES, describe=describe)
+    suite.finish = finish
+    return suite

@@ -1,0 +1,188 @@
+"""ScalePipeline: class-conditional next-scale generation (VAR) with plain decoding or CoDe.
+
+>>> pipe = ScalePipeline.from_pretrained("builtin:fashion-mnist-var")
+>>> out = pipe.generate([0, 7, 9], method="code", draft_steps=6, seed=0)
+>>> out.images[0].save("t-shirt.png"); out.stats.nfe, out.stats.draft_passes, out.stats.cache_mb
+
+| method | what runs                                                        | lossless |
+|--------|------------------------------------------------------------------|----------|
+| ar     | the large VAR on every scale (VAR's KV-cached loop)              | yes      |
+| ar-small | the small VAR (the refiner) on every scale                     | no (another model) |
+| code   | large VAR on scales 0..N-1, small VAR (one prefill) on N..K-1    | no (hand-off) |
+
+`code` is CoDe (Chen et al., CVPR 2025). With two independently trained VARs it is the paper's
+training-free mode; with a refiner fine-tuned for the late scales (`refiner=` a CoDe-specialised
+checkpoint) it is the specialised mode. It is a hand-off, not speculative decoding: nothing is
+verified, so its budget is N (more drafted scales = closer to the large model) and its deviation is
+measured by FID in `mmaccel bench image-scale`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+from mmaccel.core.stats import DecodeStats, track_peak_memory
+from mmaccel.devices import check_same_device, resolve_device, resolve_dtype
+from mmaccel.errors import InputError, ModelNotFoundError, check
+from mmaccel.image.models.var import VAR, load_var
+from mmaccel.image.next_scale import ScaleSampling, check_code_pair, collaborative_decode, decode_scales
+from mmaccel.image.pipeline import CHECKPOINT_SUFFIXES, FASHION_CLASSES, check_labels, to_pil
+from mmaccel.image.tokenizers.msvq import MSVQModel, load_msvq
+from mmaccel.paths import assets_dir
+
+BUILTIN_SCALE = "builtin:fashion-mnist-var"
+_ASSETS = assets_dir()
+BUILTIN_SCALE_FILES = {"var": _ASSETS / "fashion_var_large.safetensors",
+                       "refiner": _ASSETS / "fashion_var_small.safetensors",
+                       "vq": _ASSETS / "fashion_msvq.safetensors"}
+SCALE_METHODS = ("ar", "ar-small", "code")
+# The built-in models' sampling recipe (tuned on the development split, see mmaccel/assets/README.md).
+SCALE_SAMPLING = {"cfg_scale": 1.5, "top_k": 0, "top_p": 1.0, "temperature": 1.0}
+DEFAULT_DRAFT_STEPS = 6
+
+
+@dataclass
+class ScaleOutput:
+    images: list                   # PIL images, one per label
+    indices: list[Tensor]          # per scale, [B, pn^2] code indices
+    labels: list[int]
+    stats: DecodeStats
+
+    @property
+    def tokens(self) -> Tensor:
+        """The pyramid as one [B, L] tensor, scales concatenated coarse to fine."""
+        return torch.cat(self.indices, 1)
+
+
+def _find(directory: Path, stem: str) -> Path | None:
+    return next((directory / f"{stem}{s}" for s in CHECKPOINT_SUFFIXES if (directory / f"{stem}{s}").is_file()), None)
+
+
+class ScalePipeline:
+    """A VAR (the large model), its multi-scale tokenizer and optionally a small VAR (CoDe's refiner)."""
+
+    def __init__(self, model: VAR, vq: MSVQModel, refiner: VAR | None = None,
+                 class_names: Sequence[str] | None = None):
+        check(isinstance(model, VAR), f"model must be a VAR, got {type(model).__name__}")
+        check(isinstance(vq, MSVQModel), f"vq must be an MSVQModel, got {type(vq).__name__}")
+        check(refiner is None or isinstance(refiner, VAR), f"refiner must be a VAR, got {type(refiner).__name__}")
+        check_same_device([("VAR", model), ("tokenizer", vq), ("refiner", refiner)])
+        if refiner is not None:
+            check_code_pair(model, refiner, vq, 1)   # same tokenizer, schedule and classes
+        else:
+            check_code_pair(model, model, vq, 1)
+        self.model, self.vq = model.eval(), vq.eval()
+        self.refiner = None if refiner is None else refiner.eval()
+        self.class_names = tuple(class_names) if class_names is not None else None
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | Path = BUILTIN_SCALE, *, vq: str | Path | None = None,
+                        refiner: str | Path | None = "builtin", patch_nums: Sequence[int] | None = None,
+                        num_heads: int | None = None, device: str | torch.device | None = None,
+                        dtype: str | torch.dtype | None = None) -> "ScalePipeline":
+        """`"builtin:fashion-mnist-var"` (the shipped tokenizer, large and small VARs), a directory holding
+        `var.*`, `vq.*` (and optionally `refiner.*`), or a VAR checkpoint file (an official `var_d16.pth`
+        too) with `vq=` its tokenizer (`vae_ch160v4096z32.pth`). `refiner`: the small VAR for CoDe,
+        "builtin" (the directory's or built-in one) or None. `patch_nums`: the scale schedule of an
+        official tokenizer (default VAR's); `num_heads`: for a VAR file whose head count cannot be
+        inferred; `device`/`dtype`: where the VARs run and their parameter dtype."""
+        device = resolve_device(device)
+        dtype = resolve_dtype(dtype, device)
+        name, names = str(name_or_path), None
+        refiner_path: Path | None = None
+        if name == BUILTIN_SCALE:
+            var_path, vq_path, refiner_path = (BUILTIN_SCALE_FILES[k] for k in ("var", "vq", "refiner"))
+            names = FASHION_CLASSES
+            missing = [str(p) for p in (var_path, vq_path, refiner_path) if not p.is_file()]
+            if missing:
+                raise ModelNotFoundError(f"the built-in next-scale model files are missing: {', '.join(missing)} "
+                                         "(reinstall mmaccel, or train them: see mmaccel/assets/README.md)")
+        elif name.startswith("builtin:"):
+            raise ModelNotFoundError(f"unknown built-in next-scale model {name!r}; the built-in one is {BUILTIN_SCALE!r}")
+        else:
+            path = Path(name)
+            if path.is_dir():
+                var_path, refiner_path = _find(path, "var"), _find(path, "refiner")
+                vq_path = Path(vq) if vq is not None else _find(path, "vq")
+                if var_path is None or vq_path is None:
+                    raise ModelNotFoundError(f"{path} must hold var.(safetensors|pth) and vq.(safetensors|pth) checkpoints")
+            else:
+                if not path.exists():
+                    raise ModelNotFoundError(f"VAR checkpoint {path} not found")
+                if vq is None:
+                    raise InputError(f"{path} is a VAR checkpoint: pass its tokenizer too, vq=PATH "
+                                     "(e.g. vae_ch160v4096z32.pth)")
+                var_path, vq_path = path, Path(vq)
+        if refiner is None:
+            refiner_path = None
+        elif refiner != "builtin":
+            refiner_path = Path(refiner)
+            if not refiner_path.exists():
+                raise ModelNotFoundError(f"refiner checkpoint {refiner_path} not found")
+        tokenizer = load_msvq(vq_path, patch_nums=patch_nums)
+        model = load_var(var_path, num_heads=num_heads, dtype=dtype)
+        small = load_var(refiner_path, num_heads=num_heads, dtype=dtype) if refiner_path is not None else None
+        return cls(model.to(device), tokenizer.to(device), None if small is None else small.to(device), names)
+
+    def fingerprint(self) -> str:
+        """A digest of the weights (cache keys of derived results)."""
+        digest = hashlib.sha256()
+        for module in (self.model, self.vq, self.refiner):
+            for name, tensor in ({} if module is None else module.state_dict()).items():
+                digest.update(name.encode())
+                digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        return digest.hexdigest()[:16]
+
+    @property
+    def num_scales(self) -> int:
+        return len(self.vq.patch_nums)
+
+    def generate(self, class_labels: Any, method: str = "ar", *, draft_steps: int | None = None,
+                 cfg_scale: float = SCALE_SAMPLING["cfg_scale"], top_k: int = SCALE_SAMPLING["top_k"],
+                 top_p: float = SCALE_SAMPLING["top_p"],
+                 temperature: float | Sequence[float] = SCALE_SAMPLING["temperature"],
+                 seed: int = 0) -> ScaleOutput:
+        """One image per class label. `method`: "ar" (the large VAR alone), "ar-small" (the small VAR alone)
+        or "code" (CoDe hand-off after `draft_steps` scales, default 6). Guidance is VAR's ramp (0 = none);
+        `temperature` may be one value per scale."""
+        check(method in SCALE_METHODS, f"unknown next-scale method {method!r}; choose from {', '.join(SCALE_METHODS)}")
+        labels = check_labels(class_labels, self.model.num_classes, self.class_names)
+        check(isinstance(seed, int) and not isinstance(seed, bool), f"seed must be an int, got {seed!r}")
+        sampling = ScaleSampling(cfg=cfg_scale, top_k=top_k, top_p=top_p,
+                                 temperature=tuple(temperature) if isinstance(temperature, (list, tuple)) else temperature)
+        sampling.temperature_at(0, self.num_scales)   # a per-scale list must have one value per scale
+        if method != "code":
+            check(draft_steps is None, f"draft_steps is a parameter of method='code', not {method!r}")
+        if method != "ar":
+            check(self.refiner is not None, f"method={method!r} needs a refiner (the small VAR): pass refiner=PATH")
+        if method == "code":
+            draft_steps = DEFAULT_DRAFT_STEPS if draft_steps is None else draft_steps
+            check_code_pair(self.model, self.refiner, self.vq, draft_steps)
+        device = self.model.class_emb.weight.device
+        y = torch.tensor(labels, device=device)
+        generator = torch.Generator(device=device).manual_seed(seed)
+        stats = DecodeStats()
+        with track_peak_memory(stats, device), stats.timed("total"):
+            if method != "code":
+                model = self.model if method == "ar" else self.refiner
+                prefix, cache_bytes = decode_scales(model, self.vq, y, sampling, generator, stats=stats)
+            else:
+                prefix, cache_bytes = collaborative_decode(self.model, self.refiner, self.vq, y, sampling, generator,
+                                                           draft_steps, stats=stats)
+        stats.cache_mb = cache_bytes / 2**20
+        with torch.no_grad():
+            images = to_pil(self.vq.decode_f_hat(prefix.f_hat))
+        return ScaleOutput(images, prefix.indices, labels, stats)
+
+    @torch.inference_mode()
+    def decode_pixels(self, tokens: Tensor) -> Tensor:
+        """Pyramids [B, L] (`ScaleOutput.tokens`) -> images [B, 3, H, W] in [-1, 1]."""
+        offsets = self.model.offsets
+        return self.vq.decode([tokens[:, offsets[k]:offsets[k + 1]].to(self.vq.quantize.embedding.weight.device)
+                               for k in range(self.num_scales)])

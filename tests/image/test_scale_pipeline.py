@@ -1,0 +1,95 @@
+"""ScalePipeline: loading (directory, official file + tokenizer, built-in), the three methods, stats
+and clear errors."""
+
+import pytest
+import torch
+
+from mmaccel.errors import InputError, ModelNotFoundError
+from mmaccel.image.models.var import save_var
+from mmaccel.image.scale_pipeline import BUILTIN_SCALE, BUILTIN_SCALE_FILES, ScalePipeline
+from mmaccel.image.tokenizers.msvq import save_msvq
+from tests.image.test_msvq import tiny_model
+from tests.image.test_var import tiny_var
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    path = tmp_path_factory.mktemp("var")
+    save_msvq(tiny_model(), path / "vq.safetensors")
+    save_var(tiny_var(0), path / "var.safetensors")
+    save_var(tiny_var(1, depth=1, embed_dim=16, num_heads=2), path / "refiner.safetensors")
+    return path
+
+
+@pytest.fixture(scope="module")
+def pipe(folder):
+    return ScalePipeline.from_pretrained(folder)
+
+
+def test_methods_and_their_stats(pipe):
+    ar = pipe.generate([0, 1, 4], "ar", seed=0, cfg_scale=2.0)
+    assert len(ar.images) == 3 and ar.images[0].size == (16, 16)
+    assert ar.tokens.shape == (3, 30) and (ar.stats.nfe, ar.stats.draft_passes) == (4, 0)
+    assert ar.stats.cache_mb > 0 and ar.stats.new_tokens == 90 and ar.stats.wall_s > 0
+    code = pipe.generate([0, 1, 4], "code", draft_steps=2, seed=0, cfg_scale=2.0)
+    assert (code.stats.nfe, code.stats.draft_passes) == (2, 2)
+    assert torch.equal(code.tokens[:, :5], ar.tokens[:, :5])      # the large model's scales, same seed
+    assert code.stats.cache_mb < ar.stats.cache_mb
+    small = pipe.generate([0, 1, 4], "ar-small", seed=0, cfg_scale=2.0)
+    assert small.stats.nfe == 4 and small.stats.cache_mb < ar.stats.cache_mb
+    assert torch.equal(pipe.decode_pixels(ar.tokens), pipe.vq.decode(ar.indices))
+
+
+def test_official_file_needs_its_tokenizer(folder, tmp_path):
+    path = tmp_path / "var_d2.pth"
+    torch.save(tiny_var(0).state_dict(), path)
+    with pytest.raises(InputError, match="vq=PATH"):
+        ScalePipeline.from_pretrained(path)
+    pipe = ScalePipeline.from_pretrained(path, vq=folder / "vq.safetensors", refiner=None)
+    assert pipe.refiner is None
+    with pytest.raises(InputError, match="needs a refiner"):
+        pipe.generate([0], "code")
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"method": "speculative"}, "unknown next-scale method"),
+    ({"method": "ar", "draft_steps": 3}, "draft_steps"),
+    ({"method": "code", "draft_steps": 4}, r"draft_steps must be an int in \[1, 3\]"),
+    ({"method": "code", "draft_steps": 0}, "draft_steps"),
+    ({"cfg_scale": -1.0}, "cfg_scale"),
+    ({"temperature": [1.0, 1.0]}, "4 scales"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"seed": "x"}, "seed"),
+])
+def test_bad_arguments(pipe, kwargs, match):
+    with pytest.raises(InputError, match=match):
+        pipe.generate([0], **kwargs)
+
+
+@pytest.mark.parametrize("labels", [[], [5], ["Bag"], [1.5]])
+def test_bad_labels(pipe, labels):
+    with pytest.raises(InputError):
+        pipe.generate(labels)
+
+
+def test_mismatched_parts_and_missing_files(folder, tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    save_msvq(tiny_model(), other / "vq.safetensors")
+    save_var(tiny_var(0, vocab_size=64), other / "var.safetensors")
+    with pytest.raises(InputError, match="not trained together"):
+        ScalePipeline.from_pretrained(other)
+    with pytest.raises(ModelNotFoundError):
+        ScalePipeline.from_pretrained(tmp_path / "nothing")
+    with pytest.raises(ModelNotFoundError, match="refiner"):
+        ScalePipeline.from_pretrained(folder, refiner=tmp_path / "missing.safetensors")
+    with pytest.raises(ModelNotFoundError, match="unknown built-in"):
+        ScalePipeline.from_pretrained("builtin:imagenet-var")
+
+
+@pytest.mark.skipif(not all(p.is_file() for p in BUILTIN_SCALE_FILES.values()), reason="built-in files not shipped")
+def test_builtin_generates_every_class():
+    pipe = ScalePipeline.from_pretrained(BUILTIN_SCALE)
+    out = pipe.generate(list(range(10)), "code", seed=0)
+    assert len(out.images) == 10 and out.images[0].size == (64, 64)
+    assert out.stats.nfe + out.stats.draft_passes == 10
