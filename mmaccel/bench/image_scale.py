@@ -75,3 +75,15 @@ def build_image_scale_suite(quick: bool = False, methods: list[MethodSpec] | Non
                               sampling=dict(SCALE_SAMPLING), lossless=lossless, timed=TIMED_IMAGES, describe=describe)
     suite.finish = finish
     return suite
+
+
+def extra_markdown(doc: dict[str, Any]) -> str:
+    """The memory each method holds for generation (the README's table beside the harness's)."""
+    lines = ["| method | batch | KV cache (MB) | weights (MB) | cache + weights (MB) | vs large VAR alone |",
+             "|---|---|---|---|---|---|"]
+    for r in doc["results"]:
+        if "model_mem_mb" in r:
+            ratio = r.get("model_mem_ratio")
+            lines.append(f"| {r['method']} | {r['batch']} | {r.get('cache_mb', 0):.2f} | {r['weights_mb']:.2f} | "
+                         f"{r['model_mem_mb']:.2f} | {'–' if ratio is None else f'{ratio:.2f}'} |")
+    return "\n".join(lines) + "\n"

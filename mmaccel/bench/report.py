@@ -23,7 +23,13 @@ def _ctc_markdown():
     return extra_markdown
 
 
-EXTRA_MARKDOWN = {"video": _video_markdown, "ctc": _ctc_markdown}  # suites whose documents hold more than the table
+def _image_scale_markdown():
+    from mmaccel.bench.image_scale import extra_markdown
+
+    return extra_markdown
+
+
+EXTRA_MARKDOWN = {"video": _video_markdown, "ctc": _ctc_markdown, "image-scale": _image_scale_markdown}  # suites whose documents hold more than the table
 
 
 def render(bench_dir: Path) -> str:

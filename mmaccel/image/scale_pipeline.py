@@ -11,8 +11,9 @@
 | code   | large VAR on scales 0..N-1, small VAR (one prefill) on N..K-1    | no (hand-off) |
 
 `code` is CoDe (Chen et al., CVPR 2025). With two independently trained VARs it is the paper's
-training-free mode; with a refiner fine-tuned for the late scales (`refiner=` a CoDe-specialised
-checkpoint) it is the specialised mode. It is a hand-off, not speculative decoding: nothing is
+training-free mode (`training_free=True`, the default); `training_free=False` hands off to a refiner
+specialised for that N (`specialised={N: checkpoint}`, trained by `mmaccel.image.train.train_code`;
+the built-in pipeline ships the ones in `mmaccel/assets/fashion_var_small_code{N}.safetensors`). It is a hand-off, not speculative decoding: nothing is
 verified, so its budget is N (more drafted scales = closer to the large model) and its deviation is
 measured by FID in `mmaccel bench image-scale`.
 """
@@ -64,11 +65,17 @@ def _find(directory: Path, stem: str) -> Path | None:
     return next((directory / f"{stem}{s}" for s in CHECKPOINT_SUFFIXES if (directory / f"{stem}{s}").is_file()), None)
 
 
+def _specialised_files(directory: Path, stem: str) -> dict[int, Path]:
+    """{N: path} of the `<stem>{N}.<suffix>` checkpoints in `directory`."""
+    return {int(p.stem[len(stem):]): p for p in sorted(directory.glob(f"{stem}*"))
+            if p.suffix in CHECKPOINT_SUFFIXES and p.stem[len(stem):].isdigit()}
+
+
 class ScalePipeline:
     """A VAR (the large model), its multi-scale tokenizer and optionally a small VAR (CoDe's refiner)."""
 
     def __init__(self, model: VAR, vq: MSVQModel, refiner: VAR | None = None,
-                 class_names: Sequence[str] | None = None):
+                 class_names: Sequence[str] | None = None, specialised: dict[int, VAR] | None = None):
         check(isinstance(model, VAR), f"model must be a VAR, got {type(model).__name__}")
         check(isinstance(vq, MSVQModel), f"vq must be an MSVQModel, got {type(vq).__name__}")
         check(refiner is None or isinstance(refiner, VAR), f"refiner must be a VAR, got {type(refiner).__name__}")
@@ -79,17 +86,25 @@ class ScalePipeline:
             check_code_pair(model, model, vq, 1)
         self.model, self.vq = model.eval(), vq.eval()
         self.refiner = None if refiner is None else refiner.eval()
+        self.specialised = {}
+        for n, small in (specialised or {}).items():
+            check(isinstance(small, VAR), f"specialised[{n}] must be a VAR, got {type(small).__name__}")
+            check_same_device([("VAR", model), (f"specialised refiner {n}", small)])
+            check_code_pair(model, small, vq, n)
+            self.specialised[n] = small.eval()
         self.class_names = tuple(class_names) if class_names is not None else None
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path = BUILTIN_SCALE, *, vq: str | Path | None = None,
-                        refiner: str | Path | None = "builtin", patch_nums: Sequence[int] | None = None,
+                        refiner: str | Path | None = "builtin", specialised: dict[int, str | Path] | None = None,
+                        patch_nums: Sequence[int] | None = None,
                         num_heads: int | None = None, device: str | torch.device | None = None,
                         dtype: str | torch.dtype | None = None) -> "ScalePipeline":
         """`"builtin:fashion-mnist-var"` (the shipped tokenizer, large and small VARs), a directory holding
         `var.*`, `vq.*` (and optionally `refiner.*`), or a VAR checkpoint file (an official `var_d16.pth`
         too) with `vq=` its tokenizer (`vae_ch160v4096z32.pth`). `refiner`: the small VAR for CoDe,
-        "builtin" (the directory's or built-in one) or None. `patch_nums`: the scale schedule of an
+        "builtin" (the directory's or built-in one) or None; `specialised`: {N: refiner checkpoint specialised
+        for hand-off scale N} (default: the built-in or directory's `refiner_code{N}.*` files). `patch_nums`: the scale schedule of an
         official tokenizer (default VAR's); `num_heads`: for a VAR file whose head count cannot be
         inferred; `device`/`dtype`: where the VARs run and their parameter dtype."""
         device = resolve_device(device)
@@ -99,6 +114,7 @@ class ScalePipeline:
         if name == BUILTIN_SCALE:
             var_path, vq_path, refiner_path = (BUILTIN_SCALE_FILES[k] for k in ("var", "vq", "refiner"))
             names = FASHION_CLASSES
+            found = _specialised_files(_ASSETS, "fashion_var_small_code")
             missing = [str(p) for p in (var_path, vq_path, refiner_path) if not p.is_file()]
             if missing:
                 raise ModelNotFoundError(f"the built-in next-scale model files are missing: {', '.join(missing)} "
@@ -109,6 +125,7 @@ class ScalePipeline:
             path = Path(name)
             if path.is_dir():
                 var_path, refiner_path = _find(path, "var"), _find(path, "refiner")
+                found = _specialised_files(path, "refiner_code")
                 vq_path = Path(vq) if vq is not None else _find(path, "vq")
                 if var_path is None or vq_path is None:
                     raise ModelNotFoundError(f"{path} must hold var.(safetensors|pth) and vq.(safetensors|pth) checkpoints")
@@ -118,7 +135,7 @@ class ScalePipeline:
                 if vq is None:
                     raise InputError(f"{path} is a VAR checkpoint: pass its tokenizer too, vq=PATH "
                                      "(e.g. vae_ch160v4096z32.pth)")
-                var_path, vq_path = path, Path(vq)
+                var_path, vq_path, found = path, Path(vq), {}
         if refiner is None:
             refiner_path = None
         elif refiner != "builtin":
@@ -128,12 +145,18 @@ class ScalePipeline:
         tokenizer = load_msvq(vq_path, patch_nums=patch_nums)
         model = load_var(var_path, num_heads=num_heads, dtype=dtype)
         small = load_var(refiner_path, num_heads=num_heads, dtype=dtype) if refiner_path is not None else None
-        return cls(model.to(device), tokenizer.to(device), None if small is None else small.to(device), names)
+        if specialised is not None:
+            found = {int(n): Path(p) for n, p in specialised.items()}
+        missing = [str(p) for p in found.values() if not p.is_file()]
+        if missing:
+            raise ModelNotFoundError(f"specialised refiner checkpoint(s) not found: {', '.join(missing)}")
+        special = {n: load_var(p, num_heads=num_heads, dtype=dtype).to(device) for n, p in found.items()}
+        return cls(model.to(device), tokenizer.to(device), None if small is None else small.to(device), names, special)
 
     def fingerprint(self) -> str:
         """A digest of the weights (cache keys of derived results)."""
         digest = hashlib.sha256()
-        for module in (self.model, self.vq, self.refiner):
+        for module in (self.model, self.vq, self.refiner, *self.specialised.values()):
             for name, tensor in ({} if module is None else module.state_dict()).items():
                 digest.update(name.encode())
                 digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
@@ -147,23 +170,30 @@ class ScalePipeline:
                  cfg_scale: float = SCALE_SAMPLING["cfg_scale"], top_k: int = SCALE_SAMPLING["top_k"],
                  top_p: float = SCALE_SAMPLING["top_p"],
                  temperature: float | Sequence[float] = SCALE_SAMPLING["temperature"],
-                 seed: int = 0) -> ScaleOutput:
+                 training_free: bool = True, seed: int = 0) -> ScaleOutput:
         """One image per class label. `method`: "ar" (the large VAR alone), "ar-small" (the small VAR alone)
         or "code" (CoDe hand-off after `draft_steps` scales, default 6). Guidance is VAR's ramp (0 = none);
-        `temperature` may be one value per scale."""
+        `temperature` may be one value per scale. `training_free=False` (code only) hands off to the refiner
+        specialised for `draft_steps`."""
         check(method in SCALE_METHODS, f"unknown next-scale method {method!r}; choose from {', '.join(SCALE_METHODS)}")
         labels = check_labels(class_labels, self.model.num_classes, self.class_names)
         check(isinstance(seed, int) and not isinstance(seed, bool), f"seed must be an int, got {seed!r}")
         sampling = ScaleSampling(cfg=cfg_scale, top_k=top_k, top_p=top_p,
                                  temperature=tuple(temperature) if isinstance(temperature, (list, tuple)) else temperature)
         sampling.temperature_at(0, self.num_scales)   # a per-scale list must have one value per scale
+        check(isinstance(training_free, bool), f"training_free must be True or False, got {training_free!r}")
         if method != "code":
-            check(draft_steps is None, f"draft_steps is a parameter of method='code', not {method!r}")
+            check(draft_steps is None and training_free, f"draft_steps and training_free are parameters of "
+                                                         f"method='code', not {method!r}")
         if method != "ar":
             check(self.refiner is not None, f"method={method!r} needs a refiner (the small VAR): pass refiner=PATH")
         if method == "code":
             draft_steps = DEFAULT_DRAFT_STEPS if draft_steps is None else draft_steps
             check_code_pair(self.model, self.refiner, self.vq, draft_steps)
+            check(training_free or draft_steps in self.specialised,
+                  f"no refiner specialised for draft_steps={draft_steps} (have: {sorted(self.specialised) or 'none'}); "
+                  "pass training_free=True or load one with specialised={N: PATH}")
+        refiner = self.refiner if training_free else self.specialised[draft_steps]
         device = self.model.class_emb.weight.device
         y = torch.tensor(labels, device=device)
         generator = torch.Generator(device=device).manual_seed(seed)
@@ -173,7 +203,7 @@ class ScalePipeline:
                 model = self.model if method == "ar" else self.refiner
                 prefix, cache_bytes = decode_scales(model, self.vq, y, sampling, generator, stats=stats)
             else:
-                prefix, cache_bytes = collaborative_decode(self.model, self.refiner, self.vq, y, sampling, generator,
+                prefix, cache_bytes = collaborative_decode(self.model, refiner, self.vq, y, sampling, generator,
                                                            draft_steps, stats=stats)
         stats.cache_mb = cache_bytes / 2**20
         with torch.no_grad():

@@ -93,3 +93,23 @@ def test_builtin_generates_every_class():
     out = pipe.generate(list(range(10)), "code", seed=0)
     assert len(out.images) == 10 and out.images[0].size == (64, 64)
     assert out.stats.nfe + out.stats.draft_passes == 10
+
+
+def test_specialised_refiners_are_found_and_chosen(folder, tmp_path):
+    special = tmp_path / "special"
+    special.mkdir()
+    for name in ("vq", "var", "refiner"):
+        (special / f"{name}.safetensors").write_bytes((folder / f"{name}.safetensors").read_bytes())
+    save_var(tiny_var(2, depth=1, embed_dim=16, num_heads=2), special / "refiner_code2.safetensors")
+    pipe = ScalePipeline.from_pretrained(special)
+    assert sorted(pipe.specialised) == [2]
+    free = pipe.generate([0, 1], "code", draft_steps=2, seed=0)
+    tuned = pipe.generate([0, 1], "code", draft_steps=2, training_free=False, seed=0)
+    assert torch.equal(free.tokens[:, :5], tuned.tokens[:, :5])              # the same large-model scales
+    assert not torch.equal(free.tokens[:, 5:], tuned.tokens[:, 5:])          # another refiner after them
+    with pytest.raises(InputError, match="no refiner specialised for draft_steps=3"):
+        pipe.generate([0], "code", draft_steps=3, training_free=False)
+    with pytest.raises(InputError, match="training_free"):
+        pipe.generate([0], "ar", training_free=False)
+    with pytest.raises(ModelNotFoundError, match="specialised"):
+        ScalePipeline.from_pretrained(folder, specialised={2: tmp_path / "nope.safetensors"})

@@ -43,8 +43,10 @@ DEFAULT_MSVQ = assets_dir() / "fashion_msvq.safetensors"
 
 
 @torch.no_grad()
-def tokenize(vq: MSVQModel, images: Tensor, *, size: int = 64, batch_size: int = 500) -> Tensor:
-    """uint8 images [N, 28, 28] -> the code pyramid, scales concatenated coarse to fine, int16 [N, L]."""
+def tokenize(vq: MSVQModel, images: Tensor, *, batch_size: int = 500) -> Tensor:
+    """uint8 images [N, 28, 28] -> the code pyramid, scales concatenated coarse to fine, int16 [N, L]
+    (images resized to the tokenizer's input side, last scale x downsample)."""
+    size = vq.patch_nums[-1] * vq.config.downsample
     out = [torch.cat(vq.encode(to_model_images(images[s:s + batch_size], size)), 1).to(torch.int16)
            for s in range(0, len(images), batch_size)]
     return torch.cat(out)

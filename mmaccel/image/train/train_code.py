@@ -1,0 +1,151 @@
+"""Specialise a small VAR as CoDe's refiner for hand-off scale N (the non-training-free CoDe mode).
+
+    python -m mmaccel.image.train.train_code --out runs/code_refiner_n6 --draft-steps 6 \
+        --teacher mmaccel/assets/fashion_var_large.safetensors --student mmaccel/assets/fashion_var_small.safetensors \
+        --export mmaccel/assets/fashion_var_small_code6.safetensors
+
+CoDe (Chen et al., CVPR 2025, §3.3 and Fig. 4) fine-tunes the refiner only on the scales it will draw,
+N..K-1, with knowledge distillation from the large model: loss = KL(teacher || student) over those
+scales' codes (temperature 1), mixed with the cross-entropy to the ground-truth codes by `--alpha`
+(CoDe's 0.5). Inputs are the ground-truth pyramids of the Fashion-MNIST train split (teacher forcing,
+as VAR trains), with the label dropout of the original training so guidance keeps working.
+Resumable (`<out>/ckpt.pt`); the held-out loss of both models on scales N..K-1 goes to `<out>/eval.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from mmaccel.image.models.var import VAR, load_var, save_var
+from mmaccel.image.tokenizers.msvq import MSVQModel, load_msvq
+from mmaccel.image.train.common import (batch_indices, cosine_lr, read_checkpoint, restore, save_checkpoint, set_lr,
+                                       start_run)
+from mmaccel.image.train.train_var import DEFAULT_MSVQ, load_pyramids, split_scales
+from mmaccel.progress import progress
+
+logger = logging.getLogger("mmaccel.image.train.train_code")
+
+
+def refiner_loss(student: VAR, teacher: VAR, vq: MSVQModel, labels: Tensor, tokens: Tensor, draft_steps: int,
+                 alpha: float) -> tuple[Tensor, float, float]:
+    """(alpha * CE + (1 - alpha) * KL(teacher || student), CE, KL) over the codes of scales draft_steps..K-1."""
+    start = student.offsets[draft_steps]
+    with torch.no_grad():
+        inputs = vq.quantize.scale_inputs(split_scales(tokens, student.patch_nums))
+        target = teacher(labels, inputs)[:, start:].float().log_softmax(-1)
+    logp = student(labels, inputs)[:, start:].log_softmax(-1)
+    ce = F.nll_loss(logp.reshape(-1, logp.shape[-1]), tokens[:, start:].long().reshape(-1))
+    kl = F.kl_div(logp.reshape(-1, logp.shape[-1]), target.reshape(-1, target.shape[-1]), log_target=True,
+                  reduction="batchmean")
+    return alpha * ce + (1 - alpha) * kl, ce.item(), kl.item()
+
+
+@torch.no_grad()
+def held_out(student: VAR, teacher: VAR, vq: MSVQModel, tokens: Tensor, labels: Tensor, draft_steps: int,
+             batch_size: int = 100) -> dict:
+    """Cross-entropy on the refiner's scales of the student and of the teacher, and the student's KL to the teacher."""
+    student.eval()
+    ce_s = ce_t = kl = 0.0
+    start = student.offsets[draft_steps]
+    for s in range(0, len(tokens), batch_size):
+        y, t = labels[s:s + batch_size], tokens[s:s + batch_size]
+        inputs = vq.quantize.scale_inputs(split_scales(t, student.patch_nums))
+        target = t[:, start:].long().reshape(-1)
+        ls = student(y, inputs)[:, start:].log_softmax(-1)
+        lt = teacher(y, inputs)[:, start:].log_softmax(-1)
+        n = len(y)
+        ce_s += F.nll_loss(ls.reshape(-1, ls.shape[-1]), target).item() * n
+        ce_t += F.nll_loss(lt.reshape(-1, lt.shape[-1]), target).item() * n
+        kl += F.kl_div(ls.reshape(-1, ls.shape[-1]), lt.reshape(-1, lt.shape[-1]), log_target=True,
+                       reduction="batchmean").item() * n
+    student.train()
+    n = len(tokens)
+    return {"student_ce": round(ce_s / n, 4), "teacher_ce": round(ce_t / n, 4), "kl_to_teacher": round(kl / n, 4)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--teacher", type=Path, required=True, help="the large VAR (CoDe's drafter)")
+    p.add_argument("--student", type=Path, required=True, help="the small VAR to specialise (CoDe's refiner)")
+    p.add_argument("--draft-steps", type=int, required=True, help="N: the refiner draws scales N..K-1")
+    p.add_argument("--export", type=Path, default=None, help="write the refiner here (.safetensors, fp16)")
+    p.add_argument("--vq", type=Path, default=DEFAULT_MSVQ)
+    p.add_argument("--alpha", type=float, default=0.5, help="weight of the ground-truth cross-entropy")
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--class-dropout", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--ckpt-every", type=int, default=50)
+    p.add_argument("--log-every", type=int, default=25)
+    p.add_argument("--eval-images", type=int, default=1000)
+    p.add_argument("--data-root", type=Path, default=None)
+    args = p.parse_args(argv)
+    start_run(args.out, args.threads, "mmaccel.image.train.train_code", argv)
+    vq, teacher, student = load_msvq(args.vq), load_var(args.teacher), load_var(args.student)
+    teacher.requires_grad_(False)
+    K = len(student.patch_nums)
+    if not 1 <= args.draft_steps <= K - 1:
+        p.error(f"--draft-steps must be in [1, {K - 1}]")
+    tokens, labels = load_pyramids("train", args.out.parent / "msvq_tokens_train.pt", args.vq, args.data_root)
+    test_tokens, test_labels = load_pyramids("test", args.out.parent / "msvq_tokens_test.pt", args.vq, args.data_root)
+    test_tokens, test_labels = test_tokens[:args.eval_images], test_labels[:args.eval_images]
+    before = held_out(student, teacher, vq, test_tokens, test_labels, args.draft_steps)
+    logger.info("held-out before: %s", before)
+    student.train()
+    opt = torch.optim.AdamW(student.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    ckpt_path, step = args.out / "ckpt.pt", 0
+    ckpt = read_checkpoint(ckpt_path)
+    if ckpt is not None:
+        step = restore(ckpt, student, opt, ckpt_path)
+    lr_at = partial(cosine_lr, lr=args.lr, warmup=args.warmup, steps=args.steps)
+    window, t0 = [], time.perf_counter()
+    bar = progress(desc="train CoDe refiner", total=args.steps, initial=step, unit="step")
+    while step < args.steps:
+        idx = batch_indices(len(tokens), args.batch_size, args.seed, step)
+        y = labels[idx].clone()
+        g = torch.Generator().manual_seed(args.seed * 7919 + step)
+        y[torch.rand(len(y), generator=g) < args.class_dropout] = student.num_classes
+        set_lr(opt, lr_at(step))
+        loss, ce, kl = refiner_loss(student, teacher, vq, y, tokens[idx], args.draft_steps, args.alpha)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(student.parameters(), 2.0)
+        opt.step()
+        step += 1
+        bar.update()
+        window.append((ce, kl))
+        if step % args.log_every == 0 or step == args.steps:
+            logger.info("step %d/%d ce %.4f kl %.4f | %.3f s/step", step, args.steps,
+                        sum(w[0] for w in window) / len(window), sum(w[1] for w in window) / len(window),
+                        (time.perf_counter() - t0) / len(window))
+            window, t0 = [], time.perf_counter()
+        if step % args.ckpt_every == 0 or step == args.steps:
+            save_checkpoint(ckpt_path, student, opt, step, {"draft_steps": args.draft_steps})
+    bar.close()
+    after = held_out(student, teacher, vq, test_tokens, test_labels, args.draft_steps)
+    logger.info("held-out after: %s", after)
+    (args.out / "eval.json").write_text(json.dumps({"before": before, "after": after, "steps": args.steps,
+                                                    "draft_steps": args.draft_steps}, indent=2) + "\n")
+    if args.export is not None:
+        save_var(student.eval(), args.export, dtype=torch.float16)
+        logger.info("exported %s", args.export)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""`mmaccel bench image-scale`: the published JSON shape, CoDe rows with fewer large-model passes and
+less KV cache, the memory table."""
+
+import pytest
+
+from mmaccel.bench.harness import MethodSpec, run_suite, validate_document
+from mmaccel.bench.image_scale import build_image_scale_suite, extra_markdown
+from mmaccel.errors import InputError
+from mmaccel.image.models.var import save_var
+from mmaccel.image.scale_pipeline import ScalePipeline
+from mmaccel.image.tokenizers.msvq import save_msvq
+from tests.image.test_msvq import tiny_model
+from tests.image.test_var import tiny_var
+
+METHODS = [MethodSpec("ar"), MethodSpec("ar-small"), MethodSpec("code", {"draft_steps": 2}, label="code-n2")]
+
+
+@pytest.fixture(scope="module")
+def pipe(tmp_path_factory):
+    path = tmp_path_factory.mktemp("var")
+    save_msvq(tiny_model(), path / "vq.safetensors")
+    save_var(tiny_var(0, num_classes=10), path / "var.safetensors")
+    save_var(tiny_var(1, num_classes=10, depth=1, embed_dim=16, num_heads=2), path / "refiner.safetensors")
+    return ScalePipeline.from_pretrained(path)
+
+
+def test_quick_suite_writes_valid_rows_with_memory(pipe, monkeypatch):
+    import mmaccel.bench.image_suite as image_suite
+    import mmaccel.metrics.domain as domain
+    import mmaccel.metrics.fid as fid
+
+    # the tiny tokenizer makes 16x16 images: score them with stand-ins for the 64x64 extractors
+    monkeypatch.setattr(fid, "extract_features", lambda images, extractor="domain", **k: images.mean((1, 2, 3))[:, None].repeat(1, 4).double() + images.flatten(1)[:, :4].double())
+    monkeypatch.setattr(fid, "reference_stats", lambda *a, **k: (fid.torch.zeros(4, dtype=fid.torch.float64), fid.torch.eye(4, dtype=fid.torch.float64)))
+    monkeypatch.setattr(domain, "classify", lambda pixels: fid.torch.zeros(len(pixels), dtype=fid.torch.long))
+    suite = build_image_scale_suite(quick=True, methods=METHODS, pipeline=pipe, log=lambda m: None)
+    doc = run_suite(suite, log=lambda m: None)
+    validate_document(doc)
+    rows = {(r["method"], r["batch"]): r for r in doc["results"]}
+    for b in (1, 8):
+        ar, code, small = rows[("ar", b)], rows[("code-n2", b)], rows[("ar-small", b)]
+        assert ar["lossless"] and not code["lossless"] and not small["lossless"]
+        assert ar["nfe"] == 4 * (2 if b == 1 else 1) and code["nfe_ratio"] == 2.0
+        assert code["cache_mb"] < ar["cache_mb"] and code["weights_mb"] > ar["weights_mb"]
+        assert ar["model_mem_ratio"] == 1.0 and small["model_mem_ratio"] < 1.0
+        assert "fid_domain" in ar["quality"]
+    table = extra_markdown(doc)
+    assert table.count("\n") == 2 + len(doc["results"]) and "| code-n2 | 8 |" in table
+    assert image_suite.SAMPLING["cfg_scale"] == 2.0                     # the LlamaGen suite's recipe is untouched
+
+
+def test_unknown_methods_and_a_wrong_baseline_are_refused(pipe):
+    with pytest.raises(InputError, match="unknown next-scale method"):
+        build_image_scale_suite(quick=True, methods=[MethodSpec("ar"), MethodSpec("sjd")], pipeline=pipe)
+    with pytest.raises(InputError, match="first method"):
+        build_image_scale_suite(quick=True, methods=[MethodSpec("code", {"draft_steps": 2})], pipeline=pipe)
