@@ -8,6 +8,7 @@ one-line error everywhere.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -83,3 +84,20 @@ def check_layout(expected: Mapping[str, Tensor], state: Mapping[str, Tensor], so
     if wrong:
         raise InputError(f"{source} has {len(wrong)} tensor(s) of the wrong shape for the {layout} layout, first: "
                          f"{'; '.join(wrong[:3])}; pass the matching config")
+
+
+def write_state_dict(module: torch.nn.Module, path: str | os.PathLike, config_key: str, config: Mapping,
+                     dtype: torch.dtype | None = None) -> Path:
+    """Write `module`'s state dict (floating tensors cast to `dtype` when given): `.safetensors` with
+    `config` as JSON under `config_key` in the header, otherwise a raw torch state dict (the official
+    VAR `.pth` layout). Returns the path."""
+    path = Path(path)
+    state = {k: v.detach().to(dtype if dtype is not None and v.is_floating_point() else v.dtype).contiguous()
+             for k, v in module.state_dict().items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".safetensors":
+        from safetensors.torch import save_file
+        save_file(state, str(path), metadata={config_key: json.dumps(dict(config))})
+    else:
+        torch.save(state, path)
+    return path

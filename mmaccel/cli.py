@@ -53,6 +53,17 @@ def _labels(text: str) -> list:
     return [int(t) if t.lstrip("-").isdigit() else t for t in items]
 
 
+def _write_images(out, directory: Path) -> int:
+    """One PNG per generated image (`NNN_class<label>.png`, paths on stdout), the stats as JSON on stderr."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for i, (image, label) in enumerate(zip(out.images, out.labels)):
+        path = directory / f"{i:03d}_class{label}.png"
+        image.save(path)
+        print(path)
+    print(json.dumps(out.stats.to_dict()), file=sys.stderr)
+    return 0
+
+
 def cmd_image_generate_scale(args) -> int:
     from mmaccel.image.scale_pipeline import ScalePipeline
 
@@ -64,14 +75,7 @@ def cmd_image_generate_scale(args) -> int:
                                          num_heads=args.num_heads, device=args.device)
     out = pipe.generate(labels, args.method, draft_steps=args.draft_steps, cfg_scale=args.cfg_scale,
                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    directory = Path(args.out)
-    directory.mkdir(parents=True, exist_ok=True)
-    for i, (image, label) in enumerate(zip(out.images, out.labels)):
-        path = directory / f"{i:03d}_class{label}.png"
-        image.save(path)
-        print(path)
-    print(json.dumps(out.stats.to_dict()), file=sys.stderr)
-    return 0
+    return _write_images(out, Path(args.out))
 
 
 def cmd_image_generate(args) -> int:
@@ -84,14 +88,7 @@ def cmd_image_generate(args) -> int:
                                          cuda_graphs=args.cuda_graphs)
     out = pipe.generate(labels, args.method, cfg_scale=args.cfg_scale, temperature=args.temperature,
                         top_k=args.top_k, top_p=args.top_p, seed=args.seed, **dict(args.param))
-    directory = Path(args.out)
-    directory.mkdir(parents=True, exist_ok=True)
-    for i, (image, label) in enumerate(zip(out.images, out.labels)):
-        path = directory / f"{i:03d}_class{label}.png"
-        image.save(path)
-        print(path)
-    print(json.dumps(out.stats.to_dict()), file=sys.stderr)
-    return 0
+    return _write_images(out, Path(args.out))
 
 
 def cmd_asr_transcribe(args) -> int:

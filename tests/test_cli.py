@@ -70,6 +70,27 @@ def test_image_generate_errors_are_one_line(tmp_path, capsys, argv, match):
     assert err.startswith("mmaccel: error:") and match in err and "\n" not in err
 
 
+def test_image_generate_scale_writes_pngs_with_code(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["image", "generate-scale", "--method", "code", "--draft-steps", "7", "--labels", "0,Bag",
+                 "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.glob("*.png")) == ["000_class0.png", "001_class8.png"]
+    stats = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    assert (stats["nfe"], stats["draft_passes"], stats["new_tokens"]) == (7, 3, 2 * 680) and stats["cache_mb"] > 0
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--labels", "1", "--method", "code", "--draft-steps", "10"], "draft_steps must be an int in [1, 9]"),
+    (["--labels", "1", "--draft-steps", "3"], "draft_steps"),
+    (["--labels", "1", "--model", "/nowhere/var_d16.pth", "--vq", "/nowhere/vae.pth"], "not found"),
+    (["--labels", "1", "--top-p", "0"], "top_p"),
+])
+def test_image_generate_scale_errors_are_one_line(tmp_path, capsys, argv, match):
+    assert main(["image", "generate-scale", "--out", str(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mmaccel: error:") and match in err and "\n" not in err
+
+
 def test_asr_transcribe_prints_transcripts_and_reports_bad_files(capsys, tmp_path):
     from tests.speech.test_pipeline import FILES, LIBRIVOX
 

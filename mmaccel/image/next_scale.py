@@ -101,7 +101,7 @@ def decode_scales(model: VAR, vq: MSVQModel, labels: Tensor, sampling: ScaleSamp
     guided = sampling.cfg != 0
     rows = torch.cat((labels, null)) if guided else labels
     cond = model.class_emb(rows)
-    cache = model.new_cache(len(rows), last)
+    cache = model.new_cache(rows.shape[0], last)
     if prefix is None:
         side = vq.patch_nums[-1]
         codebook = vq.quantize.embedding.weight

@@ -113,3 +113,18 @@ def test_specialised_refiners_are_found_and_chosen(folder, tmp_path):
         pipe.generate([0], "ar", training_free=False)
     with pytest.raises(ModelNotFoundError, match="specialised"):
         ScalePipeline.from_pretrained(folder, specialised={2: tmp_path / "nope.safetensors"})
+
+
+def test_next_scale_decoding_runs_on_a_cuda_device_without_host_reads(folder):
+    """The scale loop and CoDe on the emulated GPU of tests/emulated_cuda.py: no stray CPU tensor, and the
+    host never waits inside the loop (sampling, guidance and f_hat stay on the device)."""
+    from tests.emulated_cuda import emulated_cuda
+
+    with emulated_cuda() as report:
+        pipe = ScalePipeline.from_pretrained(folder, device="cuda")
+        for method, params in (("ar", {}), ("code", {"draft_steps": 2}), ("ar-small", {})):
+            before = len(report.syncs)
+            out = pipe.generate([0, 3], method, seed=0, cfg_scale=2.0, top_k=8, top_p=0.9, **params)
+            assert out.indices[0].device.type == "cuda" and len(out.images) == 2
+            reads = report.syncs[before:]
+            assert reads == ["cpu"], (method, reads)     # the images' read-back only, nothing per scale

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mmaccel.checkpoints import check_layout, read_checkpoint, unwrap_state_dict
+from mmaccel.checkpoints import check_layout, read_checkpoint, unwrap_state_dict, write_state_dict
 from mmaccel.errors import InputError, check
 from mmaccel.image.tokenizers.msvq import VAR_PATCH_NUMS, check_patch_nums
 
@@ -364,13 +364,4 @@ def load_var(source: str | Path | Mapping, config: VARConfig | None = None, *, n
 
 def save_var(model: VAR, path: str | Path, dtype: torch.dtype | None = None) -> Path:
     """`.safetensors` (config in metadata; `dtype` e.g. fp16 for shipping) or `.pth` (official raw state dict)."""
-    path = Path(path)
-    state = {k: v.detach().to(dtype if dtype is not None and v.is_floating_point() else v.dtype).contiguous()
-             for k, v in model.state_dict().items()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix == ".safetensors":
-        from safetensors.torch import save_file
-        save_file(state, str(path), metadata={"mmaccel_var_config": json.dumps(asdict(model.config))})
-    else:
-        torch.save(state, path)
-    return path
+    return write_state_dict(model, path, "mmaccel_var_config", asdict(model.config), dtype)

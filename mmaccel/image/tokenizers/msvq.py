@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mmaccel.checkpoints import check_layout, read_checkpoint, unwrap_state_dict
+from mmaccel.checkpoints import check_layout, read_checkpoint, unwrap_state_dict, write_state_dict
 from mmaccel.errors import InputError, check
 from mmaccel.image.tokenizers.vq import Downsample, ResnetBlock, Upsample, _norm
 
@@ -435,13 +435,4 @@ def load_msvq(path_or_state: str | Path | Mapping, config: MSVQConfig | None = N
 def save_msvq(model: MSVQModel, path: str | Path, dtype: torch.dtype | None = None) -> Path:
     """Write `model` so `load_msvq(path)` restores it: `.safetensors` (config in metadata) or `.pth`
     (the official raw state dict)."""
-    path = Path(path)
-    state = {k: v.detach().to(dtype if dtype is not None and v.is_floating_point() else v.dtype).contiguous()
-             for k, v in model.state_dict().items()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix == ".safetensors":
-        from safetensors.torch import save_file
-        save_file(state, str(path), metadata={"mmaccel_msvq_config": json.dumps(asdict(model.config))})
-    else:
-        torch.save(state, path)
-    return path
+    return write_state_dict(model, path, "mmaccel_msvq_config", asdict(model.config), dtype)

@@ -7,12 +7,14 @@ import logging
 import math
 import shlex
 import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
 
+from mmaccel.image.data import load_fashion_mnist
 from mmaccel.progress import LogAboveBars
 
 logger = logging.getLogger("mmaccel.image.train")
@@ -67,3 +69,19 @@ def save_checkpoint(path: Path, model: torch.nn.Module, opt: torch.optim.Optimiz
     tmp = path.with_suffix(".tmp")
     torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "config": config}, tmp)
     tmp.replace(path)  # atomic: an interrupted write never corrupts the last checkpoint
+
+
+def cached_codes(split: str, cache: Path, source: Path, encode: Callable[[Tensor], Tensor],
+                 data_root: Path | None) -> tuple[Tensor, Tensor]:
+    """(codes int16 [N, L], labels int64 [N]) of Fashion-MNIST `split`: `encode` (uint8 images [N, 28, 28]
+    -> codes) runs once, by the tokenizer at `source`, and the result is cached at `cache`."""
+    if cache.exists():
+        data = torch.load(cache, weights_only=True)
+        return data["tokens"], data["labels"]
+    images, labels = load_fashion_mnist(split, data_root)
+    t0 = time.perf_counter()
+    tokens = encode(images)
+    logger.info("tokenised %d %s images in %.0f s -> %s", len(images), split, time.perf_counter() - t0, cache)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"tokens": tokens, "labels": labels, "vq": str(source)}, cache)
+    return tokens, labels

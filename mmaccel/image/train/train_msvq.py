@@ -31,7 +31,8 @@ from torch import Tensor
 from mmaccel.image.data import load_fashion_mnist, to_model_images
 from mmaccel.image.tokenizers.msvq import MSVQConfig, MSVQModel, load_msvq, save_msvq
 from mmaccel.image.train.common import (batch_indices, cosine_lr, read_checkpoint, restore, save_checkpoint, set_lr,
-                                       start_run)
+                                        start_run)
+from mmaccel.image.train.train_vq import save_recon_grid
 from mmaccel.progress import progress
 
 logger = logging.getLogger("mmaccel.image.train.train_msvq")
@@ -67,20 +68,6 @@ def evaluate(model: MSVQModel, images: Tensor, *, size: int, batch_size: int = 2
     return {"images": len(images), "mse_01": mse, "psnr_db": 10 * math.log10(1.0 / mse),
             "codes_used": int((counts > 0).sum()), "vocab_size": model.vocab_size,
             "code_perplexity": float(torch.exp(-(nz * nz.log()).sum()))}
-
-
-@torch.no_grad()
-def save_recon_grid(model: MSVQModel, images: Tensor, path: Path, *, size: int) -> Path:
-    """PNG: top row = `images` (uint8 [n, 28, 28]) at model resolution, bottom row = their reconstructions."""
-    import matplotlib.image
-
-    model.eval()
-    x = to_model_images(images, size)
-    recon = model.decode(model.encode(x))
-    grid = torch.cat([torch.cat(list(t[:, 0]), dim=1) for t in (x, recon)], dim=0)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    matplotlib.image.imsave(path, ((grid + 1) * 127.5).round().to(torch.uint8).numpy(), cmap="gray", vmin=0, vmax=255)
-    return path
 
 
 def config_from_args(args) -> MSVQConfig:

@@ -29,11 +29,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mmaccel.image.data import load_fashion_mnist, to_model_images
-from mmaccel.image.models.var import VAR, VARConfig, block_offsets, load_var, save_var
+from mmaccel.image.data import to_model_images
+from mmaccel.image.models.var import VAR, VARConfig, block_offsets, save_var
 from mmaccel.image.tokenizers.msvq import MSVQModel, load_msvq
-from mmaccel.image.train.common import (batch_indices, cosine_lr, read_checkpoint, restore, save_checkpoint, set_lr,
-                                       start_run)
+from mmaccel.image.train.common import (batch_indices, cached_codes, cosine_lr, read_checkpoint, restore,
+                                        save_checkpoint, set_lr, start_run)
 from mmaccel.paths import assets_dir
 from mmaccel.progress import progress
 
@@ -54,16 +54,7 @@ def tokenize(vq: MSVQModel, images: Tensor, *, batch_size: int = 500) -> Tensor:
 
 def load_pyramids(split: str, cache: Path, vq_path: Path, data_root: Path | None) -> tuple[Tensor, Tensor]:
     """(codes int16 [N, L], labels int64 [N]) of `split`, tokenised once and cached at `cache`."""
-    if cache.exists():
-        data = torch.load(cache, weights_only=True)
-        return data["tokens"], data["labels"]
-    images, labels = load_fashion_mnist(split, data_root)
-    t0 = time.perf_counter()
-    tokens = tokenize(load_msvq(vq_path), images)
-    logger.info("tokenised %d %s images in %.0f s -> %s", len(images), split, time.perf_counter() - t0, cache)
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"tokens": tokens, "labels": labels, "vq": str(vq_path)}, cache)
-    return tokens, labels
+    return cached_codes(split, cache, vq_path, lambda images: tokenize(load_msvq(vq_path), images), data_root)
 
 
 def split_scales(tokens: Tensor, patch_nums) -> list[Tensor]:
