@@ -194,10 +194,13 @@ def _bench_image_fid(args) -> int:
     if samples < 2:
         raise InputError(f"--samples must be >= 2, got {samples}")
     methods = _method_specs(args.methods) or DEFAULT_METHODS
-    doc = run_image_fid(methods, samples, log=lambda m: print(m, file=sys.stderr))
-    doc["command"] = " ".join(["mmaccel bench image-fid"] + ([f"--methods {args.methods}"] if args.methods else [])
+    model = args.model or "builtin:fashion-mnist"
+    doc = run_image_fid(methods, samples, log=lambda m: print(m, file=sys.stderr), model=model)
+    doc["command"] = " ".join(["mmaccel bench image-fid"] + ([f"--model {args.model}"] if args.model else [])
+                              + ([f"--methods {args.methods}"] if args.methods else [])
                               + ([f"--samples {args.samples}"] if args.samples is not None else []))
-    out = Path(args.out) if args.out else Path("benchmarks") / "image_fid.json"
+    default_out = "image_fid.json" if model == "builtin:fashion-mnist" else "image-scale_fid.json"
+    out = Path(args.out) if args.out else Path("benchmarks") / default_out
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
     out.with_suffix(".md").write_text(f"# Benchmark `image-fid`\n\n`{doc['command']}`\n\n"
@@ -434,7 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--model", default=None, help="asr suite: builtin:base (default), builtin:tiny.en or a Whisper directory; "
                    "video suite: builtin:moving-fashion (default) or a Qwen-VL directory with words.json; "
                    "ctc suite: builtin:ctc-base (default), a WhisperCTC or a Wav2Vec2ForCTC directory; "
-                   "asr-nar suite: builtin:whisfusion-tiny.en (default) or a Whisfusion directory")
+                   "asr-nar suite: builtin:whisfusion-tiny.en (default) or a Whisfusion directory; "
+                   "image-fid: builtin:fashion-mnist (default) or builtin:fashion-mnist-var (the image-scale samples)")
     b.add_argument("--split", default=None, choices=("in-domain", "ood"),
                    help="speech suites (asr, asr-nar, ctc): the held-out in-domain set (default) or the out-of-domain one")
     b.add_argument("--heads", default=None,

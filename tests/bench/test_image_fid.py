@@ -15,7 +15,7 @@ from mmaccel.metrics import fid
 def test_scores_each_method_against_one_reference(monkeypatch, tmp_path):
     calls = []
 
-    def fake_features(pipe, spec, count, log=print):
+    def fake_features(pipe, spec, count, log=print, sampling=None):
         calls.append((spec.key, count))
         g = torch.Generator().manual_seed(len(calls))
         return torch.randn(count, 8, generator=g) + (0.5 if spec.key != "ar" else 0.0)
@@ -44,3 +44,22 @@ def test_bad_options_are_refused(capsys):
     assert main(["bench", "image-fid", "--samples", "1"]) == 2
     with pytest.raises(Exception):
         image_fid.run_image_fid([MethodSpec("sjd")], samples=10)
+
+
+def test_scores_the_next_scale_samples_with_their_recipe(monkeypatch):
+    from mmaccel.image.scale_pipeline import SCALE_SAMPLING, ScalePipeline
+
+    seen = []
+
+    def fake_features(pipe, spec, count, log=print, sampling=None):
+        seen.append((type(pipe).__name__, spec.key, sampling))
+        return torch.randn(count, 8, generator=torch.Generator().manual_seed(len(seen)))
+
+    monkeypatch.setattr(image_fid, "quality_inception_features", fake_features)
+    monkeypatch.setattr(fid, "reference_stats", lambda *a, **k: (torch.zeros(8).double(), torch.eye(8).double()))
+    doc = image_fid.run_image_fid([MethodSpec("ar"), MethodSpec("code", {"draft_steps": 6}, label="code-n6")],
+                                  samples=100, log=lambda m: None, model="builtin:fashion-mnist-var")
+    assert seen == [(ScalePipeline.__name__, "ar", SCALE_SAMPLING), (ScalePipeline.__name__, "code-n6", SCALE_SAMPLING)]
+    assert [r["lossless"] for r in doc["results"]] == [True, False] and doc["config"]["sampling"] == SCALE_SAMPLING
+    with pytest.raises(Exception, match="image-fid scores"):
+        image_fid.run_image_fid([MethodSpec("ar")], samples=10, model="builtin:imagenet")

@@ -87,12 +87,14 @@ def test_mismatched_parts_and_missing_files(folder, tmp_path):
         ScalePipeline.from_pretrained("builtin:imagenet-var")
 
 
-@pytest.mark.skipif(not all(p.is_file() for p in BUILTIN_SCALE_FILES.values()), reason="built-in files not shipped")
-def test_builtin_generates_every_class():
+def test_builtin_generates_every_class_with_both_refiners():
+    assert all(p.is_file() for p in BUILTIN_SCALE_FILES.values())
     pipe = ScalePipeline.from_pretrained(BUILTIN_SCALE)
-    out = pipe.generate(list(range(10)), "code", seed=0)
-    assert len(out.images) == 10 and out.images[0].size == (64, 64)
-    assert out.stats.nfe + out.stats.draft_passes == 10
+    assert sorted(pipe.specialised) == [6] and pipe.class_names[7] == "Sneaker"
+    for training_free in (True, False):
+        out = pipe.generate(list(range(10)), "code", seed=0, training_free=training_free)
+        assert len(out.images) == 10 and out.images[0].size == (64, 64)
+        assert (out.stats.nfe, out.stats.draft_passes) == (6, 4)
 
 
 def test_specialised_refiners_are_found_and_chosen(folder, tmp_path):

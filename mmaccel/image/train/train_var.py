@@ -111,7 +111,7 @@ def train(args) -> VAR:
     logger.info("config %s, %.3f M parameters", config, sum(p.numel() for p in model.parameters()) / 1e6)
     lr_at = partial(cosine_lr, lr=args.lr, warmup=args.warmup, steps=args.steps)
     model.train()
-    window, t0 = [], time.perf_counter()
+    window, t0, result = [], time.perf_counter(), None
     bar = progress(desc="train VAR", total=args.steps, initial=step, unit="step")
     while step < args.steps:
         idx = batch_indices(len(tokens), args.batch_size, args.seed, step)
@@ -134,10 +134,12 @@ def train(args) -> VAR:
         if step % args.ckpt_every == 0 or step == args.steps:
             save_checkpoint(ckpt_path, model, opt, step, asdict(config))
         if step % args.eval_every == 0 or step == args.steps:
-            logger.info("held-out at step %d: %s", step, json.dumps(held_out(model, vq, test_tokens, test_labels)))
+            result = held_out(model, vq, test_tokens, test_labels)
+            logger.info("held-out at step %d: %s", step, json.dumps(result))
     bar.close()
     model.eval()
-    result = held_out(model, vq, test_tokens, test_labels)
+    if result is None:            # nothing trained in this run
+        result = held_out(model, vq, test_tokens, test_labels)
     result.update(steps=args.steps, config=asdict(config), images=len(test_tokens))
     (args.out / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
     return model.eval()
