@@ -2,6 +2,7 @@
 less KV cache, the memory table."""
 
 import pytest
+import torch
 
 from mmaccel.bench.harness import MethodSpec, run_suite, validate_document
 from mmaccel.bench.image_scale import build_image_scale_suite, extra_markdown
@@ -30,9 +31,12 @@ def test_quick_suite_writes_valid_rows_with_memory(pipe, monkeypatch):
     import mmaccel.metrics.fid as fid
 
     # the tiny tokenizer makes 16x16 images: score them with stand-ins for the 64x64 extractors
-    monkeypatch.setattr(fid, "extract_features", lambda images, extractor="domain", **k: images.mean((1, 2, 3))[:, None].repeat(1, 4).double() + images.flatten(1)[:, :4].double())
-    monkeypatch.setattr(fid, "reference_stats", lambda *a, **k: (fid.torch.zeros(4, dtype=fid.torch.float64), fid.torch.eye(4, dtype=fid.torch.float64)))
-    monkeypatch.setattr(domain, "classify", lambda pixels: fid.torch.zeros(len(pixels), dtype=fid.torch.long))
+    def features(images, extractor="domain", **kwargs):
+        return images.flatten(1)[:, :4].double() + images.mean((1, 2, 3))[:, None].double()
+
+    monkeypatch.setattr(fid, "extract_features", features)
+    monkeypatch.setattr(fid, "reference_stats", lambda *a, **k: (torch.zeros(4).double(), torch.eye(4).double()))
+    monkeypatch.setattr(domain, "classify", lambda pixels: torch.zeros(len(pixels), dtype=torch.long))
     suite = build_image_scale_suite(quick=True, methods=METHODS, pipeline=pipe, log=lambda m: None)
     doc = run_suite(suite, log=lambda m: None)
     validate_document(doc)

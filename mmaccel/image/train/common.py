@@ -3,6 +3,7 @@ resumable checkpoints (`<out>/ckpt.pt`, written atomically)."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import math
 import shlex
@@ -85,3 +86,21 @@ def cached_codes(split: str, cache: Path, source: Path, encode: Callable[[Tensor
     cache.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"tokens": tokens, "labels": labels, "vq": str(source)}, cache)
     return tokens, labels
+
+
+def run_arguments(description: str, *, steps: int, batch_size: int, lr: float, warmup: int, ckpt_every: int,
+                  export_help: str) -> argparse.ArgumentParser:
+    """A trainer's parser with the options every image trainer shares: --out, --export, --steps,
+    --batch-size, --lr, --warmup, --seed, --threads, --ckpt-every, --data-root."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--out", type=Path, required=True, help="work directory (ckpt.pt, train.log, eval.json)")
+    p.add_argument("--export", type=Path, default=None, help=export_help)
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--batch-size", type=int, default=batch_size)
+    p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--warmup", type=int, default=warmup)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--ckpt-every", type=int, default=ckpt_every)
+    p.add_argument("--data-root", type=Path, default=None, help="Fashion-MNIST directory (default: Debian package)")
+    return p

@@ -14,7 +14,6 @@ Resumable (`<out>/ckpt.pt`); the held-out loss of both models on scales N..K-1 g
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import sys
@@ -28,8 +27,8 @@ from torch import Tensor
 
 from mmaccel.image.models.var import VAR, load_var, save_var
 from mmaccel.image.tokenizers.msvq import MSVQModel, load_msvq
-from mmaccel.image.train.common import (batch_indices, cosine_lr, read_checkpoint, restore, save_checkpoint, set_lr,
-                                       start_run)
+from mmaccel.image.train.common import (batch_indices, cosine_lr, read_checkpoint, restore, run_arguments,
+                                        save_checkpoint, set_lr, start_run)
 from mmaccel.image.train.train_var import DEFAULT_MSVQ, load_pyramids, split_scales
 from mmaccel.progress import progress
 
@@ -74,26 +73,16 @@ def held_out(student: VAR, teacher: VAR, vq: MSVQModel, tokens: Tensor, labels: 
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--out", type=Path, required=True)
+    p = run_arguments(__doc__.split("\n\n")[0], steps=400, batch_size=16, lr=3e-4, warmup=20,
+                      ckpt_every=50, export_help="write the refiner here (.safetensors, fp16)")
     p.add_argument("--teacher", type=Path, required=True, help="the large VAR (CoDe's drafter)")
     p.add_argument("--student", type=Path, required=True, help="the small VAR to specialise (CoDe's refiner)")
     p.add_argument("--draft-steps", type=int, required=True, help="N: the refiner draws scales N..K-1")
-    p.add_argument("--export", type=Path, default=None, help="write the refiner here (.safetensors, fp16)")
     p.add_argument("--vq", type=Path, default=DEFAULT_MSVQ)
     p.add_argument("--alpha", type=float, default=0.5, help="weight of the ground-truth cross-entropy")
-    p.add_argument("--steps", type=int, default=400)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--class-dropout", type=float, default=0.1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--ckpt-every", type=int, default=50)
     p.add_argument("--log-every", type=int, default=25)
     p.add_argument("--eval-images", type=int, default=1000)
-    p.add_argument("--data-root", type=Path, default=None)
     args = p.parse_args(argv)
     start_run(args.out, args.threads, "mmaccel.image.train.train_code", argv)
     vq, teacher, student = load_msvq(args.vq), load_var(args.teacher), load_var(args.student)

@@ -14,7 +14,6 @@ Resumable: `<out>/ckpt.pt` every `--ckpt-every` steps; the test-split evaluation
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
@@ -30,8 +29,8 @@ from torch import Tensor
 
 from mmaccel.image.data import load_fashion_mnist, to_model_images
 from mmaccel.image.tokenizers.msvq import MSVQConfig, MSVQModel, load_msvq, save_msvq
-from mmaccel.image.train.common import (batch_indices, cosine_lr, read_checkpoint, restore, save_checkpoint, set_lr,
-                                        start_run)
+from mmaccel.image.train.common import (batch_indices, cosine_lr, read_checkpoint, restore, run_arguments,
+                                        save_checkpoint, set_lr, start_run)
 from mmaccel.image.train.train_vq import save_recon_grid
 from mmaccel.progress import progress
 
@@ -130,23 +129,13 @@ def train(args) -> MSVQModel:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--out", type=Path, required=True, help="work directory (ckpt.pt, train.log, eval.json)")
-    p.add_argument("--export", type=Path, default=None, help="write the trained tokenizer here (.safetensors)")
+    p = run_arguments(__doc__.split("\n\n")[0], steps=1200, batch_size=32, lr=1e-3, warmup=50,
+                      ckpt_every=100, export_help="write the trained tokenizer here (.safetensors)")
     p.add_argument("--recon-png", type=Path, default=None, help="write 16 test images vs reconstructions here")
-    p.add_argument("--steps", type=int, default=1200)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--beta", type=float, default=0.25, help="commitment weight (VAR default)")
     p.add_argument("--l1-weight", type=float, default=0.2)
     p.add_argument("--restart-every", type=int, default=50, help="restart codes unused for this many steps")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--ckpt-every", type=int, default=100)
     p.add_argument("--size", type=int, default=64, help="training resolution (pixels per side)")
-    p.add_argument("--data-root", type=Path, default=None, help="Fashion-MNIST directory (default: Debian package)")
     p.add_argument("--eval-limit", type=int, default=0, help="evaluate on the first N test images (0 = all)")
     g = p.add_argument_group("tokenizer size (MSVQConfig)")
     g.add_argument("--vocab-size", type=int, default=512)

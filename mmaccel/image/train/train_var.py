@@ -16,7 +16,6 @@ scale too) goes to `<out>/eval.json`.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import sys
@@ -32,7 +31,7 @@ from torch import Tensor
 from mmaccel.image.data import to_model_images
 from mmaccel.image.models.var import VAR, VARConfig, block_offsets, save_var
 from mmaccel.image.tokenizers.msvq import MSVQModel, load_msvq
-from mmaccel.image.train.common import (batch_indices, cached_codes, cosine_lr, read_checkpoint, restore,
+from mmaccel.image.train.common import (batch_indices, cached_codes, cosine_lr, read_checkpoint, restore, run_arguments,
                                         save_checkpoint, set_lr, start_run)
 from mmaccel.paths import assets_dir
 from mmaccel.progress import progress
@@ -146,26 +145,16 @@ def train(args) -> VAR:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--out", type=Path, required=True, help="work directory (ckpt.pt, train.log, eval.json)")
-    p.add_argument("--export", type=Path, default=None, help="write the trained model here (.safetensors, fp16)")
+    p = run_arguments(__doc__.split("\n\n")[0], steps=3000, batch_size=32, lr=1e-3, warmup=100,
+                      ckpt_every=100, export_help="write the trained model here (.safetensors, fp16)")
     p.add_argument("--vq", type=Path, default=DEFAULT_MSVQ, help="the multi-scale tokenizer")
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--steps", type=int, default=3000)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--class-dropout", type=float, default=0.1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--ckpt-every", type=int, default=100)
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--eval-every", type=int, default=500)
     p.add_argument("--eval-images", type=int, default=2000)
-    p.add_argument("--data-root", type=Path, default=None, help="Fashion-MNIST directory (default: Debian package)")
     return p.parse_args(argv)
 
 

@@ -17,7 +17,6 @@ command continues from it (the batch of step s depends only on `--seed` and s). 
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
@@ -33,8 +32,8 @@ from torch import Tensor
 
 from mmaccel.image.data import load_fashion_mnist, to_model_images
 from mmaccel.image.tokenizers.vq import VQConfig, VQModel, load_vq, save_vq
-from mmaccel.image.train.common import (batch_indices, cosine_lr, read_checkpoint, restore, save_checkpoint, set_lr,
-                                       start_run)
+from mmaccel.image.train.common import (batch_indices, cosine_lr, read_checkpoint, restore, run_arguments,
+                                        save_checkpoint, set_lr, start_run)
 from mmaccel.progress import progress
 
 logger = logging.getLogger("mmaccel.image.train.train_vq")
@@ -161,23 +160,13 @@ def train(args) -> VQModel:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--out", type=Path, required=True, help="work directory (ckpt.pt, train.log, eval.json)")
-    p.add_argument("--export", type=Path, default=None, help="write the trained tokenizer here (.safetensors)")
+    p = run_arguments(__doc__.split("\n\n")[0], steps=900, batch_size=32, lr=1e-3, warmup=50,
+                      ckpt_every=100, export_help="write the trained tokenizer here (.safetensors)")
     p.add_argument("--recon-png", type=Path, default=None, help="write 16 test images vs reconstructions here")
-    p.add_argument("--steps", type=int, default=900)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--beta", type=float, default=0.25, help="commitment weight (LlamaGen default)")
     p.add_argument("--l1-weight", type=float, default=0.2)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--ckpt-every", type=int, default=100)
     p.add_argument("--log-every", type=int, default=20)
     p.add_argument("--size", type=int, default=64, help="training resolution (pixels per side)")
-    p.add_argument("--data-root", type=Path, default=None, help="Fashion-MNIST directory (default: Debian package)")
     p.add_argument("--train-limit", type=int, default=0, help="use only the first N training images (0 = all)")
     p.add_argument("--eval-limit", type=int, default=0, help="evaluate on the first N test images (0 = all)")
     p.add_argument("--no-eval", action="store_true")
