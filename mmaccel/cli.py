@@ -199,7 +199,8 @@ def _bench_image_fid(args) -> int:
     doc["command"] = " ".join(["mmaccel bench image-fid"] + ([f"--model {args.model}"] if args.model else [])
                               + ([f"--methods {args.methods}"] if args.methods else [])
                               + ([f"--samples {args.samples}"] if args.samples is not None else []))
-    default_out = "image_fid.json" if model == "builtin:fashion-mnist" else "image-scale_fid.json"
+    default_out = {"builtin:fashion-mnist": "image_fid.json", "builtin:fashion-mnist-sjd2": "image-sjd2_fid.json"}.get(
+        model, "image-scale_fid.json")
     out = Path(args.out) if args.out else Path("benchmarks") / default_out
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
@@ -341,7 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
     image_sub = image.add_subparsers(dest="image_command", required=True)
     ig = image_sub.add_parser("generate", help="generate one PNG per class label")
     ig.add_argument("--model", default="builtin:fashion-mnist",
-                    help="builtin:fashion-mnist, a directory with gpt.* and vq.*, or a GPT checkpoint (with --vq)")
+                    help="builtin:fashion-mnist, builtin:fashion-mnist-sjd2 (the GPT fine-tuned for SJD2), a directory "
+                    "with gpt.* and vq.*, or a GPT checkpoint (with --vq)")
     ig.add_argument("--vq", default=None, help="tokenizer checkpoint when --model is a GPT file")
     ig.add_argument("--draft", default="builtin", help="drafter checkpoint, 'builtin' or 'none'")
     ig.add_argument("--method", default="ar")
@@ -438,7 +440,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "video suite: builtin:moving-fashion (default) or a Qwen-VL directory with words.json; "
                    "ctc suite: builtin:ctc-base (default), a WhisperCTC or a Wav2Vec2ForCTC directory; "
                    "asr-nar suite: builtin:whisfusion-tiny.en (default) or a Whisfusion directory; "
-                   "image-fid: builtin:fashion-mnist (default) or builtin:fashion-mnist-var (the image-scale samples)")
+                   "image suite: builtin:fashion-mnist (default) or builtin:fashion-mnist-sjd2 (the GPT fine-tuned "
+                   "for SJD2); image-fid: those two or builtin:fashion-mnist-var (the image-scale samples)")
     b.add_argument("--split", default=None, choices=("in-domain", "ood"),
                    help="speech suites (asr, asr-nar, ctc): the held-out in-domain set (default) or the out-of-domain one")
     b.add_argument("--heads", default=None,

@@ -16,7 +16,8 @@ from typing import Callable
 import torch
 
 from mmaccel.bench.harness import MethodSpec
-from mmaccel.bench.image_suite import FULL_INCEPTION_REFERENCE, FULL_SAMPLES, quality_inception_features
+from mmaccel.bench.image_suite import (FULL_INCEPTION_REFERENCE, FULL_SAMPLES, MODEL_DESCRIPTIONS,
+                                       quality_inception_features)
 from mmaccel.errors import check
 from mmaccel.image.methods import build_image_method
 
@@ -25,18 +26,19 @@ BOOTSTRAP_ROUNDS = 5
 
 def run_image_fid(methods: list[MethodSpec], samples: int = FULL_SAMPLES, log: Callable[[str], None] = print,
                   model: str = "builtin:fashion-mnist") -> dict:
-    """`model`: the LlamaGen GPT ("builtin:fashion-mnist", the `bench image` samples) or the next-scale
+    """`model`: the LlamaGen GPT ("builtin:fashion-mnist", the `bench image` samples; "-sjd2": the GPT
+    fine-tuned for SJD2, the `bench image --model builtin:fashion-mnist-sjd2` samples) or the next-scale
     VARs ("builtin:fashion-mnist-var", the `bench image-scale` samples)."""
-    from mmaccel.image.pipeline import BUILTIN, ImagePipeline
+    from mmaccel.image.pipeline import BUILTIN, BUILTIN_SJD2, ImagePipeline
     from mmaccel.image.scale_pipeline import BUILTIN_SCALE, SCALE_SAMPLING, ScalePipeline
     from mmaccel.metrics.fid import bootstrap_std, feature_stats, frechet_distance, reference_stats
 
     check(methods and methods[0].key == "ar", "the first method must be the AR baseline")
     check(samples >= 2, f"samples must be >= 2, got {samples}")
-    check(model in (BUILTIN, BUILTIN_SCALE), f"image-fid scores {BUILTIN} or {BUILTIN_SCALE}, got {model!r}")
-    if model == BUILTIN:
-        pipe, sampling, description = ImagePipeline.from_pretrained(), None, \
-            "Fashion-MNIST LlamaGen GPT-micro (mmaccel/assets/fashion_gpt.safetensors)"
+    check(model in (BUILTIN, BUILTIN_SJD2, BUILTIN_SCALE),
+          f"image-fid scores {BUILTIN}, {BUILTIN_SJD2} or {BUILTIN_SCALE}, got {model!r}")
+    if model in (BUILTIN, BUILTIN_SJD2):
+        pipe, sampling, description = ImagePipeline.from_pretrained(model), None, MODEL_DESCRIPTIONS[model]
 
         def lossless(spec: MethodSpec) -> bool:
             return build_image_method(spec.name, **spec.params).lossless

@@ -30,6 +30,7 @@ from typing import Any, Callable
 import torch
 
 from mmaccel.bench.harness import MethodSpec, Suite
+from mmaccel.errors import check
 from mmaccel.image.methods import build_image_method
 from mmaccel.paths import default_cache_dir
 from mmaccel.progress import bars_cleared, progress
@@ -40,6 +41,11 @@ QUALITY_SEED = 10_000
 FULL_SAMPLES = 5008          # quality samples per method in the full run
 FULL_INCEPTION_REFERENCE = 5000   # from this many Inception samples on, the reference is the whole test split
 TIMED_IMAGES = {1: 16, 16: 160}
+MODEL_DESCRIPTIONS = {
+    "builtin:fashion-mnist": "Fashion-MNIST LlamaGen GPT-micro (mmaccel/assets/fashion_gpt.safetensors) + fashion_vq",
+    "builtin:fashion-mnist-sjd2": "Fashion-MNIST LlamaGen GPT-micro fine-tuned for SJD2 "
+                                  "(mmaccel/assets/fashion_gpt_sjd2.safetensors) + fashion_vq",
+}
 
 DEFAULT_METHODS = [
     MethodSpec("ar"),
@@ -61,15 +67,19 @@ DEMO_METHODS = [spec for spec in DEFAULT_METHODS if spec.key in ("ar", "speculat
 def build_image_suite(quick: bool = False, methods: list[MethodSpec] | None = None, pipeline=None,
                       samples: int | None = None, inception_samples: int | None = None,
                       cache_dir: str | Path | None = None, log: Callable[[str], None] = print,
-                      device: str | None = None, cuda_graphs: bool = False, *, name: str = "image",
+                      device: str | None = None, cuda_graphs: bool = False, model: str | None = None, *,
+                      name: str = "image",
                       sampling: dict[str, Any] | None = None, lossless: Callable[[MethodSpec], bool] | None = None,
                       timed: dict[int, int] | None = None, describe: dict[str, Any] | None = None) -> Suite:
     """The image suite; the next-scale suite (`image_scale.py`) reuses it with its own pipeline (`pipeline`,
     anything with the `ImagePipeline` generate/decode_pixels/fingerprint interface), `sampling` recipe,
-    `lossless` claims, timed batch sizes and `describe` (the model part of the config)."""
-    from mmaccel.image.pipeline import ImagePipeline
+    `lossless` claims, timed batch sizes and `describe` (the model part of the config). `model`: a built-in
+    image model (`MODEL_DESCRIPTIONS`; "builtin:fashion-mnist-sjd2" has the GPT fine-tuned for SJD2)."""
+    from mmaccel.image.pipeline import BUILTIN, ImagePipeline
 
-    pipe = pipeline or ImagePipeline.from_pretrained("builtin:fashion-mnist", device=device, cuda_graphs=cuda_graphs)
+    model = model or BUILTIN
+    check(model in MODEL_DESCRIPTIONS, f"bench image runs {' or '.join(MODEL_DESCRIPTIONS)}, got {model!r}")
+    pipe = pipeline or ImagePipeline.from_pretrained(model, device=device, cuda_graphs=cuda_graphs)
     sampling = SAMPLING if sampling is None else sampling
     lossless = lossless or (lambda spec: build_image_method(spec.name, **spec.params).lossless)
     classes = pipe.model.num_classes
@@ -134,7 +144,7 @@ def build_image_suite(quick: bool = False, methods: list[MethodSpec] | None = No
         return scored[spec.key]
 
     if describe is None:
-        describe = {"model": "Fashion-MNIST LlamaGen GPT-micro (mmaccel/assets/fashion_gpt.safetensors) + fashion_vq",
+        describe = {"model": MODEL_DESCRIPTIONS[model],
                     "drafter": "GPT-nano (mmaccel/assets/fashion_gpt_draft.safetensors)",
                     "grid": f"{pipe.grid}x{pipe.grid} tokens"}
     config = {**describe, "sampling": sampling, "batch_sizes": list(counts),

@@ -76,7 +76,8 @@ class Method:
 _NEEDS = {"draft": "a draft model", "heads": "trained Medusa heads", "latents": "token latents (a codebook)",
           "exit_heads": "trained early-exit heads", "medusa_block": "a trained Medusa block",
           "eagle": "a trained EAGLE head",
-          "assistant": "an assistant model (another tokenizer)"}
+          "assistant": "an assistant model (another tokenizer)",
+          "embeddings": "a model that reads input embeddings (the LlamaGen GPT)"}
 
 
 def _need(resources: Resources, attr: str, method: str):

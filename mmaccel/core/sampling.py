@@ -193,13 +193,15 @@ class CFG:
         return u + self.scale * (c - u)
 
     def step(self, state: CFGState, tokens: Tensor, positions: Tensor | None = None,
-             tree_mask: Tensor | None = None) -> Tensor:
+             tree_mask: Tensor | None = None, **inputs: Tensor) -> Tensor:
+        """One guided step; `inputs` (a model's extra per-token inputs, e.g. `embeds`) are doubled like the tokens."""
         if positions is not None:  # explicit positions are given for the conditional rows
             shift = (state.inner.lengths[state.batch_size :] - state.lengths).to(positions.device)
             positions = torch.cat([positions, positions + shift[:, None]])
         if tree_mask is not None and tree_mask.shape[0] > 1:
             tree_mask = torch.cat([tree_mask, tree_mask])
-        logits = self.model.step(state.inner, torch.cat([tokens, tokens]), positions, tree_mask)
+        extra = {name: torch.cat([x, x]) for name, x in inputs.items()}
+        logits = self.model.step(state.inner, torch.cat([tokens, tokens]), positions, tree_mask, **extra)
         if state.inner.hidden is not None:
             state.hidden = state.inner.hidden[: state.batch_size]
         return self._mix(logits)

@@ -76,7 +76,8 @@ class ScalePrefix:
         return len(self.indices)
 
 
-def _check_pair(model: VAR, vq: MSVQModel) -> None:
+def check_pair(model: VAR, vq: MSVQModel) -> None:
+    """A VAR and a tokenizer trained together: same code count, code width and scale schedule."""
     c = model.config
     check(c.vocab_size == vq.vocab_size and c.z_channels == vq.config.z_channels,
           f"the VAR reads {c.vocab_size} codes of width {c.z_channels} but the tokenizer has {vq.vocab_size} of width "
@@ -91,7 +92,7 @@ def decode_scales(model: VAR, vq: MSVQModel, labels: Tensor, sampling: ScaleSamp
                   stats: DecodeStats | None = None) -> tuple[ScalePrefix, int]:
     """Draw scales `prefix.scales`..`last`-1 with `model`; returns (the extended prefix, the KV-cache
     bytes this call allocated). `labels` [B]; passes are added to `stats.nfe`."""
-    _check_pair(model, vq)
+    check_pair(model, vq)
     K = len(model.patch_nums)
     last = K if last is None else last
     first = 0 if prefix is None else prefix.scales
@@ -135,8 +136,8 @@ def decode_scales(model: VAR, vq: MSVQModel, labels: Tensor, sampling: ScaleSamp
 
 def check_code_pair(drafter: VAR, refiner: VAR, vq: MSVQModel, draft_steps: int) -> None:
     """CoDe needs two VARs of one tokenizer and a hand-off scale within the schedule."""
-    _check_pair(drafter, vq)
-    _check_pair(refiner, vq)
+    check_pair(drafter, vq)
+    check_pair(refiner, vq)
     check(drafter.num_classes == refiner.num_classes,
           f"the drafter has {drafter.num_classes} classes but the refiner {refiner.num_classes}")
     K = len(vq.patch_nums)

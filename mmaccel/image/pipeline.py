@@ -23,13 +23,15 @@ from mmaccel.devices import check_same_device, resolve_device, resolve_dtype, us
 from mmaccel.errors import InputError, ModelNotFoundError, check
 from mmaccel.image.methods import build_image_method
 from mmaccel.image.models.gpt import LlamaGenGPT, load_gpt
+from mmaccel.image.sjd2 import embedding_scale
 from mmaccel.image.tokenizers.vq import VQModel, load_vq
 from mmaccel.paths import assets_dir
 
 BUILTIN = "builtin:fashion-mnist"
+BUILTIN_SJD2 = "builtin:fashion-mnist-sjd2"     # the same with the GPT fine-tuned for SJD2
 ASSETS = assets_dir()
 BUILTIN_FILES = {"gpt": ASSETS / "fashion_gpt.safetensors", "vq": ASSETS / "fashion_vq.safetensors",
-                 "draft": ASSETS / "fashion_gpt_draft.safetensors"}
+                 "draft": ASSETS / "fashion_gpt_draft.safetensors", "gpt_sjd2": ASSETS / "fashion_gpt_sjd2.safetensors"}
 FASHION_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
                    "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
 CHECKPOINT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
@@ -71,7 +73,8 @@ class ImagePipeline:
     def from_pretrained(cls, name_or_path: str | Path = BUILTIN, *, vq: str | Path | None = None,
                         draft: str | Path | None = "builtin", device: str | torch.device | None = None,
                         dtype: str | torch.dtype | None = None, cuda_graphs: bool = False) -> "ImagePipeline":
-        """`"builtin:fashion-mnist"` (the shipped Fashion-MNIST GPT, tokenizer and drafter), a directory
+        """`"builtin:fashion-mnist"` (the shipped Fashion-MNIST GPT, tokenizer and drafter;
+        `"builtin:fashion-mnist-sjd2"`: with the GPT fine-tuned for SJD2 as the target), a directory
         holding `gpt.*` and `vq.*` (and optionally `draft.*`) checkpoints, or a GPT checkpoint file
         (an official `c2i_*.pt` too) with `vq=` its tokenizer (`vq_ds16_c2i.pt`). `draft` is a drafter
         checkpoint, "builtin" (the directory's or built-in one, if any) or None. `device`: cpu (default),
@@ -82,15 +85,17 @@ class ImagePipeline:
         use_cuda_graphs(cuda_graphs, device)
         name = str(name_or_path)
         names = None
-        if name == BUILTIN:
-            gpt_path, vq_path, draft_path = BUILTIN_FILES["gpt"], BUILTIN_FILES["vq"], BUILTIN_FILES["draft"]
+        if name in (BUILTIN, BUILTIN_SJD2):
+            gpt_path = BUILTIN_FILES["gpt" if name == BUILTIN else "gpt_sjd2"]
+            vq_path, draft_path = BUILTIN_FILES["vq"], BUILTIN_FILES["draft"]
             names = FASHION_CLASSES
             missing = [str(p) for p in (gpt_path, vq_path) if not p.is_file()]
             if missing:
                 raise ModelNotFoundError(f"the built-in model files are missing: {', '.join(missing)} "
                                          "(reinstall mmaccel, or train them: see mmaccel/assets/README.md)")
         elif name.startswith("builtin:"):
-            raise ModelNotFoundError(f"unknown built-in image model {name!r}; the built-in one is {BUILTIN!r}")
+            raise ModelNotFoundError(f"unknown built-in image model {name!r}; the built-in ones are {BUILTIN!r} and "
+                                     f"{BUILTIN_SJD2!r}")
         else:
             path = Path(name)
             if path.is_dir():
@@ -108,6 +113,8 @@ class ImagePipeline:
             draft_path = Path(draft)
         elif draft is None:
             draft_path = None
+        if name == BUILTIN_SJD2 and dtype is None:
+            dtype = torch.float32                                 # shipped in fp16, run as the benchmarks ran it
         model = load_gpt(gpt_path, dtype=dtype)
         tokenizer = load_vq(vq_path)
         drafter = load_gpt(draft_path, dtype=dtype) if draft_path is not None and Path(draft_path).exists() else None
@@ -142,7 +149,8 @@ class ImagePipeline:
         draft = None
         if self.draft is not None:
             draft = wrap(self.draft) if guided and self.draft.config.has_null_class else self.draft
-        return Resources(model=wrap(self.model), draft=draft, latents=self.vq.codebook), guided
+        extras = {"embeddings": self.model.tok_embeddings.weight, "embedding_scale": embedding_scale(self.model)}
+        return Resources(model=wrap(self.model), draft=draft, latents=self.vq.codebook, extras=extras), guided
 
     # ---- generation ---------------------------------------------------------------------------
 

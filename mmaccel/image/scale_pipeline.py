@@ -32,7 +32,7 @@ from mmaccel.core.stats import DecodeStats, track_peak_memory
 from mmaccel.devices import check_same_device, resolve_device, resolve_dtype
 from mmaccel.errors import InputError, ModelNotFoundError, check
 from mmaccel.image.models.var import VAR, load_var
-from mmaccel.image.next_scale import ScaleSampling, check_code_pair, collaborative_decode, decode_scales
+from mmaccel.image.next_scale import ScaleSampling, check_code_pair, check_pair, collaborative_decode, decode_scales
 from mmaccel.image.pipeline import CHECKPOINT_SUFFIXES, FASHION_CLASSES, check_labels, to_pil
 from mmaccel.image.tokenizers.msvq import MSVQModel, load_msvq
 from mmaccel.paths import assets_dir
@@ -83,7 +83,7 @@ class ScalePipeline:
         if refiner is not None:
             check_code_pair(model, refiner, vq, 1)   # same tokenizer, schedule and classes
         else:
-            check_code_pair(model, model, vq, 1)
+            check_pair(model, vq)
         self.model, self.vq = model.eval(), vq.eval()
         self.refiner = None if refiner is None else refiner.eval()
         self.specialised = {}

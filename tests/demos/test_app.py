@@ -2,8 +2,6 @@
 
 import socket
 
-import pytest
-
 from demos import app
 
 

@@ -14,7 +14,7 @@ V, C, GRID = 64, 10, 4
 PARAMS = {"speculative": {"k": 3}, "tree": {"depth": 2, "width": 2}, "sjd": {"window": 3},
           "sjd-coupled": {"window": 3}, "lantern": {"k": 3, "neighbours": 8, "delta": 0.2},
           "gsd": {"window": 3, "p_threshold": 0.3, "d_threshold": 4.0}, "zipar": {"s": 2, "window": 1},
-          "early-exit": {"k": 2, "exit_layer": 1}}
+          "early-exit": {"k": 2, "exit_layer": 1}, "sjd2": {"window": 3, "steps": 2}}
 
 
 def tiny_gpt(seed, n_layer=2, dim=64, n_head=4):
@@ -51,12 +51,22 @@ def test_every_method_generates_images(pipe, name, cfg_scale):
     assert out.stats.nfe >= 2 and out.stats.new_tokens == 2 * GRID * GRID
 
 
-@pytest.mark.parametrize("name", ["speculative", "tree", "sjd", "sjd-coupled", "early-exit"])
+@pytest.mark.parametrize("name", ["speculative", "tree", "sjd", "sjd-coupled", "early-exit", "sjd2"])
 def test_lossless_methods_with_cfg_equal_greedy_ar(pipe, name):
     base = pipe.generate([1, 2, 3], "ar", cfg_scale=2.5, temperature=0)
     out = pipe.generate([1, 2, 3], name, cfg_scale=2.5, temperature=0, **PARAMS[name])
     assert torch.equal(out.tokens, base.tokens)
     assert out.stats.nfe <= base.stats.nfe
+
+
+def test_builtin_sjd2_model_ships_beside_the_original():
+    original = ImagePipeline.from_pretrained("builtin:fashion-mnist", draft=None)
+    tuned = ImagePipeline.from_pretrained("builtin:fashion-mnist-sjd2", draft=None)
+    assert tuned.model.config == original.model.config and tuned.model.dtype == torch.float32
+    assert not torch.equal(tuned.model.tok_embeddings.weight, original.model.tok_embeddings.weight)
+    base = tuned.generate([3, 7], "ar", temperature=0)
+    out = tuned.generate([3, 7], "sjd2", temperature=0, window=16, steps=2)
+    assert torch.equal(out.tokens, base.tokens) and out.stats.nfe < base.stats.nfe / 2
 
 
 def test_budget_zero_reduces_relaxed_methods_to_exact_rules(pipe):

@@ -340,13 +340,14 @@ class LlamaGenGPT(nn.Module):
         return self._prefill(inputs, room, self.config.n_layer, self.output)
 
     def step(self, state: DecodeState, tokens: Tensor, positions: Tensor | None = None,
-             tree_mask: Tensor | None = None) -> Tensor:
+             tree_mask: Tensor | None = None, embeds: Tensor | None = None) -> Tensor:
         """Append image tokens [B, T]; returns logits [B, T, V] (row t predicts the token after tokens[:, t]).
 
         `positions` [B, T] are image-token indices (default: the next free ones, or prefix + depth for
-        a tree); index i is rotated as grid cell (i // grid, i % grid).
+        a tree); index i is rotated as grid cell (i // grid, i % grid). `embeds` [B, T, dim], when given,
+        are fed instead of the tokens' embeddings (SJD2's noisy window; `tokens` then only fix the shape).
         """
-        return self._step(state, tokens, positions, tree_mask, self.config.n_layer, self.output)
+        return self._step(state, tokens, positions, tree_mask, self.config.n_layer, self.output, embeds)
 
     @torch.inference_mode()
     def _prefill(self, inputs: Any, room: int, depth: int, head: nn.Module) -> DecodeState:
@@ -364,8 +365,9 @@ class LlamaGenGPT(nn.Module):
 
     @torch.inference_mode()
     def _step(self, state: DecodeState, tokens: Tensor, positions: Tensor | None, tree_mask: Tensor | None,
-              depth: int, head: nn.Module) -> Tensor:
+              depth: int, head: nn.Module, embeds: Tensor | None = None) -> Tensor:
         check_step_args(state, tokens, tree_mask, self.vocab_size)
+        self._check_embeds(tokens, embeds)
         if positions is not None:
             check(isinstance(positions, Tensor) and positions.shape == tokens.shape,
                   f"positions must be a tensor shaped like tokens {tuple(tokens.shape)}")
@@ -373,29 +375,38 @@ class LlamaGenGPT(nn.Module):
             positions = positions.to(self.device)
         cache = state.cache
 
-        def body(tokens: Tensor, positions: Tensor | None, tree_mask: Tensor | None) -> tuple[Tensor, Tensor]:
-            T = tokens.shape[1]
+        def body(x: Tensor, positions: Tensor | None, tree_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+            T = x.shape[1]
             write, start = cache.reserve(T)
             mask = cache.attention_mask(start, T, tree_mask)
             if positions is None:
                 positions = default_positions(start, T, tree_mask) - self.config.cls_token_num
-            h = self._run(self.tok_embeddings(tokens), rope_2d(positions, self.config), mask, write, depth)
+            h = self._run(x, rope_2d(positions, self.config), mask, write, depth)
             return head(h).float(), h
 
-        inputs = (tokens.to(self.device), positions, None if tree_mask is None else tree_mask.to(self.device))
+        x = self.tok_embeddings(tokens.to(self.device)) if embeds is None else embeds.to(self.device, self.dtype)
+        inputs = (x, positions, None if tree_mask is None else tree_mask.to(self.device))
         if self.cuda_graphs and cache.graphs_apply:
             logits, state.hidden = cache.graphs.run(step_key(inputs, depth, head), body, *inputs)
         else:
             logits, state.hidden = body(*inputs)
         return logits
 
+    def _check_embeds(self, tokens: Tensor, embeds: Tensor | None) -> None:
+        if embeds is not None:
+            shape = (*tokens.shape, self.config.dim)
+            check(isinstance(embeds, Tensor) and tuple(embeds.shape) == shape and embeds.is_floating_point(),
+                  f"embeds must be a float tensor of shape {shape} (tokens' shape + model dim), got "
+                  f"{tuple(embeds.shape) if isinstance(embeds, Tensor) else type(embeds).__name__}")
+
     # ---- training -----------------------------------------------------------------------------
 
-    def forward(self, labels: Any, tokens: Tensor) -> Tensor:
+    def forward(self, labels: Any, tokens: Tensor, embeds: Tensor | None = None) -> Tensor:
         """Teacher-forced logits [B, N + 1, V] for class token + image tokens [B, N] (N <= block_size).
 
         Row j predicts image token j, so training on targets `x` [B, L] feeds `tokens = x[:, :-1]`
         (the official c2i trainer). In training mode label dropout and the dropouts are active.
+        `embeds` [B, N, dim], when given, replace the tokens' embeddings as inputs (SJD2's fine-tune).
         """
         labels = self._labels(labels)
         check(isinstance(tokens, Tensor) and tokens.dim() == 2, f"tokens must be a [batch, N] tensor, "
@@ -406,8 +417,9 @@ class LlamaGenGPT(nn.Module):
         check(N <= self.config.block_size, f"sequence of {N} image tokens is longer than block_size "
               f"{self.config.block_size} ({self.config.grid_size}x{self.config.grid_size} grid)")
         check(bool(((tokens >= 0) & (tokens < self.vocab_size)).all()), f"token ids must lie in [0, {self.vocab_size})")
-        tokens = tokens.to(self.device)
-        h = torch.cat([self.cls_embedding(labels), self.tok_embeddings(tokens)], dim=1)
+        self._check_embeds(tokens, embeds)
+        x = self.tok_embeddings(tokens.to(self.device)) if embeds is None else embeds.to(self.device, self.dtype)
+        h = torch.cat([self.cls_embedding(labels), x], dim=1)
         h = self.tok_dropout(h)
         B = h.shape[0]
         cls_rope = torch.zeros(B, self.config.cls_token_num, self.config.head_dim // 2, 2, device=self.device)
@@ -523,11 +535,14 @@ def load_gpt(source: Any, config: GPTConfig | None = None, *, dtype: torch.dtype
 _CONFIG_KEY = "mmaccel_gpt_config"
 
 
-def save_gpt(model: LlamaGenGPT, path: str | os.PathLike, metadata: Mapping[str, str] | None = None) -> Path:
-    """Write `model` so `load_gpt(path)` restores it exactly: `.safetensors` with the config (and any
-    `metadata` strings) in the header, or `.pt` as the official `{"model": state_dict}` container."""
+def save_gpt(model: LlamaGenGPT, path: str | os.PathLike, metadata: Mapping[str, str] | None = None,
+             dtype: torch.dtype | None = None) -> Path:
+    """Write `model` so `load_gpt(path)` restores it exactly (in `dtype`, e.g. fp16 for shipping, when
+    given): `.safetensors` with the config (and any `metadata` strings) in the header, or `.pt` as the
+    official `{"model": state_dict}` container."""
     path = Path(path)
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    state = {k: v.detach().to(dtype if dtype is not None and v.is_floating_point() else v.dtype).contiguous()
+             for k, v in model.state_dict().items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix == ".safetensors":
         from safetensors.torch import save_file

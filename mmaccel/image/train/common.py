@@ -39,6 +39,15 @@ def batch_indices(n: int, batch_size: int, seed: int, step: int) -> Tensor:
     return torch.randint(0, n, (batch_size,), generator=g)
 
 
+def dropped_labels(labels: Tensor, rate: float, null: int, seed: int, step: int) -> Tensor:
+    """A copy of a batch's `labels` with a seeded fraction `rate` set to the null class `null` (label
+    dropout, which trains classifier-free guidance); a function of (seed, step) like the batch itself."""
+    g = torch.Generator().manual_seed(seed * 7919 + step)
+    out = labels.clone()
+    out[torch.rand(len(out), generator=g) < rate] = null
+    return out
+
+
 def cosine_lr(step: int, *, lr: float, warmup: int, steps: int) -> float:
     """Linear warm-up over `warmup` steps, then cosine decay to 10 % of `lr` at `steps`."""
     if step < warmup:

@@ -31,8 +31,8 @@ from torch import Tensor
 from mmaccel.image.data import to_model_images
 from mmaccel.image.models.var import VAR, VARConfig, block_offsets, save_var
 from mmaccel.image.tokenizers.msvq import MSVQModel, load_msvq
-from mmaccel.image.train.common import (batch_indices, cached_codes, cosine_lr, read_checkpoint, restore, run_arguments,
-                                        save_checkpoint, set_lr, start_run)
+from mmaccel.image.train.common import (batch_indices, cached_codes, cosine_lr, dropped_labels, read_checkpoint,
+                                        restore, run_arguments, save_checkpoint, set_lr, start_run)
 from mmaccel.paths import assets_dir
 from mmaccel.progress import progress
 
@@ -114,9 +114,7 @@ def train(args) -> VAR:
     bar = progress(desc="train VAR", total=args.steps, initial=step, unit="step")
     while step < args.steps:
         idx = batch_indices(len(tokens), args.batch_size, args.seed, step)
-        y = labels[idx].clone()
-        g = torch.Generator().manual_seed(args.seed * 7919 + step)
-        y[torch.rand(len(y), generator=g) < args.class_dropout] = config.num_classes
+        y = dropped_labels(labels[idx], args.class_dropout, config.num_classes, args.seed, step)
         set_lr(opt, lr_at(step))
         loss, _ = var_loss(model, vq, y, tokens[idx])
         opt.zero_grad(set_to_none=True)

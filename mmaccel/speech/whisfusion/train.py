@@ -51,7 +51,7 @@ from torch import Tensor
 from mmaccel.errors import InputError, MMAccelError, check
 from mmaccel.paths import assets_dir, default_cache_dir
 from mmaccel.progress import progress
-from mmaccel.speech.audio import SAMPLE_RATE, WINDOW_S, Audio, load_audio, log_mel
+from mmaccel.speech.audio import WINDOW_S, Audio, load_audio, log_mel
 from mmaccel.speech.ctc.train import pack, plan_windows
 from mmaccel.speech.data import build_tts_corpus, read_manifest
 from mmaccel.speech.train.common import log as log_line, optimizer_step, release_freed_memory, warmup_cosine
