@@ -56,6 +56,14 @@ def cosine_lr(step: int, *, lr: float, warmup: int, steps: int) -> float:
     return lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, t))))
 
 
+def optimizer_step(opt: torch.optim.Optimizer, loss: Tensor, module: torch.nn.Module, max_norm: float) -> None:
+    """One update: backpropagate `loss`, clip `module`'s gradient norm to `max_norm`, step `opt`."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm)
+    opt.step()
+
+
 def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
     for group in opt.param_groups:
         group["lr"] = lr

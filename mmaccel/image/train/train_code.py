@@ -27,8 +27,8 @@ from torch import Tensor
 
 from mmaccel.image.models.var import VAR, load_var, save_var
 from mmaccel.image.tokenizers.msvq import MSVQModel, load_msvq
-from mmaccel.image.train.common import (batch_indices, cosine_lr, dropped_labels, read_checkpoint, restore,
-                                        run_arguments, save_checkpoint, set_lr, start_run)
+from mmaccel.image.train.common import (batch_indices, cosine_lr, dropped_labels, optimizer_step, read_checkpoint,
+                                        restore, run_arguments, save_checkpoint, set_lr, start_run)
 from mmaccel.image.train.train_var import DEFAULT_MSVQ, load_pyramids, split_scales
 from mmaccel.progress import progress
 
@@ -109,10 +109,7 @@ def main(argv=None) -> int:
         y = dropped_labels(labels[idx], args.class_dropout, student.num_classes, args.seed, step)
         set_lr(opt, lr_at(step))
         loss, ce, kl = refiner_loss(student, teacher, vq, y, tokens[idx], args.draft_steps, args.alpha)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(student.parameters(), 2.0)
-        opt.step()
+        optimizer_step(opt, loss, student, 2.0)
         step += 1
         bar.update()
         window.append((ce, kl))

@@ -33,8 +33,8 @@ from torch import Tensor
 from mmaccel.image.data import to_model_images
 from mmaccel.image.models.gpt import GPTConfig, LlamaGenGPT, gpt_config, load_gpt, save_gpt
 from mmaccel.image.tokenizers.vq import VQModel, load_vq
-from mmaccel.image.train.common import (batch_indices, cached_codes, cosine_lr, read_checkpoint, restore,
-                                        save_checkpoint, set_lr, start_run)
+from mmaccel.image.train.common import (batch_indices, cached_codes, cosine_lr, optimizer_step, read_checkpoint,
+                                        restore, save_checkpoint, set_lr, start_run)
 from mmaccel.paths import assets_dir
 from mmaccel.progress import progress
 
@@ -106,10 +106,7 @@ def train(args, tokens: Tensor, labels: Tensor) -> LlamaGenGPT:
         idx = batch_indices(len(tokens), args.batch_size, args.seed, step)
         set_lr(opt, lr_at(step))
         loss = lm_loss(model, labels[idx], tokens[idx].long())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        optimizer_step(opt, loss, model, 1.0)
         step += 1
         bar.update()
         window.append(loss.item())

@@ -29,8 +29,8 @@ from torch import Tensor
 
 from mmaccel.image.data import load_fashion_mnist, to_model_images
 from mmaccel.image.tokenizers.msvq import MSVQConfig, MSVQModel, load_msvq, save_msvq
-from mmaccel.image.train.common import (batch_indices, cosine_lr, read_checkpoint, restore, run_arguments,
-                                        save_checkpoint, set_lr, start_run)
+from mmaccel.image.train.common import (batch_indices, cosine_lr, optimizer_step, read_checkpoint, restore,
+                                        run_arguments, save_checkpoint, set_lr, start_run)
 from mmaccel.image.train.train_vq import save_recon_grid
 from mmaccel.progress import progress
 
@@ -102,10 +102,7 @@ def train(args) -> MSVQModel:
         mse = F.mse_loss(recon, x)
         l1 = (recon - x).abs().mean()
         loss = mse + args.l1_weight * l1 + vq_loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        optimizer_step(opt, loss, model, 1.0)
         step += 1
         bar.update()
         window.append((mse.item(), vq_loss.item()))

@@ -32,8 +32,8 @@ from torch import Tensor
 
 from mmaccel.image.models.gpt import LlamaGenGPT, load_gpt, save_gpt
 from mmaccel.image.sjd2 import embedding_scale, noisy_embeddings
-from mmaccel.image.train.common import (batch_indices, cosine_lr, read_checkpoint, restore, run_arguments,
-                                        save_checkpoint, set_lr, start_run)
+from mmaccel.image.train.common import (batch_indices, cosine_lr, optimizer_step, read_checkpoint, restore,
+                                        run_arguments, save_checkpoint, set_lr, start_run)
 from mmaccel.image.train.train_gpt import DEFAULT_VQ, held_out_loss, load_tokens
 from mmaccel.paths import assets_dir
 from mmaccel.progress import progress
@@ -128,10 +128,7 @@ def main(argv=None) -> int:
         levels, scored = noise_levels(len(x), x.shape[1] - 1, args.window, args.clean, g)
         set_lr(opt, lr_at(step))
         loss = sjd2_loss(model, labels[idx], x, levels, scored, g)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        optimizer_step(opt, loss, model, 1.0)
         step += 1
         bar.update()
         window.append(loss.item())

@@ -31,8 +31,8 @@ from torch import Tensor
 from mmaccel.image.data import to_model_images
 from mmaccel.image.models.var import VAR, VARConfig, block_offsets, save_var
 from mmaccel.image.tokenizers.msvq import MSVQModel, load_msvq
-from mmaccel.image.train.common import (batch_indices, cached_codes, cosine_lr, dropped_labels, read_checkpoint,
-                                        restore, run_arguments, save_checkpoint, set_lr, start_run)
+from mmaccel.image.train.common import (batch_indices, cached_codes, cosine_lr, dropped_labels, optimizer_step,
+                                        read_checkpoint, restore, run_arguments, save_checkpoint, set_lr, start_run)
 from mmaccel.paths import assets_dir
 from mmaccel.progress import progress
 
@@ -117,10 +117,7 @@ def train(args) -> VAR:
         y = dropped_labels(labels[idx], args.class_dropout, config.num_classes, args.seed, step)
         set_lr(opt, lr_at(step))
         loss, _ = var_loss(model, vq, y, tokens[idx])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 2.0)
-        opt.step()
+        optimizer_step(opt, loss, model, 2.0)
         step += 1
         bar.update()
         window.append(loss.item())

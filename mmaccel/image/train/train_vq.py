@@ -32,8 +32,8 @@ from torch import Tensor
 
 from mmaccel.image.data import load_fashion_mnist, to_model_images
 from mmaccel.image.tokenizers.vq import VQConfig, VQModel, load_vq, save_vq
-from mmaccel.image.train.common import (batch_indices, cosine_lr, read_checkpoint, restore, run_arguments,
-                                        save_checkpoint, set_lr, start_run)
+from mmaccel.image.train.common import (batch_indices, cosine_lr, optimizer_step, read_checkpoint, restore,
+                                        run_arguments, save_checkpoint, set_lr, start_run)
 from mmaccel.progress import progress
 
 logger = logging.getLogger("mmaccel.image.train.train_vq")
@@ -139,10 +139,7 @@ def train(args) -> VQModel:
         x = to_model_images(images[batch_indices(len(images), args.batch_size, args.seed, step)], args.size)
         set_lr(opt, lr_at(step))
         loss, parts, idx = vq_losses(model, x, beta=args.beta, l1_weight=args.l1_weight)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        optimizer_step(opt, loss, model, 1.0)
         step += 1
         bar.update()
         window.append(parts)
