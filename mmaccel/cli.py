@@ -199,8 +199,8 @@ def _bench_image_fid(args) -> int:
     doc["command"] = " ".join(["mmaccel bench image-fid"] + ([f"--model {args.model}"] if args.model else [])
                               + ([f"--methods {args.methods}"] if args.methods else [])
                               + ([f"--samples {args.samples}"] if args.samples is not None else []))
-    default_out = {"builtin:fashion-mnist": "image_fid.json", "builtin:fashion-mnist-sjd2": "image-sjd2_fid.json"}.get(
-        model, "image-scale_fid.json")
+    default_out = {"builtin:fashion-mnist": "image_fid.json", "builtin:fashion-mnist-sjd2": "image-sjd2_fid.json",
+                   "builtin:fashion-mnist-mar": "image-continuous_fid.json"}.get(model, "image-scale_fid.json")
     out = Path(args.out) if args.out else Path("benchmarks") / default_out
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
@@ -429,7 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
     aw.set_defaults(func=cmd_asr_whisfusion)
 
     b = sub.add_parser("bench", help="run a benchmark suite (or `report` to refresh the README tables)")
-    b.add_argument("suite", help="core | image | image-scale | image-fid | asr | asr-nar | ctc | video | kernels | report")
+    b.add_argument("suite", help="core | image | image-scale | image-continuous | image-fid | asr | asr-nar | ctc | video | kernels | report")
     b.add_argument("--quick", action="store_true", help="reduced run (same code path, fewer samples)")
     b.add_argument("--out", help="JSON path (Markdown and PNG are written beside it)")
     b.add_argument("--methods", help="comma-separated methods, e.g. 'speculative:k=6,ngram'")
@@ -441,7 +441,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "ctc suite: builtin:ctc-base (default), a WhisperCTC or a Wav2Vec2ForCTC directory; "
                    "asr-nar suite: builtin:whisfusion-tiny.en (default) or a Whisfusion directory; "
                    "image suite: builtin:fashion-mnist (default) or builtin:fashion-mnist-sjd2 (the GPT fine-tuned "
-                   "for SJD2); image-fid: those two or builtin:fashion-mnist-var (the image-scale samples)")
+                   "for SJD2); image-fid: those two, builtin:fashion-mnist-var (the image-scale samples) or "
+                   "builtin:fashion-mnist-mar (the image-continuous samples)")
     b.add_argument("--split", default=None, choices=("in-domain", "ood"),
                    help="speech suites (asr, asr-nar, ctc): the held-out in-domain set (default) or the out-of-domain one")
     b.add_argument("--heads", default=None,

@@ -28,23 +28,29 @@ def run_image_fid(methods: list[MethodSpec], samples: int = FULL_SAMPLES, log: C
                   model: str = "builtin:fashion-mnist") -> dict:
     """`model`: the LlamaGen GPT ("builtin:fashion-mnist", the `bench image` samples; "-sjd2": the GPT
     fine-tuned for SJD2, the `bench image --model builtin:fashion-mnist-sjd2` samples) or the next-scale
-    VARs ("builtin:fashion-mnist-var", the `bench image-scale` samples)."""
+    VARs ("builtin:fashion-mnist-var", the `bench image-scale` samples) or the continuous-token models
+    ("builtin:fashion-mnist-mar", the `bench image-continuous` samples)."""
+    from mmaccel.image.continuous_pipeline import BUILTIN_CONTINUOUS, CONTINUOUS_SAMPLING, ContinuousPipeline
     from mmaccel.image.pipeline import BUILTIN, BUILTIN_SJD2, ImagePipeline
     from mmaccel.image.scale_pipeline import BUILTIN_SCALE, SCALE_SAMPLING, ScalePipeline
     from mmaccel.metrics.fid import bootstrap_std, feature_stats, frechet_distance, reference_stats
 
     check(methods and methods[0].key == "ar", "the first method must be the AR baseline")
     check(samples >= 2, f"samples must be >= 2, got {samples}")
-    check(model in (BUILTIN, BUILTIN_SJD2, BUILTIN_SCALE),
-          f"image-fid scores {BUILTIN}, {BUILTIN_SJD2} or {BUILTIN_SCALE}, got {model!r}")
+    check(model in (BUILTIN, BUILTIN_SJD2, BUILTIN_SCALE, BUILTIN_CONTINUOUS),
+          f"image-fid scores {BUILTIN}, {BUILTIN_SJD2}, {BUILTIN_SCALE} or {BUILTIN_CONTINUOUS}, got {model!r}")
     if model in (BUILTIN, BUILTIN_SJD2):
         pipe, sampling, description = ImagePipeline.from_pretrained(model), None, MODEL_DESCRIPTIONS[model]
 
         def lossless(spec: MethodSpec) -> bool:
             return build_image_method(spec.name, **spec.params).lossless
     else:
-        pipe, sampling, description = ScalePipeline.from_pretrained(BUILTIN_SCALE), dict(SCALE_SAMPLING), \
-            "Fashion-MNIST VARs (mmaccel/assets/fashion_var_{large,small}.safetensors)"
+        if model == BUILTIN_SCALE:
+            pipe, sampling, description = ScalePipeline.from_pretrained(BUILTIN_SCALE), dict(SCALE_SAMPLING), \
+                "Fashion-MNIST VARs (mmaccel/assets/fashion_var_{large,small}.safetensors)"
+        else:
+            pipe, sampling, description = ContinuousPipeline.from_pretrained(BUILTIN_CONTINUOUS), \
+                dict(CONTINUOUS_SAMPLING), "Fashion-MNIST MAR-style models (mmaccel/assets/fashion_mar{,_draft}.safetensors)"
 
         def lossless(spec: MethodSpec) -> bool:
             return spec.name == "ar"

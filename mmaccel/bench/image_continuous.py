@@ -1,0 +1,67 @@
+"""`mmaccel bench image-continuous`: continuous-token generation (MAR-style) alone, in MAR's multi-token mode, and with CSpD.
+
+The built-in models (`ContinuousPipeline.from_pretrained("builtin:fashion-mnist-mar")`): the target
+one token per step ("ar", CSpD's baseline), the target in MAR's multi-token mode ("mar-4": 4 tokens a
+step on average, MAR's default; "mar-8"), the draft model alone ("ar-draft", the quality floor) and CSpD
+("cspd": the reference settings, 8 drafts a verification, 15 % pre-filling, inner temperature 42;
+"cspd-exact": inner temperature 1, the exact density ratio). Same labels, seeds and batches for every
+method, interleaved in one process, through the image suite's harness (`build_image_suite`): domain
+FID on the quality samples, Inception FID on `--inception-samples` of them (the whole test split as
+reference from 5 000 on), class accuracy. The KL decoder is not timed.
+
+`nfe` counts target transformer passes and `draft_passes` the draft's; every pass is followed by the
+diffusion head's `diffusion_steps` denoising calls for the tokens it reveals, which the wall-clock
+includes. `mean_accepted` is the number of drafts kept per verified block (of `num_draft`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from mmaccel.bench.harness import MethodSpec, Suite
+from mmaccel.bench.image_suite import build_image_suite
+from mmaccel.errors import check
+
+TIMED_IMAGES = {1: 20, 16: 160}
+DEFAULT_METHODS = [
+    MethodSpec("ar"),
+    MethodSpec("mar", label="mar-4"),
+    MethodSpec("mar", {"num_iter": 8}, label="mar-8"),
+    MethodSpec("ar-draft"),
+    MethodSpec("cspd"),
+    MethodSpec("cspd", {"inner_temperature": 1.0}, label="cspd-exact"),
+]
+
+
+def describe(pipe) -> dict[str, Any]:
+    t, d, k = pipe.model.config, pipe.draft.config if pipe.draft is not None else None, pipe.tokenizer.config
+    return {"model": f"Fashion-MNIST MAR-style target: width {t.width}, depth {t.depth}, head {t.head_width}x{t.head_depth} "
+                     "(mmaccel/assets/fashion_mar.safetensors)",
+            "draft": None if d is None else f"width {d.width}, depth {d.depth}, head {d.head_width}x{d.head_depth} "
+                                            "(mmaccel/assets/fashion_mar_draft.safetensors)",
+            "tokenizer": f"fashion_kl: {k.grid}x{k.grid} tokens of {k.latent_channels} channels from {k.image_size}x"
+                         f"{k.image_size} pixels (decoded images resized to 64x64)",
+            "timing": "generation only (the KL decoder is not timed)"}
+
+
+def build_image_continuous_suite(quick: bool = False, methods: list[MethodSpec] | None = None, pipeline=None,
+                                 samples: int | None = None, inception_samples: int | None = None,
+                                 cache_dir: str | Path | None = None, log: Callable[[str], None] = print,
+                                 device: str | None = None) -> Suite:
+    from mmaccel.image.continuous_pipeline import (BUILTIN_CONTINUOUS, CONTINUOUS_METHODS, CONTINUOUS_SAMPLING,
+                                                   ContinuousPipeline)
+
+    pipe = pipeline or ContinuousPipeline.from_pretrained(BUILTIN_CONTINUOUS, device=device)
+    methods = methods or DEFAULT_METHODS
+    check(methods[0].name == "ar", "the first method of image-continuous must be 'ar' (the target, one token a step)")
+
+    def lossless(spec: MethodSpec) -> bool:
+        check(spec.name in CONTINUOUS_METHODS, f"unknown continuous-token method {spec.name!r}; choose from "
+                                               f"{', '.join(CONTINUOUS_METHODS)}")
+        return spec.name == "ar"
+
+    return build_image_suite(quick=quick, methods=methods, pipeline=pipe, samples=samples,
+                             inception_samples=inception_samples, cache_dir=cache_dir, log=log,
+                             name="image-continuous", sampling=dict(CONTINUOUS_SAMPLING), lossless=lossless,
+                             timed=TIMED_IMAGES, describe=describe(pipe))

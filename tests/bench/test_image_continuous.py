@@ -1,0 +1,59 @@
+"""`mmaccel bench image-continuous`: the published JSON shape and the pass counts of each row."""
+
+import pytest
+import torch
+
+from mmaccel.bench.harness import MethodSpec, run_suite, validate_document
+from mmaccel.bench.image_continuous import build_image_continuous_suite
+from mmaccel.errors import InputError
+from mmaccel.image.continuous_pipeline import ContinuousPipeline
+from mmaccel.image.models.mar import save_mar
+from mmaccel.image.tokenizers.kl import KLTokenizer, save_kl
+from tests.image.test_continuous_pipeline import KL, tiny_mar
+
+METHODS = [MethodSpec("ar"), MethodSpec("mar", label="mar-4"), MethodSpec("ar-draft"),
+           MethodSpec("cspd", {"num_draft": 4})]
+
+
+@pytest.fixture(scope="module")
+def pipe(tmp_path_factory):
+    path = tmp_path_factory.mktemp("mar")
+    torch.manual_seed(0)
+    save_kl(KLTokenizer(KL), path / "kl.safetensors")
+    save_mar(tiny_mar(0), path / "mar.safetensors")
+    save_mar(tiny_mar(1, width=16), path / "mar_draft.safetensors")
+    return ContinuousPipeline.from_pretrained(path)
+
+
+def test_quick_suite_writes_valid_rows(pipe, monkeypatch):
+    import mmaccel.image.continuous_pipeline as cp
+    import mmaccel.metrics.domain as domain
+    import mmaccel.metrics.fid as fid
+
+    def features(images, extractor="domain", **kwargs):       # stand-ins for the slow extractors
+        return images.flatten(1)[:, :4].double() + images.mean((1, 2, 3))[:, None].double()
+
+    monkeypatch.setattr(fid, "extract_features", features)
+    monkeypatch.setattr(fid, "reference_stats", lambda *a, **k: (torch.zeros(4).double(), torch.eye(4).double()))
+    monkeypatch.setattr(domain, "classify", lambda pixels: torch.zeros(len(pixels), dtype=torch.long))
+    monkeypatch.setitem(cp.CONTINUOUS_SAMPLING, "diffusion_steps", 3)
+    suite = build_image_continuous_suite(quick=True, methods=METHODS, pipeline=pipe, log=lambda m: None)
+    doc = run_suite(suite, log=lambda m: None)
+    validate_document(doc)
+    rows = {(r["method"], r["batch"]): r for r in doc["results"]}
+    for b in (1, 8):
+        images = 2 if b == 1 else 8
+        ar, mar, cspd = rows[("ar", b)], rows[("mar-4", b)], rows[("cspd", b)]
+        assert ar["lossless"] and not mar["lossless"] and not cspd["lossless"]
+        assert ar["nfe"] == 16 * images // b and mar["nfe_ratio"] == 4.0
+        assert cspd["nfe_ratio"] == round(16 / 7, 4) and cspd["draft_passes"] == 13 * images // b
+        assert rows[("ar-draft", b)]["nfe"] == 0
+        assert "fid_domain" in ar["quality"]
+    assert doc["config"]["sampling"]["diffusion_steps"] == 3
+
+
+def test_unknown_methods_and_a_wrong_baseline_are_refused(pipe):
+    with pytest.raises(InputError, match="unknown continuous-token method"):
+        build_image_continuous_suite(quick=True, methods=[MethodSpec("ar"), MethodSpec("sjd")], pipeline=pipe)
+    with pytest.raises(InputError, match="first method"):
+        build_image_continuous_suite(quick=True, methods=[MethodSpec("cspd")], pipeline=pipe)
