@@ -78,6 +78,20 @@ def cmd_image_generate_scale(args) -> int:
     return _write_images(out, Path(args.out))
 
 
+def cmd_image_generate_continuous(args) -> int:
+    from mmaccel.image.continuous_pipeline import ContinuousPipeline
+
+    labels = _labels(args.labels)
+    if not labels:
+        raise InputError("--labels is empty: pass class indices such as --labels 0,1,2")
+    draft = None if args.draft == "none" else args.draft
+    pipe = ContinuousPipeline.from_pretrained(args.model, tokenizer=args.tokenizer, draft=draft, device=args.device)
+    out = pipe.generate(labels, args.method, num_iter=args.num_iter, cfg=args.cfg, temperature=args.temperature,
+                        diffusion_steps=args.diffusion_steps, num_draft=args.num_draft, prefill_ratio=args.prefill_ratio,
+                        inner_temperature=args.inner_temperature, seed=args.seed)
+    return _write_images(out, Path(args.out))
+
+
 def cmd_image_generate(args) -> int:
     from mmaccel.image.pipeline import ImagePipeline
 
@@ -378,6 +392,28 @@ def build_parser() -> argparse.ArgumentParser:
     isg.add_argument("--out", required=True, help="directory for the PNGs")
     add_device_option(isg)
     isg.set_defaults(func=cmd_image_generate_scale)
+    from mmaccel.image.continuous_pipeline import CONTINUOUS_METHODS, CONTINUOUS_SAMPLING
+
+    icg = image_sub.add_parser("generate-continuous",
+                               help="continuous-token (MAR-style) generation: AR, MAR's multi-token mode or CSpD")
+    icg.add_argument("--model", default="builtin:fashion-mnist-mar",
+                     help="builtin:fashion-mnist-mar, a directory with mar.safetensors, kl.safetensors "
+                          "(mar_draft.safetensors), or a MAR file (with --tokenizer)")
+    icg.add_argument("--tokenizer", default=None, help="KL tokenizer when --model is a MAR file")
+    icg.add_argument("--draft", default="builtin", help="the draft model for CSpD: a checkpoint, 'builtin' or 'none'")
+    icg.add_argument("--method", default="ar", choices=CONTINUOUS_METHODS)
+    icg.add_argument("--labels", required=True, help="comma-separated class indices (or class names)")
+    icg.add_argument("--num-iter", type=int, default=None, help="generation steps (default: one token a step; L/4 for mar)")
+    icg.add_argument("--cfg", type=float, default=CONTINUOUS_SAMPLING["cfg"], help="MAR's linearly ramped guidance")
+    icg.add_argument("--temperature", type=float, default=CONTINUOUS_SAMPLING["temperature"])
+    icg.add_argument("--diffusion-steps", type=int, default=CONTINUOUS_SAMPLING["diffusion_steps"])
+    icg.add_argument("--num-draft", type=int, default=None, help="cspd: drafts per verification (default 8)")
+    icg.add_argument("--prefill-ratio", type=float, default=None, help="cspd: share of steps the target runs first (0.15)")
+    icg.add_argument("--inner-temperature", type=float, default=None, help="cspd: density flattening (42; 1 = exact)")
+    icg.add_argument("--seed", type=int, default=0)
+    icg.add_argument("--out", required=True, help="directory for the PNGs")
+    add_device_option(icg)
+    icg.set_defaults(func=cmd_image_generate_continuous)
 
     asr = sub.add_parser("asr", help="speech recognition with Whisper")
     asr_sub = asr.add_subparsers(dest="asr_command", required=True)

@@ -91,6 +91,27 @@ def test_image_generate_scale_errors_are_one_line(tmp_path, capsys, argv, match)
     assert err.startswith("mmaccel: error:") and match in err and "\n" not in err
 
 
+def test_image_generate_continuous_writes_pngs_with_cspd(tmp_path, capsys):
+    from mmaccel.image.models.mar import save_mar
+    from mmaccel.image.tokenizers.kl import KLTokenizer, save_kl
+    from tests.image.test_continuous_pipeline import KL, tiny_mar
+
+    model = tmp_path / "model"
+    save_kl(KLTokenizer(KL), model / "kl.safetensors")
+    save_mar(tiny_mar(0), model / "mar.safetensors")
+    save_mar(tiny_mar(1, width=16), model / "mar_draft.safetensors")
+    out = tmp_path / "out"
+    assert main(["image", "generate-continuous", "--model", str(model), "--method", "cspd", "--num-draft", "4",
+                 "--diffusion-steps", "3", "--labels", "0,8", "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.glob("*.png")) == ["000_class0.png", "001_class8.png"]
+    stats = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    assert (stats["nfe"], stats["draft_passes"], stats["new_tokens"]) == (7, 13, 2 * 16)
+    assert main(["image", "generate-continuous", "--model", str(model), "--method", "mar", "--num-draft", "4",
+                 "--labels", "1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mmaccel: error:") and "num_draft is a parameter of method='cspd'" in err and "\n" not in err
+
+
 def test_asr_transcribe_prints_transcripts_and_reports_bad_files(capsys, tmp_path):
     from tests.speech.test_pipeline import FILES, LIBRIVOX
 

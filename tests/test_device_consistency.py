@@ -193,3 +193,30 @@ def test_speech_drafting_never_waits_for_the_host(speech_pipes, method, params):
     seen = _reads_by_length(transcribe)
     assert seen[0] == seen[1], seen
     assert set(seen[0][0]) <= {"tolist"}, seen
+
+
+@pytest.mark.parametrize("method, params", [("ar", {}), ("mar", {}), ("ar-draft", {}), ("cspd", {"num_draft": 4}),
+                                            ("cspd", {"num_draft": 4, "inner_temperature": 1.0})])
+def test_continuous_token_methods_on_a_cuda_device(tmp_path_factory, method, params):
+    from mmaccel.image.continuous_pipeline import ContinuousPipeline
+    from mmaccel.image.models.mar import save_mar
+    from mmaccel.image.tokenizers.kl import KLTokenizer, save_kl
+    from tests.image.test_continuous_pipeline import KL, tiny_mar
+
+    folder = tmp_path_factory.mktemp("mar")
+    torch.manual_seed(0)
+    save_kl(KLTokenizer(KL), folder / "kl.safetensors")
+    save_mar(tiny_mar(0), folder / "mar.safetensors")
+    save_mar(tiny_mar(1, width=16), folder / "mar_draft.safetensors")
+    # the transformer's inference fast path skips tensor subclasses (the emulation): both sides run the plain path
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        expected = ContinuousPipeline.from_pretrained(folder).generate([3, 5], method, seed=0, diffusion_steps=3, **params)
+        with emulated_cuda():
+            cuda = ContinuousPipeline.from_pretrained(folder, device="cuda")
+            out = cuda.generate([3, 5], method, seed=0, diffusion_steps=3, **params)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+    assert torch.equal(on_host(out.tokens), expected.tokens)
+    assert (out.stats.nfe, out.stats.draft_passes) == (expected.stats.nfe, expected.stats.draft_passes)

@@ -65,3 +65,46 @@ def build_image_continuous_suite(quick: bool = False, methods: list[MethodSpec] 
                              inception_samples=inception_samples, cache_dir=cache_dir, log=log,
                              name="image-continuous", sampling=dict(CONTINUOUS_SAMPLING), lossless=lossless,
                              timed=TIMED_IMAGES, describe=describe(pipe))
+
+
+TUNE_SEED = 90_000          # development seeds: the benchmark never uses them
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m mmaccel.bench.image_continuous --tune sampling|cspd`: the development sweeps behind
+    `CONTINUOUS_SAMPLING` (guidance and diffusion steps of the target alone, one token a step) and behind the
+    CSpD and multi-token rows of the benchmark (their quality and cost on development seeds)."""
+    import argparse
+    import json
+    import sys
+
+    from mmaccel.bench.image_suite import tune_recipes
+    from mmaccel.image.continuous_pipeline import BUILTIN_CONTINUOUS, CONTINUOUS_SAMPLING, ContinuousPipeline
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--tune", choices=("sampling", "cspd"), required=True)
+    p.add_argument("--samples", type=int, default=512)
+    p.add_argument("--cfg", type=float, nargs="+", default=[2.0, 3.0, 4.0, 5.0])
+    p.add_argument("--diffusion-steps", type=int, nargs="+", default=[10, 25])
+    p.add_argument("--num-draft", type=int, nargs="+", default=[4, 8, 16])
+    p.add_argument("--inner-temperature", type=float, nargs="+", default=[1.0, 10.0, 42.0])
+    p.add_argument("--out", default=None, help="write the rows as JSON here")
+    args = p.parse_args(argv)
+    pipe = ContinuousPipeline.from_pretrained(BUILTIN_CONTINUOUS)
+    if args.tune == "sampling":
+        grid = [{"cfg": c, "diffusion_steps": s} for c in args.cfg for s in args.diffusion_steps]
+    else:
+        grid = [{"method": "ar"}, {"method": "mar"}, {"method": "mar", "num_iter": 8}, {"method": "ar-draft"},
+                *({"method": "cspd", "num_draft": k, "inner_temperature": t}
+                  for k in args.num_draft for t in args.inner_temperature)]
+        grid = [{**CONTINUOUS_SAMPLING, **g} for g in grid]
+    rows = tune_recipes(pipe, grid, "ar", args.samples, seed=TUNE_SEED, tag=f"image-continuous tune {args.tune}")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"command": "python -m mmaccel.bench.image_continuous " + " ".join(sys.argv[1:] if argv is None else argv),
+                                              "samples": args.samples, "seed": TUNE_SEED, "rows": rows}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

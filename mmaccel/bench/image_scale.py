@@ -90,34 +90,12 @@ def extra_markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def tune_sampling(pipe, grid: list[dict[str, Any]], samples: int = 512, reference_images: int = 10_000,
-                  log: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    """Score each sampling recipe of `grid` (ScalePipeline.generate keyword sets) for the large VAR alone
-    by domain FID against the **train** split's first `reference_images` (the development set; the
-    benchmark reports against the test split) and by class accuracy; same labels and seeds for all."""
-    import torch
-
-    from mmaccel.metrics.domain import classify
-    from mmaccel.metrics.fid import extract_features, feature_stats, frechet_distance, reference_stats
-
-    reference = reference_stats("train", limit=reference_images, extractor="domain")
-    labels = [i % pipe.model.num_classes for i in range(samples)]
-    rows = []
-    for recipe in grid:
-        pixels = torch.cat([pipe.decode_pixels(pipe.generate(labels[i:i + 64], "ar", seed=i, **recipe).tokens)
-                            for i in range(0, samples, 64)])
-        fid = frechet_distance(*feature_stats(extract_features(pixels, "domain")), *reference)
-        acc = float((classify(pixels) == torch.tensor(labels)).float().mean())
-        rows.append({**recipe, "fid_domain_dev": round(fid, 3), "class_acc": round(acc, 4)})
-        log(f"[image-scale tune] {recipe}: domain FID (train split) {fid:.3f}, class accuracy {acc:.3f}")
-    return rows
-
-
 def main(argv: list[str] | None = None) -> int:
     """`python -m mmaccel.bench.image_scale --tune`: the CFG / top-k sweep behind `SCALE_SAMPLING`."""
     import argparse
     import json
 
+    from mmaccel.bench.image_suite import tune_recipes
     from mmaccel.image.scale_pipeline import BUILTIN_SCALE, ScalePipeline
 
     p = argparse.ArgumentParser(description=main.__doc__)
@@ -129,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     pipe = ScalePipeline.from_pretrained(BUILTIN_SCALE)
     grid = [{"cfg_scale": c, "top_k": k, "top_p": 1.0, "temperature": 1.0} for c in args.cfg for k in args.top_k]
-    rows = tune_sampling(pipe, grid, args.samples)
+    rows = tune_recipes(pipe, grid, "ar", args.samples, tag="image-scale tune")
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
     return 0

@@ -22,10 +22,11 @@ from mmaccel.errors import check
 
 
 def gaussian_log_density(x: Tensor, mean: Tensor, std: Tensor | float, temperature: float = 1.0) -> Tensor:
-    """log N(x; mean, (temperature * std)^2 I), summed over the last dimension -> [...]."""
-    std = torch.as_tensor(std, dtype=x.dtype, device=x.device) * temperature
-    z = (x - mean) / std
-    return (-0.5 * z.square() - torch.log(std) - 0.5 * math.log(2 * math.pi)).expand_as(x).sum(-1)
+    """log N(x; mean, (temperature * std)^2 I), summed over the last dimension -> [...]. `std`: a float, [C]
+    or the shape of `x`."""
+    std = std * temperature
+    log_std = torch.log(std) if isinstance(std, Tensor) else math.log(std)
+    return (-0.5 * ((x - mean) / std).square() - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
 
 
 def accept_gaussian(x: Tensor, draft_mean: Tensor, draft_std: Tensor | float, target_mean: Tensor,
@@ -52,14 +53,13 @@ def sample_gaussian_residual(target_mean: Tensor, target_std: Tensor | float, dr
     device = target_mean.device
     samples = torch.empty_like(target_mean)
     pending = torch.ones(len(target_mean), dtype=torch.bool, device=device)
-    p_std = torch.as_tensor(target_std, dtype=target_mean.dtype, device=device).expand_as(target_mean)
-    q_std = torch.as_tensor(draft_std, dtype=target_mean.dtype, device=device).expand_as(target_mean)
     for _ in range(max_tries):
         idx = pending.nonzero().flatten()
+        p_std, q_std = _rows(target_std, idx, target_mean), _rows(draft_std, idx, target_mean)
         noise = torch.randn(len(idx), target_mean.shape[-1], generator=generator, device=device, dtype=target_mean.dtype)
-        y = target_mean[idx] + p_std[idx] * noise
-        log_p = gaussian_log_density(y, target_mean[idx], p_std[idx])
-        log_q = gaussian_log_density(y, draft_mean[idx], q_std[idx])
+        y = target_mean[idx] + p_std * noise
+        log_p = gaussian_log_density(y, target_mean[idx], p_std)
+        log_q = gaussian_log_density(y, draft_mean[idx], q_std)
         keep_prob = (1 - torch.exp(log_q - log_p)).clamp_min(0)
         keep = torch.rand(len(idx), generator=generator, device=device, dtype=target_mean.dtype) < keep_prob
         samples[idx] = y                       # the last proposal stands for rows that never accept
@@ -67,3 +67,8 @@ def sample_gaussian_residual(target_mean: Tensor, target_std: Tensor | float, dr
         if not pending.any():
             break
     return samples, pending
+
+
+def _rows(std: Tensor | float, idx: Tensor, like: Tensor) -> Tensor | float:
+    """`std` for the rows `idx` of `like` [N, C]: per-row stds are indexed, a float or a [C] vector is shared."""
+    return std[idx] if isinstance(std, Tensor) and std.shape == like.shape else std

@@ -6,7 +6,8 @@ tokens, 4 per step on average). All randomness is fixed up front by `NoiseBank` 
 diffusion chain's initial and per-step noise), so two models or two methods run on the same seed see
 the same noise: the "denoising-trajectory alignment" of CSpD.
 
-Guidance (MAR): the head's noise prediction is eps_u + w (eps_c - eps_u), with the conditional and the
+Guidance (MAR): the head's prediction is v_u + w (v_c - v_u) (affine in the noise prediction, so the same
+as MAR's guidance on the noise), with the conditional and the
 null-class transformer outputs from one doubled pass; the "linear" schedule raises w from 1 to `cfg`
 with the fraction of tokens revealed after the step. `temperature` multiplies every step's noise.
 """
@@ -104,11 +105,11 @@ def sample_head(model: MAR, z: Tensor, z_null: Tensor | None, guidance: Tensor, 
     for i, (t, t_prev) in enumerate(zip(times, times[1:])):
         tt = torch.full((len(cond),), t, device=x.device, dtype=torch.long)
         if z_null is None:
-            eps = model.head(x, tt, cond)
+            v = model.head(x, tt, cond)
         else:
-            eps_c, eps_u = model.head(x.repeat(2, 1), tt, cond).chunk(2)
-            eps = eps_u + w * (eps_c - eps_u)
-        mean, std = model.diffusion.posterior(x, eps.to(x.dtype), t, t_prev)
+            v_c, v_u = model.head(x.repeat(2, 1), tt, cond).chunk(2)
+            v = v_u + w * (v_c - v_u)
+        mean, std = model.diffusion.posterior(x, v.to(x.dtype), t, t_prev)
         std *= sampling.temperature
         x = mean + std * noise[:, i]
     return x, mean, std

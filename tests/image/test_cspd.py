@@ -19,8 +19,8 @@ CONFIG = MARConfig(seq_len=4, token_dim=2, num_classes=2, width=32, depth=1, hea
 
 
 class X0Head(nn.Module):
-    """A head whose denoiser is exact for data x0 = m(z) + shift: eps = (x_t - sqrt(a_t) x0) / sqrt(1 - a_t).
-    (A random MLP head would predict noise unrelated to x_t and blow the chain up at t near T.)"""
+    """A head whose denoiser is exact for data x0 = m(z) + shift: v = (sqrt(a_t) x_t - x0) / sqrt(1 - a_t).
+    (With a random MLP head every token would land near 0 whatever its condition.)"""
 
     def __init__(self, model: MAR, scale: float, shift: float = 0.0):
         super().__init__()
@@ -32,7 +32,7 @@ class X0Head(nn.Module):
 
     def forward(self, x, t, z):
         a = self.abar[t][:, None]
-        return (x - a.sqrt() * (self.m(z) + self.shift)) / (1 - a).sqrt()
+        return (a.sqrt() * x - (self.m(z) + self.shift)) / (1 - a).sqrt()
 
 
 @pytest.fixture(scope="module")

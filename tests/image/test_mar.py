@@ -24,19 +24,20 @@ def model():
 
 
 def test_posterior_step_is_diffusers_ddpm_step():
-    """Our (mean, std) of one DDPM step equals diffusers' `DDPMScheduler.step` with the same noise."""
+    """Our (mean, std) of one DDPM step from a velocity prediction equals diffusers' `DDPMScheduler.step`
+    with the same noise."""
     diffusion = Diffusion(1000, "squaredcos_cap_v2")
     times = diffusion.sampling_timesteps(10)
     scheduler = diffusion.scheduler
     scheduler.set_timesteps(timesteps=times[:-1])
     g = torch.Generator().manual_seed(0)
-    x, eps = torch.randn(5, 3, generator=g), torch.randn(5, 3, generator=g)
+    x, v = torch.randn(5, 3, generator=g), torch.randn(5, 3, generator=g)
     for t, t_prev in zip(times[:-2], times[1:-1]):     # diffusers' last step (t -> -1) is deterministic
         noise = torch.randn(5, 3, generator=torch.Generator().manual_seed(t))
-        ours_mean, ours_std = diffusion.posterior(x, eps, t, t_prev)
-        theirs = scheduler.step(eps, t, x, generator=torch.Generator().manual_seed(t)).prev_sample
+        ours_mean, ours_std = diffusion.posterior(x, v, t, t_prev)
+        theirs = scheduler.step(v, t, x, generator=torch.Generator().manual_seed(t)).prev_sample
         assert torch.allclose(ours_mean + ours_std * noise, theirs, atol=1e-5)
-    _, last_std = diffusion.posterior(x, eps, times[-2], 0)
+    _, last_std = diffusion.posterior(x, v, times[-2], 0)
     assert 0 < last_std < 0.05                         # our chain ends with a proper, narrow Gaussian
 
 

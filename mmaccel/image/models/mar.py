@@ -11,8 +11,12 @@ What differs from the official code, and why:
 - one transformer over [class buffer, tokens or mask embeddings] instead of MAR's encoder (known
   tokens only) + decoder (all positions); the same function class, half the code, and at 64 tokens the
   saving of skipping masked positions is small;
-- the head predicts the noise only (fixed posterior variance) instead of also learning the variance, so
-  two heads that share a noise schedule have equal per-step variances (what CSpD's density ratio compares);
+- the head predicts the velocity v = sqrt(a_t) eps - sqrt(1 - a_t) x0 (diffusers' "v_prediction")
+  instead of the noise, and not the variance: on the cosine schedule a_T is about 2e-9, so recovering x0
+  from a predicted noise divides its error by sqrt(a_T) (a tiny model's first step then lands hundreds
+  of units away; MAR's long training makes its noise predictions precise enough), while
+  x0 = sqrt(a_t) x_t - sqrt(1 - a_t) v is stable at every t. A fixed posterior variance also gives two
+  heads on one schedule equal per-step variances (what CSpD's density ratio compares);
 - sampling ends at diffusion time 0 with a stochastic last step (x_0 given x_{t_1}, variance
   beta~_{t_1} > 0) instead of a deterministic step to the clean latent, so the last step is a proper
   Gaussian whose density the speculative rule can evaluate.
@@ -100,7 +104,7 @@ class _AdaLNBlock(nn.Module):
 
 
 class DiffusionHead(nn.Module):
-    """eps_theta(x_t, t, z): the per-token denoiser (MAR's `SimpleMLPAdaLN`, noise output only)."""
+    """v_theta(x_t, t, z): the per-token denoiser (MAR's `SimpleMLPAdaLN`, velocity output only)."""
 
     def __init__(self, token_dim: int, cond_dim: int, width: int, depth: int):
         super().__init__()
@@ -133,7 +137,7 @@ class Diffusion:
         from diffusers import DDPMScheduler
 
         self.scheduler = DDPMScheduler(num_train_timesteps=timesteps, beta_schedule=beta_schedule,
-                                       clip_sample=False, prediction_type="epsilon")
+                                       clip_sample=False, prediction_type="v_prediction")
         self.alphas_cumprod = self.scheduler.alphas_cumprod.double()
 
     @property
@@ -143,17 +147,21 @@ class Diffusion:
     def add_noise(self, x0: Tensor, noise: Tensor, t: Tensor) -> Tensor:
         return self.scheduler.add_noise(x0, noise, t)
 
+    def velocity(self, x0: Tensor, noise: Tensor, t: Tensor) -> Tensor:
+        """The training target v = sqrt(a_t) noise - sqrt(1 - a_t) x0."""
+        return self.scheduler.get_velocity(x0, noise, t)
+
     def sampling_timesteps(self, steps: int) -> list[int]:
         """`steps` + 1 times from T - 1 down to 0, evenly spaced (MAR's respacing): `steps` denoising steps."""
         check(isinstance(steps, int) and 1 <= steps < self.timesteps,
               f"diffusion_steps must be an int in [1, {self.timesteps - 1}], got {steps!r}")
         return torch.linspace(self.timesteps - 1, 0, steps + 1).round().long().tolist()
 
-    def posterior(self, x_t: Tensor, eps: Tensor, t: int, t_prev: int) -> tuple[Tensor, float]:
-        """Mean and standard deviation of q(x_{t_prev} | x_t, x0_hat(eps)) (DDPM, `fixed_small` variance)."""
+    def posterior(self, x_t: Tensor, v: Tensor, t: int, t_prev: int) -> tuple[Tensor, float]:
+        """Mean and standard deviation of q(x_{t_prev} | x_t, x0_hat(v)) (DDPM, `fixed_small` variance)."""
         a_t, a_prev = self.alphas_cumprod[t].item(), self.alphas_cumprod[t_prev].item()
         alpha = a_t / a_prev
-        x0 = (x_t - math.sqrt(1 - a_t) * eps) / math.sqrt(a_t)
+        x0 = math.sqrt(a_t) * x_t - math.sqrt(1 - a_t) * v
         mean = (math.sqrt(a_prev) * (1 - alpha) / (1 - a_t)) * x0 + (math.sqrt(alpha) * (1 - a_prev) / (1 - a_t)) * x_t
         return mean, math.sqrt((1 - alpha) * (1 - a_prev) / (1 - a_t))
 
@@ -199,14 +207,15 @@ class MAR(nn.Module):
 
     def loss(self, tokens: Tensor, known: Tensor, labels: Tensor, generator: torch.Generator | None = None,
              repeats: int = 4) -> Tensor:
-        """MAR's diffusion loss: noise-prediction MSE on the unknown tokens, `repeats` noise draws each."""
+        """MAR's diffusion loss on the unknown tokens, `repeats` noise draws each (velocity-prediction MSE)."""
         z = self.condition(tokens, known, labels)[~known]          # [N, width]
         x0 = tokens[~known]
         check(len(x0) > 0, "the loss needs at least one unknown token")
         z, x0 = z.repeat(repeats, 1), x0.repeat(repeats, 1)
         t = torch.randint(0, self.diffusion.timesteps, (len(x0),), generator=generator).to(x0.device)
         noise = torch.randn(x0.shape, generator=generator).to(x0.device)
-        return F.mse_loss(self.head(self.diffusion.add_noise(x0, noise, t), t, z), noise)
+        x_t = self.diffusion.add_noise(x0, noise, t)
+        return F.mse_loss(self.head(x_t, t, z), self.diffusion.velocity(x0, noise, t))
 
 
 def save_mar(model: MAR, path: str | Path, dtype: torch.dtype | None = None) -> Path:
