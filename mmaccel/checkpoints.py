@@ -86,6 +86,18 @@ def check_layout(expected: Mapping[str, Tensor], state: Mapping[str, Tensor], so
                          f"{'; '.join(wrong[:3])}; pass the matching config")
 
 
+def read_configured(source: str | os.PathLike | Mapping, config_key: str, what: str) -> tuple[dict[str, Tensor], dict | None, str]:
+    """(state dict, the config stored under `config_key` in a safetensors header or None, a name for errors) of
+    a checkpoint path or an in-memory state dict: the reading side of `write_state_dict`."""
+    if isinstance(source, Mapping):
+        name, obj, meta = "the given state dict", source, {}
+    else:
+        name = os.fspath(source)
+        obj, meta = read_checkpoint(source, what)
+    stored = json.loads(meta[config_key]) if config_key in meta else None
+    return unwrap_state_dict(obj, name), stored, name
+
+
 def write_state_dict(module: torch.nn.Module, path: str | os.PathLike, config_key: str, config: Mapping,
                      dtype: torch.dtype | None = None) -> Path:
     """Write `module`'s state dict (floating tensors cast to `dtype` when given): `.safetensors` with

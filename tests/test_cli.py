@@ -92,14 +92,9 @@ def test_image_generate_scale_errors_are_one_line(tmp_path, capsys, argv, match)
 
 
 def test_image_generate_continuous_writes_pngs_with_cspd(tmp_path, capsys):
-    from mmaccel.image.models.mar import save_mar
-    from mmaccel.image.tokenizers.kl import KLTokenizer, save_kl
-    from tests.image.test_continuous_pipeline import KL, tiny_mar
+    from tests.image.test_continuous_pipeline import write_tiny_models
 
-    model = tmp_path / "model"
-    save_kl(KLTokenizer(KL), model / "kl.safetensors")
-    save_mar(tiny_mar(0), model / "mar.safetensors")
-    save_mar(tiny_mar(1, width=16), model / "mar_draft.safetensors")
+    model = write_tiny_models(tmp_path / "model")
     out = tmp_path / "out"
     assert main(["image", "generate-continuous", "--model", str(model), "--method", "cspd", "--num-draft", "4",
                  "--diffusion-steps", "3", "--labels", "0,8", "--out", str(out)]) == 0

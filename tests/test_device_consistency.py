@@ -199,15 +199,9 @@ def test_speech_drafting_never_waits_for_the_host(speech_pipes, method, params):
                                             ("cspd", {"num_draft": 4, "inner_temperature": 1.0})])
 def test_continuous_token_methods_on_a_cuda_device(tmp_path_factory, method, params):
     from mmaccel.image.continuous_pipeline import ContinuousPipeline
-    from mmaccel.image.models.mar import save_mar
-    from mmaccel.image.tokenizers.kl import KLTokenizer, save_kl
-    from tests.image.test_continuous_pipeline import KL, tiny_mar
+    from tests.image.test_continuous_pipeline import write_tiny_models
 
-    folder = tmp_path_factory.mktemp("mar")
-    torch.manual_seed(0)
-    save_kl(KLTokenizer(KL), folder / "kl.safetensors")
-    save_mar(tiny_mar(0), folder / "mar.safetensors")
-    save_mar(tiny_mar(1, width=16), folder / "mar_draft.safetensors")
+    folder = write_tiny_models(tmp_path_factory.mktemp("mar"))
     # the transformer's inference fast path skips tensor subclasses (the emulation): both sides run the plain path
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)

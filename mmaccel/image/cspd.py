@@ -122,7 +122,6 @@ def cspd_decode(target: MAR, draft: MAR, labels: Tensor, sampling: MaskedSamplin
         if not keep.all():
             redo = (~keep).nonzero().flatten()
             fresh, _ = sample_gaussian_residual(p_mean[redo], p_std, q_mean[redo], q_std, generator, settings.max_tries)
-            x = x.clone()
             x[redo] = fresh
             write(tokens, known, pos, x)
         stats.record_accepted(keep.view(B, -1).sum(1).tolist())

@@ -7,9 +7,7 @@ from mmaccel.bench.harness import MethodSpec, run_suite, validate_document
 from mmaccel.bench.image_continuous import build_image_continuous_suite
 from mmaccel.errors import InputError
 from mmaccel.image.continuous_pipeline import ContinuousPipeline
-from mmaccel.image.models.mar import save_mar
-from mmaccel.image.tokenizers.kl import KLTokenizer, save_kl
-from tests.image.test_continuous_pipeline import KL, tiny_mar
+from tests.image.test_continuous_pipeline import write_tiny_models
 
 METHODS = [MethodSpec("ar"), MethodSpec("mar", label="mar-4"), MethodSpec("ar-draft"),
            MethodSpec("cspd", {"num_draft": 4})]
@@ -17,12 +15,7 @@ METHODS = [MethodSpec("ar"), MethodSpec("mar", label="mar-4"), MethodSpec("ar-dr
 
 @pytest.fixture(scope="module")
 def pipe(tmp_path_factory):
-    path = tmp_path_factory.mktemp("mar")
-    torch.manual_seed(0)
-    save_kl(KLTokenizer(KL), path / "kl.safetensors")
-    save_mar(tiny_mar(0), path / "mar.safetensors")
-    save_mar(tiny_mar(1, width=16), path / "mar_draft.safetensors")
-    return ContinuousPipeline.from_pretrained(path)
+    return ContinuousPipeline.from_pretrained(write_tiny_models(tmp_path_factory.mktemp("mar")))
 
 
 def test_quick_suite_writes_valid_rows(pipe, monkeypatch):

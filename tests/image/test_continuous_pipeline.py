@@ -20,14 +20,18 @@ def tiny_mar(seed: int, width: int = 32, depth: int = 1) -> MAR:
     return model.eval()
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    path = tmp_path_factory.mktemp("mar")
+def write_tiny_models(path):
+    """A model directory: kl, mar (the target) and mar_draft safetensors with tiny random weights."""
     torch.manual_seed(0)
     save_kl(KLTokenizer(KL), path / "kl.safetensors")
     save_mar(tiny_mar(0), path / "mar.safetensors")
     save_mar(tiny_mar(1, width=16), path / "mar_draft.safetensors")
     return path
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return write_tiny_models(tmp_path_factory.mktemp("mar"))
 
 
 @pytest.fixture(scope="module")

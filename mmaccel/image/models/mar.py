@@ -28,7 +28,6 @@ internally and CSpD must share that noise between two heads.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -38,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mmaccel.checkpoints import check_layout, read_checkpoint, unwrap_state_dict, write_state_dict
+from mmaccel.checkpoints import check_layout, read_configured, write_state_dict
 from mmaccel.errors import InputError, check
 
 _CONFIG_KEY = "mmaccel_mar_config"
@@ -227,16 +226,12 @@ def save_mar(model: MAR, path: str | Path, dtype: torch.dtype | None = None) -> 
 def load_mar(source: str | Path | Mapping, config: MARConfig | None = None, *, dtype: torch.dtype | None = None) -> MAR:
     """A `MAR` in eval mode from our `.safetensors` save (fp16 files are cast to `dtype`, default fp32), or a
     state dict with `config`."""
-    if isinstance(source, Mapping):
-        name, obj, meta = "the given state dict", source, {}
-    else:
-        name = str(source)
-        obj, meta = read_checkpoint(source, "MAR model (an mmaccel .safetensors continuous-token generator)")
+    state, stored, name = read_configured(source, _CONFIG_KEY, "MAR model (an mmaccel .safetensors continuous-token "
+                                                               "generator)")
     if config is None:
-        if _CONFIG_KEY not in meta:
+        if stored is None:
             raise InputError(f"{name} carries no MAR config (header key {_CONFIG_KEY!r}); pass config=MARConfig(...)")
-        config = MARConfig(**json.loads(meta[_CONFIG_KEY]))
-    state = unwrap_state_dict(obj, name)
+        config = MARConfig(**stored)
     model = MAR(config)
     check_layout(model.state_dict(), state, name, f"MAR ({config})")
     model.load_state_dict(state, strict=True)

@@ -9,7 +9,6 @@ L = (S / 2^(levels-1))^2 and C the latent channels, positions in raster order.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from mmaccel.checkpoints import check_layout, read_checkpoint, unwrap_state_dict, write_state_dict
+from mmaccel.checkpoints import check_layout, read_configured, write_state_dict
 from mmaccel.errors import InputError, check
 
 _CONFIG_KEY = "mmaccel_kl_config"
@@ -114,17 +113,11 @@ def save_kl(model: KLTokenizer, path: str | Path, dtype: torch.dtype | None = No
 
 def load_kl(source: str | Path | Mapping, config: KLConfig | None = None) -> KLTokenizer:
     """A `KLTokenizer` in eval mode (fp32) from our `.safetensors` save, or a state dict with `config`."""
-    if isinstance(source, Mapping):
-        name, obj, meta = "the given state dict", source, {}
-    else:
-        name = str(source)
-        obj, meta = read_checkpoint(source, "KL tokenizer (an mmaccel .safetensors KL autoencoder)")
+    state, stored, name = read_configured(source, _CONFIG_KEY, "KL tokenizer (an mmaccel .safetensors KL autoencoder)")
     if config is None:
-        if _CONFIG_KEY not in meta:
+        if stored is None:
             raise InputError(f"{name} carries no KL tokenizer config (header key {_CONFIG_KEY!r}); pass config=KLConfig(...)")
-        stored = json.loads(meta[_CONFIG_KEY])
         config = KLConfig(**{**stored, "channels": tuple(stored["channels"])})
-    state = unwrap_state_dict(obj, name)
     model = KLTokenizer(config)
     check_layout(model.state_dict(), state, name, f"KL tokenizer ({config})")
     model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
