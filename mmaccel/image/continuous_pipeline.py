@@ -42,7 +42,7 @@ BUILTIN_CONTINUOUS_FILES = {"model": _ASSETS / "fashion_mar.safetensors",
                             "kl": _ASSETS / "fashion_kl.safetensors"}
 CONTINUOUS_METHODS = ("ar", "mar", "ar-draft", "cspd")
 # The built-in models' sampling recipe (chosen on the development split, see mmaccel/assets/README.md).
-CONTINUOUS_SAMPLING = {"cfg": 3.0, "cfg_schedule": "linear", "temperature": 1.0, "diffusion_steps": 25}
+CONTINUOUS_SAMPLING = {"cfg": 3.0, "cfg_schedule": "linear", "temperature": 1.0, "diffusion_steps": 10}
 MAR_TOKENS_PER_STEP = 4      # MAR's default multi-token mode (64 steps for 256 tokens)
 OUTPUT_SIZE = 64             # decoded images are resized to the other image pipelines' side (FID references)
 
