@@ -40,7 +40,7 @@ from torch import Tensor
 from mmaccel.core.gaussian import accept_gaussian, sample_gaussian_residual
 from mmaccel.core.stats import DecodeStats
 from mmaccel.errors import check
-from mmaccel.image.masked import (MaskedSampling, NoiseBank, _gather, conditions, reveal_counts, reveal_step,
+from mmaccel.image.masked import (MaskedSampling, NoiseBank, conditions, gather_rows, reveal_counts, reveal_step,
                                   sample_head, write)
 from mmaccel.image.models.mar import MAR
 
@@ -114,9 +114,9 @@ def cspd_decode(target: MAR, draft: MAR, labels: Tensor, sampling: MaskedSamplin
         pos, q_mean, w = torch.cat(block, 1), torch.cat(q_means, 1).flatten(0, 1), torch.cat(weights, 1).flatten()
         z, z_null = conditions(target, tokens, start, labels, sampling.cfg > 1.0)   # drafts still masked
         stats.nfe += 1
-        _, p_mean, p_std = sample_head(target, _gather(z, pos), None if z_null is None else _gather(z_null, pos), w,
-                                       _gather(bank.init, pos), _gather(bank.steps, pos), sampling)
-        x = _gather(tokens, pos)
+        _, p_mean, p_std = sample_head(target, gather_rows(z, pos), None if z_null is None else gather_rows(z_null, pos),
+                                       w, gather_rows(bank.init, pos), gather_rows(bank.steps, pos), sampling)
+        x = gather_rows(tokens, pos)
         uniforms = torch.rand(len(x), generator=generator, device=device)
         keep = accept_gaussian(x, q_mean, q_std, p_mean, p_std, uniforms, settings.inner_temperature)
         if not keep.all():

@@ -79,7 +79,7 @@ class NoiseBank:
         self.steps = torch.randn(batch, seq_len, steps, token_dim, generator=generator, device=device)
 
 
-def _gather(x: Tensor, pos: Tensor) -> Tensor:
+def gather_rows(x: Tensor, pos: Tensor) -> Tensor:
     """x [B, L, ...] at positions pos [B, n] -> [B * n, ...]."""
     index = pos.reshape(*pos.shape, *([1] * (x.dim() - 2))).expand(*pos.shape, *x.shape[2:])
     return torch.gather(x, 1, index).flatten(0, 1)
@@ -122,8 +122,8 @@ def reveal_step(model: MAR, tokens: Tensor, known: Tensor, labels: Tensor, pos: 
     z, z_null = conditions(model, tokens, known, labels, sampling.cfg > 1.0)
     rows = len(pos) * pos.shape[1]
     w = torch.full((rows,), guidance, device=tokens.device, dtype=tokens.dtype)
-    return sample_head(model, _gather(z, pos), None if z_null is None else _gather(z_null, pos), w,
-                       _gather(bank.init, pos), _gather(bank.steps, pos), sampling)
+    return sample_head(model, gather_rows(z, pos), None if z_null is None else gather_rows(z_null, pos), w,
+                       gather_rows(bank.init, pos), gather_rows(bank.steps, pos), sampling)
 
 
 def write(tokens: Tensor, known: Tensor, pos: Tensor, x: Tensor) -> None:
