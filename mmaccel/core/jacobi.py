@@ -7,6 +7,11 @@ prefix of the window; the target's outputs for the positions after it become the
 carry the distribution q they were drawn from, fresh guesses are point masses) and with the
 coupled rule and position-fixed noise it is the Gumbel-coupled SJD of SCD, which reproduces plain
 AR sampling token for token.
+
+Fresh guesses (the window's tail, which no pass has scored yet) are a free choice that moves speed
+only, never the output law: SJD repeats the last token ("repeat"); "above" takes, for a raster image
+of rows `stride` tokens wide, the token one row up (a generated token, or the window's own guess one
+row back), which image rows share far more often than neighbours along a row.
 """
 
 from __future__ import annotations
@@ -17,26 +22,46 @@ from torch import Tensor
 from mmaccel.core.proposers import Draft, DraftContext, Proposer
 from mmaccel.errors import check
 
-INITS = ("repeat", "random")
+INITS = ("repeat", "random", "above")
 
 
 class JacobiProposer(Proposer):
     """The previous iteration's outputs as drafts. `mode` is how window tokens are refreshed:
     "greedy" (argmax), "sample" (a fresh draw, q kept for SJD) or "coupled" (draw with the
-    position-fixed noise)."""
+    position-fixed noise). `init` picks fresh guesses (see the module doc); "above" needs the row
+    width `stride`."""
 
-    def __init__(self, window: int = 8, mode: str = "greedy", init: str = "repeat"):
+    def __init__(self, window: int = 8, mode: str = "greedy", init: str = "repeat", stride: int | None = None):
         check(window >= 1, f"Jacobi window must be >= 1, got {window}")
         check(mode in ("greedy", "sample", "coupled"), f"unknown Jacobi mode {mode!r}; use greedy, sample or coupled")
         check(init in INITS, f"unknown Jacobi init {init!r}; use one of {', '.join(INITS)}")
-        self.window, self.mode, self.init = window, mode, init
+        check(init != "above" or (isinstance(stride, int) and stride >= 1),
+              f"Jacobi init 'above' takes the token one row up: it needs the row width (stride >= 1), got {stride!r}")
+        self.window, self.mode, self.init, self.stride = window, mode, init, stride
 
     def _fresh(self, ctx: DraftContext, last: Tensor, n: int) -> Tensor:
-        """n fresh guesses per row [B, n]: repeat the last token, or uniform random tokens."""
-        if self.init == "repeat":
+        """n fresh guesses per row [B, n]: uniform random tokens, else the last token repeated ("above"
+        replaces them in `propose`, once the tokens emitted by the pass are known)."""
+        if self.init != "random":
             return last[:, None].expand(-1, n).clone()
         u = ctx.sampler.uniform((last.shape[0], n))
         return (u * ctx.sampler.vocab_size).long().clamp(max=ctx.sampler.vocab_size - 1).to(last.device)
+
+    def _from_above(self, ctx: DraftContext) -> None:
+        """Fresh guesses become the token one row (`stride`) up: an emitted token where there is one, else
+        the window's own (already updated) guess a row back. Device tensors only: no host read."""
+        B, L = self.tokens.shape
+        count = ctx.num_generated[:, None]
+        up = count + torch.arange(L, device=count.device)[None, :] - self.stride   # entry j is generated index count + j
+        emitted = (up >= 0) & (up < count)
+        above = ctx.emitted.gather(1, up.clamp(0, ctx.emitted.shape[1] - 1))
+        tokens = torch.where(self.fresh & emitted, above, self.tokens)
+        for j in range(self.stride, L, self.stride):          # chunks more than a row ahead, in order
+            later = slice(j, min(j + self.stride, L))
+            width = later.stop - later.start
+            take = self.fresh[:, later] & ~emitted[:, later]
+            tokens[:, later] = torch.where(take, tokens[:, j - self.stride : j - self.stride + width], tokens[:, later])
+        self.tokens = tokens
 
     def start(self, inputs, room, ctx):
         self.tokens = self._fresh(ctx, ctx.pending, self.window)           # [B, L]
@@ -45,6 +70,8 @@ class JacobiProposer(Proposer):
 
     def propose(self, ctx, k):
         check(k == self.window, f"the Jacobi window is {self.window}; the loop asked for {k} drafts")
+        if self.init == "above":
+            self._from_above(ctx)
         probs = None
         if self.mode == "sample" and not ctx.sampling.greedy:
             V = ctx.sampler.vocab_size

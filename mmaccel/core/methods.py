@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from torch import Tensor, nn
 
-from mmaccel.core.jacobi import JacobiProposer
+from mmaccel.core.jacobi import INITS, JacobiProposer
 from mmaccel.core.model import DecoderModel
 from mmaccel.core.proposers import (DraftModelProposer, EarlyExitProposer, HeadsProposer, NGramProposer,
                                     Proposer)
@@ -140,10 +140,19 @@ def _ngram(p):
 def _sjd(p, coupled=False):
     window = _int(p, "window", 8)
     init = p.pop("init", "repeat")
+    check(init in INITS, f"unknown Jacobi init {init!r}; choose from {', '.join(INITS)}")
+    stride = _int(p, "stride", 0, low=0, high=1 << 20)      # "above": the row width (0: the pipeline's)
     name = "sjd-coupled" if coupled else "sjd"
-    return Method(name, f"{'coupled ' if coupled else ''}speculative Jacobi decoding, window {window} "
-                  f"(greedy: Jacobi decoding)", "", True,
-                  lambda r: JacobiProposer(window, "coupled" if coupled else "sample", init),
+
+    def proposer(r: Resources) -> JacobiProposer:
+        row = stride or r.extras.get("row_stride")
+        check(init != "above" or bool(row), "Jacobi init 'above' takes the token one row up: give stride=<row width> "
+                                            "(image pipelines pass their grid width)")
+        return JacobiProposer(window, "coupled" if coupled else "sample", init, row if init == "above" else None)
+
+    guesses = "" if init == "repeat" else f", fresh guesses {'one row up' if init == 'above' else 'at random'}"
+    return Method(name, f"{'coupled ' if coupled else ''}speculative Jacobi decoding, window {window}{guesses} "
+                  f"(greedy: Jacobi decoding)", "", True, proposer,
                   "coupled" if coupled else "speculative", k=window, coupled=coupled)
 
 

@@ -118,7 +118,8 @@ class KVCache:
         there) and attend by `visible` [b, T, capacity] instead of the causal rule; `lengths` stay.
 
         This is how wavefront decoders (ZipAR) keep one slot per image position. b may divide the
-        cache batch (CFG doubles the rows); the plan is then repeated.
+        cache batch (CFG doubles the rows); the plan is then repeated. On the host the step attends
+        over the slots up to the last visible one, on a GPU over the whole capacity (fixed shapes).
         """
         b, T = slots.shape
         check(self.batch_size % b == 0, f"placed slots for {b} rows do not tile a cache batch of {self.batch_size}")
@@ -133,8 +134,12 @@ class KVCache:
             self._placed = None
             check(slots.shape[1] == num_new, f"placed {slots.shape[1]} slots but the step appends {num_new} tokens")
             reps = self.batch_size // slots.shape[0]
-            self._placed_mask = visible.repeat(reps, 1, 1)[:, None].to(self.device)
-            return CacheWrite(self, slots.repeat(reps, 1).to(self.device), self.capacity, None), self.lengths.clone()
+            used = self.capacity
+            if self.host:           # attend over the slots up to the last visible one only (fewer keys to read)
+                seen = visible.reshape(-1, self.capacity).any(0).nonzero()
+                used = int(seen[-1]) + 1 if len(seen) else 1
+            self._placed_mask = visible[..., :used].repeat(reps, 1, 1)[:, None].to(self.device)
+            return CacheWrite(self, slots.repeat(reps, 1).to(self.device), used, None), self.lengths.clone()
         start = self.lengths.clone()
         if not self.host:
             slots = start[:, None] + torch.arange(num_new, device=self.device)[None, :]

@@ -47,6 +47,9 @@ class DraftContext:
     # committed since the previous proposal (the prompt's after prefill), row b's first counts[b]
     committed_hidden: Tensor | None = None
     committed_counts: Tensor | None = None
+    # [B, C] every row's emitted tokens on the device (generated index order, -1 after the first
+    # num_generated[b]; no prompt): for proposers that must not read the history on the host
+    emitted: Tensor | None = None
 
 
 class Proposer:

@@ -80,7 +80,8 @@ class TokenSampler:
                  positions: int | None = None):
         """On a GPU the noise is drawn there (a host draw would be a copy the host waits for); coupled
         noise then needs `positions`, the most generated positions a call can ask for: the table is
-        drawn once, so no request has to read an index on the host."""
+        drawn once, so no request has to read an index on the host. On the host `positions`, where
+        given, draws the table up front too (one gather per request); without it the table grows."""
         check(isinstance(seed, int), f"seed must be an int, got {type(seed).__name__}")
         self.seed, self.batch_size, self.vocab_size, self.coupled = seed, batch_size, vocab_size, coupled
         self.device = torch.device(device)
@@ -89,11 +90,12 @@ class TokenSampler:
         self.generator = torch.Generator(device=where).manual_seed(seed)
         self._row_gens = [torch.Generator(device=where).manual_seed(seed * 1_000_003 + r) for r in range(batch_size)]
         self._tables = [torch.empty(0, vocab_size, device=where) for _ in range(batch_size)]  # per row: noise so far
-        if coupled and not self.host:
+        self._table: Tensor | None = None                                   # [B, positions', V] when drawn up front
+        if coupled and (positions is not None or not self.host):
             check(positions is not None, "coupled noise on a GPU needs the number of positions up front")
             for r in range(batch_size):
                 self._grow(r, positions)
-            self._table = torch.stack(self._tables)                          # [B, positions', V]
+            self._table = torch.stack(self._tables)
 
     def uniform(self, shape: tuple[int, ...]) -> Tensor:
         if self.host:
@@ -119,7 +121,10 @@ class TokenSampler:
         B, T = index.shape
         if not self.coupled:
             return self.exponential((B, T, self.vocab_size))
-        if not self.host:
+        if self._table is not None:         # one gather (on a GPU the only way: no index is read on the host)
+            if self.host:
+                check(int(index.max()) < self._table.shape[1],
+                      f"coupled noise was drawn for {self._table.shape[1]} positions; index {int(index.max())} asked")
             rows = torch.arange(B, device=self.device)[:, None]
             return self._table[rows, index.to(self.device)]
         index = index.cpu()

@@ -117,7 +117,7 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
             return DraftContext(pending=pending, history=out.history(), num_generated=out.count,
                                 sampling=sampling, sampler=sampler, target_hidden=hidden, active=~out.done,
                                 committed_hidden=None if committed is None else committed[0],
-                                committed_counts=None if committed is None else committed[1])
+                                committed_counts=None if committed is None else committed[1], emitted=out.tokens)
 
         if proposer is not None and not ahead:
             with stats.timed("draft"):

@@ -149,7 +149,8 @@ class ImagePipeline:
         draft = None
         if self.draft is not None:
             draft = wrap(self.draft) if guided and self.draft.config.has_null_class else self.draft
-        extras = {"embeddings": self.model.tok_embeddings.weight, "embedding_scale": embedding_scale(self.model)}
+        extras = {"embeddings": self.model.tok_embeddings.weight, "embedding_scale": embedding_scale(self.model),
+                  "row_stride": self.grid}          # Jacobi init "above": the token one image row up
         return Resources(model=wrap(self.model), draft=draft, latents=self.vq.codebook, extras=extras), guided
 
     # ---- generation ---------------------------------------------------------------------------

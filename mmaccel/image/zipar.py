@@ -32,6 +32,7 @@ plain ZipAR; for s = W it is exactly raster decoding.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -85,22 +86,100 @@ def zipar_decode(model: DecoderModel, inputs: Any, *, grid: int, s: int, jacobi:
     rule_name = "greedy" if sampling.greedy else rule
     check(rule_name != "greedy" or sampling.greedy, "the greedy rule needs temperature 0")
     params = (rule_params or {}) if rule_name == rule else {}
+    if jacobi == 0:
+        return _decode_plain(model, inputs, grid, s, sampling, seed, coupled, stand_in)
+    return _decode_rows(model, inputs, grid, s, jacobi, rule_name, params, sampling, seed, coupled, stand_in)
+
+
+def _prefill(model: DecoderModel, inputs: Any, N: int, sampling: Sampling, seed: int, coupled: bool, stats: DecodeStats):
+    """The prefill (slot 0: class token, 1..N: image, N + 1: scratch) and the first token [B]."""
+    with stats.timed("prefill"):
+        state = model.prefill(inputs, N + 1)
+        stats.nfe += 1
+    B, V = state.logits.shape
+    check(state.cache.capacity >= N + 2, f"the model's cache has {state.cache.capacity} slots, ZipAR needs {N + 2}")
+    sampler = TokenSampler(seed, B, V, coupled=coupled, device=state.logits.device, positions=N)
+    probs0 = sampling.probs(state.logits)[:, None]
+    index = torch.zeros(B, 1, dtype=torch.long, device=state.logits.device)
+    first = probs0.argmax(-1)[:, 0] if sampling.greedy else sampler.sample(probs0, index)[:, 0]
+    return state, sampler, first
+
+
+def _decode_plain(model: DecoderModel, inputs: Any, grid: int, s: int, sampling: Sampling, seed: int, coupled: bool,
+                  stand_in: str) -> Generation:
+    """ZipAR without drafts: every fed row entry decodes one token, so the wavefront is the same for
+    every image and known up front (`plain_schedule`); a pass is a gather, one step and one draw for
+    the whole batch, with no per-row bookkeeping on the host."""
+    N = grid * grid
+    stats = DecodeStats()
+    device = getattr(model, "device", torch.device("cpu"))
+    with torch.inference_mode(), track_peak_memory(stats, device), stats.timed("total"):
+        state, sampler, first = _prefill(model, inputs, N, sampling, seed, coupled, stats)
+        B, dev = first.shape[0], first.device
+        stats.deviation_per_row = [0.0] * B
+        tokens = torch.full((B, N), -1, dtype=torch.long, device=dev)
+        tokens[:, 0] = first
+        passes = torch.zeros(B, N, dtype=torch.long, device=dev)     # the target pass that committed each token
+        passes[:, 0] = stats.nfe
+        stats.record_accepted([1] * B)
+        for slots, pos, fed, decodes, visible in plain_schedule(grid, s, stand_in, state.cache.capacity, dev):
+            state.cache.place_next(slots, visible)
+            with stats.timed("verify"):
+                logits = model.step(state, tokens[:, fed], pos.expand(B, -1))     # [B, T, V]
+                stats.nfe += 1
+                probs = sampling.probs(logits[:, decodes])
+                index = (pos[0, decodes] + 1).expand(B, -1)                          # the decoded raster indices
+                new = probs.argmax(-1) if sampling.greedy else sampler.sample(probs, index)
+            tokens[:, index[0]] = new
+            passes[:, index[0]] = stats.nfe
+            stats.record_accepted([1] * (B * index.shape[1]))
+    stats.new_tokens = B * N
+    return Generation(tokens.tolist(), stats, passes.tolist())
+
+
+@functools.lru_cache(maxsize=32)
+def plain_schedule(grid: int, s: int, stand_in: str, capacity: int, device: torch.device) -> tuple[tuple[Tensor, ...], ...]:
+    """Plain ZipAR's passes after the prefill, each (slots [1, T], positions [1, T], fed raster indices
+    [T], which entries decode [T] bool, visible [1, T, capacity]): `_plan_row_element` run on one image
+    whose tokens are their own raster indices, every decode entry emitting its token."""
+    W = H = grid
+    rows = [_Row() for _ in range(H)]
+    raster = torch.full((W * H,), -1, dtype=torch.long)
+    raster[0] = rows[0].input = 0
+    rows[0].count = 1
+    filled = torch.zeros(1, capacity, dtype=torch.bool)
+    filled[:, 0] = True
+    schedule = []
+    while entries := _plan_row_element(rows, raster, W, H, s, 0, stand_in):
+        pos = torch.tensor([[p for _, p, _, _ in entries]])
+        slots = pos + 1
+        stream = torch.tensor([[r for r, _, _, _ in entries]])
+        visible = _visibility(filled, slots, pos, stream, torch.ones_like(pos, dtype=torch.bool), capacity)
+        decodes = torch.tensor([rows[r].count < W and p == r * W + rows[r].count - 1 for r, p, _, _ in entries])
+        for r, p, _, _ in entries:
+            if rows[r].count < W and p == r * W + rows[r].count - 1:
+                raster[p + 1] = rows[r].input = p + 1
+                rows[r].count += 1
+        filled[0, slots[0]] = True
+        fed = torch.tensor([f for _, _, f, _ in entries])
+        schedule.append(tuple(t.to(device) for t in (slots, pos, fed, decodes, visible)))
+    return tuple(schedule)
+
+
+def _decode_rows(model: DecoderModel, inputs: Any, grid: int, s: int, jacobi: int, rule_name: str,
+                 params: dict[str, Any], sampling: Sampling, seed: int, coupled: bool, stand_in: str) -> Generation:
+    """ZipAR with a Jacobi window per row: each image's rows advance by what their drafts earn, so
+    the passes are planned on the host, image by image."""
     H = W = grid
     N = H * W
     stats = DecodeStats()
     device = getattr(model, "device", torch.device("cpu"))
     with torch.inference_mode(), track_peak_memory(stats, device), stats.timed("total"):
-        with stats.timed("prefill"):
-            state = model.prefill(inputs, N + 1)          # slot 0: class token, 1..N: image, N + 1: scratch
-            stats.nfe += 1
-        B, V = state.logits.shape
+        state, sampler, first = _prefill(model, inputs, N, sampling, seed, coupled, stats)
+        B = first.shape[0]
         stats.deviation_per_row = [0.0] * B
         capacity = state.cache.capacity
-        check(capacity >= N + 2, f"the model's cache has {capacity} slots, ZipAR needs {N + 2}")
         scratch = N + 1
-        sampler = TokenSampler(seed, B, V, coupled=coupled, device=state.logits.device)
-        probs0 = sampling.probs(state.logits)[:, None]
-        first = probs0.argmax(-1)[:, 0] if sampling.greedy else sampler.sample(probs0, torch.zeros(B, 1, dtype=torch.long))[:, 0]
         tokens = torch.full((B, N), -1, dtype=torch.long)
         tokens[:, 0] = first.cpu()
         passes = torch.zeros(B, N, dtype=torch.long)           # the target pass that committed each token

@@ -15,6 +15,7 @@ GREEDY_METHODS = [
     ("speculative", {"k": 3}), ("speculative", {"k": 1}), ("speculative", {"k": 4, "stop_below": 0.9, "siblings": 2}),
     ("tree", {"depth": 3, "width": 2}), ("ngram", {"k": 3}),
     ("sjd", {"window": 4}), ("sjd-coupled", {"window": 4}), ("early-exit", {"k": 3, "exit_layer": 1}),
+    ("sjd", {"window": 7, "init": "above", "stride": 3}),
     ("medusa", {"depth": 3, "width": 2}), ("medusa-typical", {"depth": 2}),
 ]
 
@@ -81,6 +82,7 @@ def test_same_seed_same_output(resources, prompts):
 
 
 @pytest.mark.parametrize("name, params", [("speculative", {"k": 3}), ("sjd-coupled", {"window": 4}),
+                                          ("sjd-coupled", {"window": 7, "init": "above", "stride": 3}),
                                           ("tree", {"depth": 2, "width": 2})])
 def test_coupled_methods_reproduce_coupled_ar_sampling(resources, prompts, name, params):
     s = Sampling(temperature=1.0)
@@ -148,7 +150,7 @@ def pair_tests(triples, law):
 
 @pytest.mark.parametrize("name, params", [("speculative", {"k": 2}), ("sjd", {"window": 3}), ("ngram", {"k": 2}),
                                           ("tree", {"depth": 2, "width": 2}), ("sjd-coupled", {"window": 3}),
-                                          ("ar", {})])
+                                          ("sjd", {"window": 3, "init": "above", "stride": 1}), ("ar", {})])
 def test_sampled_methods_reproduce_the_target_law(small_vocab, name, params):
     prompt = [1, 2, 3]
     law = exact_triple_law(small_vocab.model, prompt)
@@ -169,11 +171,27 @@ def test_negative_control_always_accept_fails(small_vocab, monkeypatch):
     ("nope", {}, "unknown method"), ("speculative", {"k": 0}, "k must be"), ("speculative", {"k": -2}, "k must be"),
     ("tree", {"depth": 0}, "depth"), ("sjd", {"window": 0}, "window"), ("ngram", {"foo": 1}, "does not take"),
     ("medusa-typical", {"epsilon": 2.0}, "epsilon"), ("sjd", {"init": "zeros"}, "init"),
+    ("sjd", {"init": "above"}, "row width"), ("sjd", {"init": "above", "stride": -1}, "stride must be"),
     ("speculative", {"siblings": 2}, "need stop_below"), ("speculative", {"siblings": -1, "stop_below": 0.5}, "siblings must be"),
 ])
 def test_bad_method_arguments(resources, prompts, name, params, message):
     with pytest.raises(InputError, match=message):
         build_method(name, **params).loop_config(resources)
+
+
+def test_fresh_guesses_from_one_row_up(resources, prompts):
+    """init "above": a fresh guess is the emitted token `stride` back, or the window's own guess a row back."""
+    from mmaccel.core.jacobi import JacobiProposer
+    from mmaccel.core.proposers import DraftContext
+
+    proposer = JacobiProposer(window=5, mode="greedy", init="above", stride=2)
+    emitted = torch.tensor([[7, 8, 9, -1, -1, -1], [5, 4, -1, -1, -1, -1]])
+    ctx = DraftContext(pending=torch.tensor([9, 4]), history=[], num_generated=torch.tensor([3, 2]),
+                       sampling=Sampling(), sampler=None, emitted=emitted)
+    proposer.start(None, 0, ctx)
+    drafts = proposer.propose(ctx, 5).tokens
+    # row 0: entries are generated indices 3..7; one row up: 1, 2 (emitted), then the window's own guesses
+    assert drafts.tolist() == [[8, 9, 8, 9, 8], [5, 4, 5, 4, 5]]
 
 
 def test_bad_sampling_and_lengths(resources, prompts):

@@ -7,7 +7,7 @@ from mmaccel.core.sampling import CFG, Sampling
 from mmaccel.core.speculative import LoopConfig, decode
 from mmaccel.errors import InputError
 from mmaccel.image.models.gpt import GPTConfig, LlamaGenGPT
-from mmaccel.image.zipar import zipar_decode, zipar_passes
+from mmaccel.image.zipar import _decode_rows, zipar_decode, zipar_passes
 
 torch.set_num_threads(1)
 
@@ -114,6 +114,21 @@ def test_one_short_window_is_ar_but_for_row_starts(model, stand_in):
                     ref = full[p + 1]
                 assert torch.allclose(got, ref, atol=1e-4), (label, p)
         assert started == set(range(2, GRID)) and len(set(toks)) > GRID // 2                  # not degenerate
+
+
+@pytest.mark.parametrize("s", [1, 2, GRID - 1, GRID])
+@pytest.mark.parametrize("stand_in", ["vertical", "copy"])
+def test_plain_schedule_equals_the_row_planner(model, s, stand_in):
+    """Without drafts ZipAR runs a precomputed wavefront for the whole batch; it decodes exactly what
+    the per-image row planner (the Jacobi path, with no drafts) does: greedy, coupled, and guided."""
+    guided = CFG(model, 2.0)
+    for m, inputs in ((model, LABELS), (guided, (LABELS, [C] * len(LABELS)))):
+        for sampling, coupled in ((Sampling(), False), (SAMPLED, True)):
+            fast = zipar_decode(m, inputs, grid=GRID, s=s, sampling=sampling, seed=7, coupled=coupled, stand_in=stand_in)
+            rule = "greedy" if sampling.greedy else "coupled"
+            ref = _decode_rows(m, inputs, GRID, s, 0, rule, {}, sampling, 7, coupled, stand_in)
+            assert fast.tokens == ref.tokens and fast.commit_pass == ref.commit_pass
+            assert fast.stats.nfe == ref.stats.nfe == zipar_passes(GRID, s)
 
 
 def test_jacobi_windows_per_row(model):
