@@ -30,8 +30,10 @@ def test_the_emulated_device_fails_where_cuda_fails():
 
 
 # greedy for every method, sampled for each sampling rule (sjd-coupled equals sjd when greedy)
-IMAGE_CASES = [(m, 0.0) for m in ("ar", "speculative", "tree", "sjd", "early-exit", "lantern", "gsd", "zipar")] + \
-              [(m, 1.0) for m in ("speculative", "tree", "sjd-coupled", "lantern", "gsd", "zipar")]
+IMAGE_CASES = [(m, 0.0, {}) for m in ("ar", "speculative", "tree", "sjd", "early-exit", "lantern", "gsd", "zipar")] + \
+              [(m, 1.0, {}) for m in ("speculative", "tree", "sjd-coupled", "lantern", "gsd", "zipar")] + \
+              [("sjd-coupled", 1.0, {"init": "above", "window": 20}), ("zipar", 1.0, {"s": 2, "coupled": True}),
+               ("zipar", 1.0, {"s": 3, "window": 2})]
 
 
 @pytest.fixture(scope="module")
@@ -43,12 +45,12 @@ def image_pipes():
     return ImagePipeline.from_pretrained(), on_device
 
 
-@pytest.mark.parametrize("method, temperature", IMAGE_CASES)
-def test_image_methods_on_a_cuda_device(image_pipes, method, temperature):
+@pytest.mark.parametrize("method, temperature, params", IMAGE_CASES)
+def test_image_methods_on_a_cuda_device(image_pipes, method, temperature, params):
     cpu, cuda = image_pipes
-    expected = cpu.generate([3], method, seed=0, temperature=temperature)
+    expected = cpu.generate([3], method, seed=0, temperature=temperature, **params)
     with emulated_cuda():
-        out = cuda.generate([3], method, seed=0, temperature=temperature)
+        out = cuda.generate([3], method, seed=0, temperature=temperature, **params)
     assert torch.equal(on_host(out.tokens), expected.tokens)
     # on a GPU the loop learns that every row is done one pass late (it never waits for the host)
     assert expected.stats.nfe <= out.stats.nfe <= expected.stats.nfe + 1
@@ -70,6 +72,7 @@ def _reads_by_length(decode) -> list:
 # with stop_below the chain runs all k steps there and marks the drafts after the host's stop as filler
 @pytest.mark.parametrize("method, temperature, params", [
     ("ar", 0.0, {}), ("ar", 1.0, {}), ("sjd", 0.0, {}), ("sjd", 1.0, {}), ("sjd-coupled", 1.0, {}), ("gsd", 1.0, {}),
+    ("sjd-coupled", 1.0, {"init": "above"}), ("sjd", 1.0, {"init": "above", "window": 20}),
     ("speculative", 0.0, {}), ("speculative", 1.0, {}), ("speculative", 0.0, {"stop_below": 0.5}),
     ("speculative", 0.0, {"stop_below": 0.5, "siblings": 2}), ("tree", 0.0, {}), ("tree", 1.0, {}),
     ("early-exit", 0.0, {}), ("lantern", 0.0, {}), ("lantern", 1.0, {})])

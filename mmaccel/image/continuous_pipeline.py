@@ -16,7 +16,6 @@ All methods share `NoiseBank` draws for a seed, so their outputs differ only whe
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -27,11 +26,11 @@ from torch import Tensor
 
 from mmaccel.core.stats import DecodeStats, track_peak_memory
 from mmaccel.devices import check_same_device, resolve_device, resolve_dtype
-from mmaccel.errors import InputError, ModelNotFoundError, check
+from mmaccel.errors import ModelNotFoundError, check
 from mmaccel.image.cspd import CSpDSettings, check_cspd_pair, cspd_decode
 from mmaccel.image.masked import MaskedSampling, masked_decode
 from mmaccel.image.models.mar import MAR, load_mar
-from mmaccel.image.pipeline import FASHION_CLASSES, check_labels, to_pil
+from mmaccel.image.pipeline import FASHION_CLASSES, check_labels, locate_checkpoints, to_pil, weights_fingerprint
 from mmaccel.image.tokenizers.kl import KLTokenizer, load_kl
 from mmaccel.paths import assets_dir
 
@@ -82,31 +81,11 @@ class ContinuousPipeline:
         `tokenizer=` its KL tokenizer. `draft`: "builtin" (the directory's or built-in one), a path, or None."""
         device = resolve_device(device)
         dtype = resolve_dtype(dtype, device)
-        name, names = str(name_or_path), None
-        if name == BUILTIN_CONTINUOUS:
-            model_path, kl_path, draft_path = (BUILTIN_CONTINUOUS_FILES[k] for k in ("model", "kl", "draft"))
-            names = FASHION_CLASSES
-            missing = [str(p) for p in (model_path, kl_path, draft_path) if not p.is_file()]
-            if missing:
-                raise ModelNotFoundError(f"the built-in continuous-token model files are missing: {', '.join(missing)} "
-                                         "(reinstall mmaccel, or train them: see mmaccel/assets/README.md)")
-        elif name.startswith("builtin:"):
-            raise ModelNotFoundError(f"unknown built-in continuous-token model {name!r}; the built-in one is "
-                                     f"{BUILTIN_CONTINUOUS!r}")
-        else:
-            path = Path(name)
-            if path.is_dir():
-                model_path, draft_path = path / "mar.safetensors", path / "mar_draft.safetensors"
-                kl_path = Path(tokenizer) if tokenizer is not None else path / "kl.safetensors"
-                if not model_path.is_file() or not kl_path.is_file():
-                    raise ModelNotFoundError(f"{path} must hold mar.safetensors and kl.safetensors")
-                draft_path = draft_path if draft_path.is_file() else None
-            else:
-                if not path.exists():
-                    raise ModelNotFoundError(f"MAR checkpoint {path} not found")
-                if tokenizer is None:
-                    raise InputError(f"{path} is a MAR checkpoint: pass its KL tokenizer too, tokenizer=PATH")
-                model_path, kl_path, draft_path = path, Path(tokenizer), None
+        builtins = {BUILTIN_CONTINUOUS: {k: BUILTIN_CONTINUOUS_FILES[k] for k in ("model", "kl", "draft")}}
+        paths, builtin = locate_checkpoints(str(name_or_path), builtins, {"model": "mar", "kl": "kl", "draft": "mar_draft"},
+                                            what="continuous-token model", tokenizer=tokenizer, tokenizer_arg="tokenizer")
+        model_path, kl_path, draft_path = paths["model"], paths["kl"], paths["draft"]
+        names = FASHION_CLASSES if builtin else None
         if draft is None:
             draft_path = None
         elif draft != "builtin":
@@ -119,12 +98,7 @@ class ContinuousPipeline:
 
     def fingerprint(self) -> str:
         """A digest of the weights (cache keys of derived results)."""
-        digest = hashlib.sha256()
-        for module in (self.model, self.tokenizer, self.draft):
-            for name, tensor in ({} if module is None else module.state_dict()).items():
-                digest.update(name.encode())
-                digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-        return digest.hexdigest()[:16]
+        return weights_fingerprint(self.model, self.tokenizer, self.draft)
 
     def generate(self, class_labels: Any, method: str = "ar", *, num_iter: int | None = None,
                  cfg: float = CONTINUOUS_SAMPLING["cfg"], cfg_schedule: str = CONTINUOUS_SAMPLING["cfg_schedule"],

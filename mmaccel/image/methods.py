@@ -111,7 +111,7 @@ def _zipar(p: dict) -> Method:
 
 
 def _sjd2(p: dict) -> Method:
-    window = _int(p, "window", 32)       # defaults picked on development seeds (mmaccel.bench.speed_tune --sweep sjd2)
+    window = _int(p, "window", 32)       # defaults picked on development seeds (mmaccel.bench.image_tune --sweep sjd2)
     steps = _int(p, "steps", 2)
     coupled = bool(p.pop("coupled", False))
     check(steps <= window, f"SJD2 denoising steps ({steps}) cannot exceed the window ({window})")

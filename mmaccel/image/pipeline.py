@@ -53,6 +53,50 @@ def _find(directory: Path, stem: str) -> Path | None:
     return None
 
 
+def locate_checkpoints(name: str, builtins: dict[str, dict[str, Path]], stems: dict[str, str], *, what: str,
+                       tokenizer: str | Path | None, tokenizer_arg: str, tokenizer_example: str = ""
+                       ) -> tuple[dict[str, Path | None], bool]:
+    """({role: checkpoint file or None}, built-in?) of an image pipeline. `stems` maps roles to file stems,
+    model first and tokenizer second (both required), optional roles after. `name` is a key of `builtins`
+    (role -> shipped file, all of which must exist), a directory holding `<stem>.(safetensors|pt|...)`
+    files, or the model's checkpoint file with `tokenizer` (the `tokenizer_arg=` argument) its tokenizer."""
+    model, tok = list(stems)[:2]
+    if name in builtins:
+        paths = dict(builtins[name])
+        missing = [str(p) for p in paths.values() if not p.is_file()]
+        if missing:
+            raise ModelNotFoundError(f"the built-in {what} files are missing: {', '.join(missing)} "
+                                     "(reinstall mmaccel, or train them: see mmaccel/assets/README.md)")
+        return paths, True
+    if name.startswith("builtin:"):
+        raise ModelNotFoundError(f"unknown built-in {what} {name!r}; the built-in ones are "
+                                 f"{' and '.join(repr(b) for b in builtins)}")
+    path = Path(name)
+    if path.is_dir():
+        paths = {role: _find(path, stem) for role, stem in stems.items()}
+        if tokenizer is not None:
+            paths[tok] = Path(tokenizer)
+        if paths[model] is None or paths[tok] is None:
+            raise ModelNotFoundError(f"{path} must hold {stems[model]}.(safetensors|pt) and {stems[tok]}.(safetensors|pt) "
+                                     "checkpoints")
+        return paths, False
+    if not path.exists():
+        raise ModelNotFoundError(f"{what} checkpoint {path} not found")
+    if tokenizer is None:
+        raise InputError(f"{path} is a {what} checkpoint: pass its tokenizer too, {tokenizer_arg}=PATH{tokenizer_example}")
+    return {**{role: None for role in stems}, model: path, tok: Path(tokenizer)}, False
+
+
+def weights_fingerprint(*modules: torch.nn.Module | None) -> str:
+    """A digest of the modules' weights (cache keys of derived results)."""
+    digest = hashlib.sha256()
+    for module in modules:
+        for name, tensor in ({} if module is None else module.state_dict()).items():
+            digest.update(name.encode())
+            digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
 class ImagePipeline:
     """Class-conditional image generation; `method` picks the decoding algorithm (see
     `mmaccel.image.methods`). The drafter, when there is one, is guided with the same CFG scale."""
@@ -84,31 +128,13 @@ class ImagePipeline:
         dtype = resolve_dtype(dtype, device)
         use_cuda_graphs(cuda_graphs, device)
         name = str(name_or_path)
-        names = None
-        if name in (BUILTIN, BUILTIN_SJD2):
-            gpt_path = BUILTIN_FILES["gpt" if name == BUILTIN else "gpt_sjd2"]
-            vq_path, draft_path = BUILTIN_FILES["vq"], BUILTIN_FILES["draft"]
-            names = FASHION_CLASSES
-            missing = [str(p) for p in (gpt_path, vq_path) if not p.is_file()]
-            if missing:
-                raise ModelNotFoundError(f"the built-in model files are missing: {', '.join(missing)} "
-                                         "(reinstall mmaccel, or train them: see mmaccel/assets/README.md)")
-        elif name.startswith("builtin:"):
-            raise ModelNotFoundError(f"unknown built-in image model {name!r}; the built-in ones are {BUILTIN!r} and "
-                                     f"{BUILTIN_SJD2!r}")
-        else:
-            path = Path(name)
-            if path.is_dir():
-                gpt_path, draft_path = _find(path, "gpt"), _find(path, "draft")
-                vq_path = Path(vq) if vq is not None else _find(path, "vq")
-                if gpt_path is None or vq_path is None:
-                    raise ModelNotFoundError(f"{path} must hold gpt.(safetensors|pt) and vq.(safetensors|pt) checkpoints")
-            else:
-                if not path.exists():
-                    raise ModelNotFoundError(f"image model {path} not found")
-                if vq is None:
-                    raise InputError(f"{path} is a GPT checkpoint: pass its tokenizer too, vq=PATH (e.g. vq_ds16_c2i.pt)")
-                gpt_path, vq_path, draft_path = path, Path(vq), None
+        builtins = {b: {"gpt": BUILTIN_FILES[g], "vq": BUILTIN_FILES["vq"], "draft": BUILTIN_FILES["draft"]}
+                    for b, g in ((BUILTIN, "gpt"), (BUILTIN_SJD2, "gpt_sjd2"))}
+        paths, builtin = locate_checkpoints(name, builtins, {"gpt": "gpt", "vq": "vq", "draft": "draft"},
+                                            what="image model", tokenizer=vq, tokenizer_arg="vq",
+                                            tokenizer_example=" (e.g. vq_ds16_c2i.pt)")
+        gpt_path, vq_path, draft_path = paths["gpt"], paths["vq"], paths["draft"]
+        names = FASHION_CLASSES if builtin else None
         if draft not in (None, "builtin"):
             draft_path = Path(draft)
         elif draft is None:
@@ -125,12 +151,7 @@ class ImagePipeline:
 
     def fingerprint(self) -> str:
         """A digest of the target, tokenizer and drafter weights (cache keys of derived results)."""
-        digest = hashlib.sha256()
-        for module in (self.model, self.vq, self.draft):
-            for name, tensor in ({} if module is None else module.state_dict()).items():
-                digest.update(name.encode())
-                digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-        return digest.hexdigest()[:16]
+        return weights_fingerprint(self.model, self.vq, self.draft)
 
     # ---- inputs -------------------------------------------------------------------------------
 

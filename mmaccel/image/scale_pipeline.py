@@ -20,7 +20,6 @@ measured by FID in `mmaccel bench image-scale`.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -30,10 +29,11 @@ from torch import Tensor
 
 from mmaccel.core.stats import DecodeStats, track_peak_memory
 from mmaccel.devices import check_same_device, resolve_device, resolve_dtype
-from mmaccel.errors import InputError, ModelNotFoundError, check
+from mmaccel.errors import ModelNotFoundError, check
 from mmaccel.image.models.var import VAR, load_var
 from mmaccel.image.next_scale import ScaleSampling, check_code_pair, check_pair, collaborative_decode, decode_scales
-from mmaccel.image.pipeline import CHECKPOINT_SUFFIXES, FASHION_CLASSES, check_labels, to_pil
+from mmaccel.image.pipeline import (CHECKPOINT_SUFFIXES, FASHION_CLASSES, check_labels, locate_checkpoints, to_pil,
+                                    weights_fingerprint)
 from mmaccel.image.tokenizers.msvq import MSVQModel, load_msvq
 from mmaccel.paths import assets_dir
 
@@ -109,33 +109,16 @@ class ScalePipeline:
         inferred; `device`/`dtype`: where the VARs run and their parameter dtype."""
         device = resolve_device(device)
         dtype = resolve_dtype(dtype, device)
-        name, names = str(name_or_path), None
-        refiner_path: Path | None = None
-        if name == BUILTIN_SCALE:
-            var_path, vq_path, refiner_path = (BUILTIN_SCALE_FILES[k] for k in ("var", "vq", "refiner"))
-            names = FASHION_CLASSES
-            found = _specialised_files(_ASSETS, "fashion_var_small_code")
-            missing = [str(p) for p in (var_path, vq_path, refiner_path) if not p.is_file()]
-            if missing:
-                raise ModelNotFoundError(f"the built-in next-scale model files are missing: {', '.join(missing)} "
-                                         "(reinstall mmaccel, or train them: see mmaccel/assets/README.md)")
-        elif name.startswith("builtin:"):
-            raise ModelNotFoundError(f"unknown built-in next-scale model {name!r}; the built-in one is {BUILTIN_SCALE!r}")
-        else:
-            path = Path(name)
-            if path.is_dir():
-                var_path, refiner_path = _find(path, "var"), _find(path, "refiner")
-                found = _specialised_files(path, "refiner_code")
-                vq_path = Path(vq) if vq is not None else _find(path, "vq")
-                if var_path is None or vq_path is None:
-                    raise ModelNotFoundError(f"{path} must hold var.(safetensors|pth) and vq.(safetensors|pth) checkpoints")
-            else:
-                if not path.exists():
-                    raise ModelNotFoundError(f"VAR checkpoint {path} not found")
-                if vq is None:
-                    raise InputError(f"{path} is a VAR checkpoint: pass its tokenizer too, vq=PATH "
-                                     "(e.g. vae_ch160v4096z32.pth)")
-                var_path, vq_path, found = path, Path(vq), {}
+        name = str(name_or_path)
+        builtins = {BUILTIN_SCALE: {k: BUILTIN_SCALE_FILES[k] for k in ("var", "vq", "refiner")}}
+        paths, builtin = locate_checkpoints(name, builtins, {"var": "var", "vq": "vq", "refiner": "refiner"},
+                                            what="next-scale model", tokenizer=vq, tokenizer_arg="vq",
+                                            tokenizer_example=" (e.g. vae_ch160v4096z32.pth)")
+        var_path, vq_path, refiner_path = paths["var"], paths["vq"], paths["refiner"]
+        names = FASHION_CLASSES if builtin else None
+        path = Path(name)
+        found = _specialised_files(_ASSETS, "fashion_var_small_code") if builtin else \
+            _specialised_files(path, "refiner_code") if path.is_dir() else {}
         if refiner is None:
             refiner_path = None
         elif refiner != "builtin":
@@ -155,12 +138,7 @@ class ScalePipeline:
 
     def fingerprint(self) -> str:
         """A digest of the weights (cache keys of derived results)."""
-        digest = hashlib.sha256()
-        for module in (self.model, self.vq, self.refiner, *self.specialised.values()):
-            for name, tensor in ({} if module is None else module.state_dict()).items():
-                digest.update(name.encode())
-                digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-        return digest.hexdigest()[:16]
+        return weights_fingerprint(self.model, self.vq, self.refiner, *self.specialised.values())
 
     @property
     def num_scales(self) -> int:
