@@ -28,6 +28,7 @@ class Verdict:
     num_accepted: Tensor            # [B] drafts kept (a prefix)
     next_token: Tensor              # [B] correction or bonus token
     deviation: Tensor | None = None  # [B] total-variation budget spent on the kept drafts (relaxed rules)
+    choices: Tensor | None = None    # [B, K+1] the target's own pick at every column (greedy and coupled rules)
 
 
 def _first_rejection(accepted: Tensor) -> Tensor:
@@ -66,7 +67,7 @@ def accept_greedy(draft_tokens: Tensor, draft_probs: Tensor | None, target_probs
     """
     pred = target_probs.argmax(-1)                                   # [B, K+1]
     n = _first_rejection(draft_tokens == pred[:, :-1])
-    return Verdict(n, _at(pred, n))
+    return Verdict(n, _at(pred, n), choices=pred)
 
 
 def accept_speculative(draft_tokens: Tensor, draft_probs: Tensor | None, target_probs: Tensor,

@@ -86,11 +86,16 @@ class JacobiProposer(Proposer):
         usable = cols <= L
         cols = cols.clamp(max=L)
         index = ctx.num_generated[:, None] + cols
-        p = target_probs.gather(1, cols[..., None].expand(-1, -1, target_probs.shape[-1]))
-        if self.mode == "greedy" or ctx.sampling.greedy:
-            guess = p.argmax(-1)
+        if ctx.target_choices is not None and (self.mode == "coupled" or ctx.sampling.greedy):
+            # the verification already made the target's pick at every column: the argmax, or the draw
+            # under the same position-fixed noise (column c is generated index num_generated + c)
+            guess, p = ctx.target_choices.gather(1, cols), None
         else:
-            guess = ctx.sampler.sample(p, index)  # fresh noise for "sample", fixed noise for "coupled"
+            p = target_probs.gather(1, cols[..., None].expand(-1, -1, target_probs.shape[-1]))
+            if self.mode == "greedy" or ctx.sampling.greedy:
+                guess = p.argmax(-1)
+            else:
+                guess = ctx.sampler.sample(p, index)  # fresh noise for "sample", fixed noise for "coupled"
         fill = self._fresh(ctx, next_token, L)
         keep = ctx.active[:, None] if ctx.active is not None else torch.ones_like(usable)
         new_tokens = torch.where(usable, guess, fill)

@@ -50,6 +50,9 @@ class DraftContext:
     # [B, C] every row's emitted tokens on the device (generated index order, -1 after the first
     # num_generated[b]; no prompt): for proposers that must not read the history on the host
     emitted: Tensor | None = None
+    # [B, K+1] after a chain's verification under the greedy or coupled rule: the target's own pick at
+    # every column (the greedy argmax, or its draw under the position-fixed noise); None otherwise
+    target_choices: Tensor | None = None
 
 
 class Proposer:

@@ -194,6 +194,7 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
                     committed = (picked, torch.where(active, n + 1, 0))
 
             if proposer is not None:
+                ctx.target_choices = verdict.choices if tree is None else None
                 with stats.timed("draft"):
                     proposer.observe(ctx, verdict.num_accepted, nxt, target_probs, RowLists(lambda: [
                         row[:c] for row, c in zip(kept.tolist(), n.tolist())], padded=kept))
@@ -343,7 +344,7 @@ def _verify(rule_name: str, params, logits: Tensor, drafts: Tensor | None, draft
         probs = sampling.probs(logits)
         index = ctx.num_generated[:, None] + torch.arange(T, device=logits.device)[None, :]
         noise = sampler.noise(index)
-        uniforms = sampler.uniform((B, T - 1))
+        uniforms = None if rule_name == "coupled" else sampler.uniform((B, T - 1))       # the coupled rule draws none
         return rule(drafts, draft_probs, probs, uniforms, noise, **params), None, probs
     if rule_name == "greedy":
         path, n, nxt = verify_tree_greedy(tree, logits)
