@@ -96,6 +96,7 @@ def run_suite(suite: Suite, seed: int = 0, log: Callable[[str], None] = print) -
                 "time_s": {k: round(v, 4) for k, v in st.time_s.items()},
                 **({"mean_exit_layer": round(st.mean_exit_layer, 3)} if st.exit_hist else {}),
                 **({"cache_mb": round(st.cache_mb, 3)} if st.cache_mb else {}),
+                **({"fallbacks": st.fallbacks} if st.fallbacks else {}),
             })
     doc = {
         "suite": suite.name, "device": device_name(), "torch": torch.__version__,

@@ -85,7 +85,6 @@ class JacobiProposer(Proposer):
         cols = num_accepted[:, None] + 1 + torch.arange(L, device=num_accepted.device)[None, :]  # [B, L]
         usable = cols <= L
         cols = cols.clamp(max=L)
-        index = ctx.num_generated[:, None] + cols
         if ctx.target_choices is not None and (self.mode == "coupled" or ctx.sampling.greedy):
             # the verification already made the target's pick at every column: the argmax, or the draw
             # under the same position-fixed noise (column c is generated index num_generated + c)
@@ -95,6 +94,7 @@ class JacobiProposer(Proposer):
             if self.mode == "greedy" or ctx.sampling.greedy:
                 guess = p.argmax(-1)
             else:
+                index = ctx.num_generated[:, None] + cols
                 guess = ctx.sampler.sample(p, index)  # fresh noise for "sample", fixed noise for "coupled"
         fill = self._fresh(ctx, next_token, L)
         keep = ctx.active[:, None] if ctx.active is not None else torch.ones_like(usable)

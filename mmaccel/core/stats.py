@@ -31,6 +31,7 @@ class DecodeStats:
     deviation_per_row: list[float] = field(default_factory=list)  # the same, per generated sequence
     exit_hist: Counter = field(default_factory=Counter)  # early exit: tokens emitted after each layer count
     cache_mb: float = 0.0    # largest KV cache a call allocated (where the method reports it), MB
+    fallbacks: int = 0       # tokens a rejection sampler gave up on (CSpD's residual: a draw from the target instead)
 
     @property
     def mean_exit_layer(self) -> float:
@@ -69,7 +70,8 @@ class DecodeStats:
             peak_mem_mb=max(self.peak_mem_mb, other.peak_mem_mb), device=other.device,
             deviation=self.deviation + other.deviation,
             deviation_per_row=self.deviation_per_row + other.deviation_per_row,
-            exit_hist=self.exit_hist + other.exit_hist, cache_mb=max(self.cache_mb, other.cache_mb))
+            exit_hist=self.exit_hist + other.exit_hist, cache_mb=max(self.cache_mb, other.cache_mb),
+            fallbacks=self.fallbacks + other.fallbacks)
 
     def to_dict(self) -> dict:
         return {
@@ -83,6 +85,7 @@ class DecodeStats:
             **({"exit_hist": {str(k): v for k, v in sorted(self.exit_hist.items())},
                 "mean_exit_layer": round(self.mean_exit_layer, 4)} if self.exit_hist else {}),
             **({"cache_mb": round(self.cache_mb, 3)} if self.cache_mb else {}),
+            **({"fallbacks": self.fallbacks} if self.fallbacks else {}),
         }
 
     @classmethod
@@ -97,7 +100,7 @@ class DecodeStats:
                    deviation=float(d.get("deviation", 0.0)),
                    deviation_per_row=[float(x) for x in d.get("deviation_per_row", [])],
                    exit_hist=Counter({int(k): int(v) for k, v in d.get("exit_hist", {}).items()}),
-                   cache_mb=float(d.get("cache_mb", 0.0)))
+                   cache_mb=float(d.get("cache_mb", 0.0)), fallbacks=int(d.get("fallbacks", 0)))
 
 
 def _rss_mb() -> float:

@@ -13,7 +13,8 @@ The loop (as the reference implementation runs it, `SpecDecodeRunner.run`):
 5. Each drafted token x is kept with probability min(1, p(x)/q(x)) (`core.gaussian.accept_gaussian`,
    densities evaluated with their std times `inner_temperature`); a rejected one is replaced by a draw
    from norm(max(0, p - q)) by acceptance-rejection (`core.gaussian.sample_gaussian_residual`). Kept and
-   replaced tokens both stay: there is no prefix cut.
+   replaced tokens both stay: there is no prefix cut. A replacement still unaccepted after `max_tries`
+   proposals keeps its last one (a draw from p) and is counted in `DecodeStats.fallbacks`.
 
 What this is, exactly. Given the shared noise, the target's chain for a drafted position is fixed up to
 its last step, whose law is p; with `inner_temperature=1` each verified token is distributed exactly as
@@ -59,6 +60,8 @@ class CSpDSettings:
               f"prefill_ratio must be in [0, 1], got {self.prefill_ratio!r}")
         check(isinstance(self.inner_temperature, (int, float)) and self.inner_temperature > 0,
               f"inner_temperature must be positive, got {self.inner_temperature!r}")
+        check(isinstance(self.max_tries, int) and self.max_tries >= 1, f"max_tries must be a positive int, "
+                                                                        f"got {self.max_tries!r}")
 
 
 def check_cspd_pair(target: MAR, draft: MAR) -> None:
@@ -121,7 +124,9 @@ def cspd_decode(target: MAR, draft: MAR, labels: Tensor, sampling: MaskedSamplin
         keep = accept_gaussian(x, q_mean, q_std, p_mean, p_std, uniforms, settings.inner_temperature)
         if not keep.all():
             redo = (~keep).nonzero().flatten()
-            fresh, _ = sample_gaussian_residual(p_mean[redo], p_std, q_mean[redo], q_std, generator, settings.max_tries)
+            fresh, exhausted = sample_gaussian_residual(p_mean[redo], p_std, q_mean[redo], q_std, generator,
+                                                        settings.max_tries)
+            stats.fallbacks += int(exhausted.sum())
             x[redo] = fresh
             write(tokens, known, pos, x)
         stats.record_accepted(keep.view(B, -1).sum(1).tolist())

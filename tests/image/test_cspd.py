@@ -114,13 +114,29 @@ def test_counts_and_determinism(pair):
     assert (stats.nfe, stats.draft_passes, sum(stats.accepted_hist.values())) == (3, 2, 2)
 
 
+def test_a_residual_draw_that_runs_out_of_tries_is_counted(pair):
+    target, draft = pair
+    sampling = MaskedSampling(num_iter=4, cfg=1.0, diffusion_steps=3)
+    labels = torch.zeros(200, dtype=torch.long)
+    counts = {}
+    for tries in (1, 100):
+        stats = DecodeStats()
+        cspd_decode(target, draft, labels, sampling, CSpDSettings(num_draft=3, prefill_ratio=0.0, inner_temperature=1.0,
+                                                                  max_tries=tries), torch.Generator().manual_seed(3), stats)
+        rejected = 3 * len(labels) - sum(k * v for k, v in stats.accepted_hist.items())
+        assert 0 <= stats.fallbacks <= rejected
+        counts[tries] = stats.fallbacks
+    assert counts[1] > 0 and counts[100] < counts[1]
+    assert DecodeStats.from_dict(stats.to_dict()).fallbacks == stats.fallbacks
+
+
 def test_bad_settings_and_mismatched_models_are_clear_errors(pair):
     target, _ = pair
     sampling = MaskedSampling(num_iter=4, diffusion_steps=3)
     labels = torch.tensor([0])
     g = torch.Generator().manual_seed(0)
     for bad, match in [(CSpDSettings(num_draft=0), "num_draft"), (CSpDSettings(prefill_ratio=1.5), "prefill_ratio"),
-                       (CSpDSettings(inner_temperature=0), "inner_temperature")]:
+                       (CSpDSettings(inner_temperature=0), "inner_temperature"), (CSpDSettings(max_tries=0), "max_tries")]:
         with pytest.raises(InputError, match=match):
             cspd_decode(target, target, labels, sampling, bad, g)
     other = MAR(MARConfig(seq_len=9, token_dim=2, num_classes=2, width=32, depth=1, heads=2, buffer=1, head_width=32,
