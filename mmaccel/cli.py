@@ -165,6 +165,12 @@ def cmd_bench(args) -> int:
         changed = update_readme(Path(args.readme), Path(args.dir))
         print(f"{args.readme}: {'updated' if changed else 'already up to date'}")
         return 0
+    if args.threads is not None:
+        import torch
+
+        if args.threads < 1:
+            raise InputError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
     if args.suite == "image-fid":
         return _bench_image_fid(args)
     if args.suite == "kernels":
@@ -188,6 +194,7 @@ def cmd_bench(args) -> int:
     doc = run_suite(suite, log=lambda m: print(m, file=sys.stderr))
     doc["command"] = " ".join(["mmaccel bench", args.suite] + (["--quick"] if args.quick else [])
                               + ([f"--methods {args.methods}"] if args.methods else [])
+                              + ([f"--threads {args.threads}"] if args.threads is not None else [])
                               + [f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in extra.items()])
     out = Path(args.out) if args.out else Path("benchmarks") / f"{args.suite}{'-quick' if args.quick else ''}.json"
     paths = write_results(doc, out, suite.primary_quality)
@@ -212,6 +219,7 @@ def _bench_image_fid(args) -> int:
     doc = run_image_fid(methods, samples, log=lambda m: print(m, file=sys.stderr), model=model)
     doc["command"] = " ".join(["mmaccel bench image-fid"] + ([f"--model {args.model}"] if args.model else [])
                               + ([f"--methods {args.methods}"] if args.methods else [])
+                              + ([f"--threads {args.threads}"] if args.threads is not None else [])
                               + ([f"--samples {args.samples}"] if args.samples is not None else []))
     default_out = {"builtin:fashion-mnist": "image_fid.json", "builtin:fashion-mnist-sjd2": "image-sjd2_fid.json",
                    "builtin:fashion-mnist-mar": "image-continuous_fid.json"}.get(model, "image-scale_fid.json")
@@ -485,6 +493,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="asr suite: heads file(s), comma-separated, 'auto' (the shipped ones, default) or 'none'")
     b.add_argument("--draft", default=None, help="asr suite: draft decoder file, 'auto' (default) or 'none'")
     add_device_option(b, default=None)
+    b.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for the run (default: torch's, one per core); recorded with the results")
     b.add_argument("--readme", default="README.md")
     b.add_argument("--dir", default="benchmarks")
     b.set_defaults(func=cmd_bench)

@@ -14,6 +14,7 @@ from tests.speech.ctc.test_wav2vec2 import checkpoint  # noqa: F401  (fixture)
     (["bench", "core", "--inception-samples", "100"], "does not apply"),
     (["bench", "core", "--heads", "none"], "does not apply"),
     (["bench", "image", "--inception-samples", "-1"], "must be >= 0"),
+    (["bench", "core", "--threads", "0"], "--threads must be >= 1"),
     (["generate", "hello", "--model", "/nonexistent/model"], "does not exist"),
     (["generate", "hello", "--model", "builtin:nope"], "unknown built-in"),
 ])
