@@ -73,8 +73,9 @@ def cmd_image_generate_scale(args) -> int:
     refiner = None if args.refiner == "none" else args.refiner
     pipe = ScalePipeline.from_pretrained(args.model, vq=args.vq, refiner=refiner, patch_nums=args.patch_nums,
                                          num_heads=args.num_heads, device=args.device)
+    code = {"training_free": not args.specialised, "refiner_cfg": args.refiner_cfg} if args.method == "code" else {}
     out = pipe.generate(labels, args.method, draft_steps=args.draft_steps, cfg_scale=args.cfg_scale,
-                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, **code)
     return _write_images(out, Path(args.out))
 
 
@@ -389,6 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
     isg.add_argument("--refiner", default="builtin", help="the small VAR for CoDe: a checkpoint, 'builtin' or 'none'")
     isg.add_argument("--method", default="ar", choices=SCALE_METHODS)
     isg.add_argument("--draft-steps", type=int, default=None, help="code: scales the large VAR draws (default 6)")
+    isg.add_argument("--specialised", action="store_true", help="code: hand off to the refiner specialised for N")
+    isg.add_argument("--refiner-cfg", type=float, default=None, help="code: the refiner's guidance (default: --cfg-scale)")
     isg.add_argument("--labels", required=True, help="comma-separated class indices (or class names)")
     isg.add_argument("--cfg-scale", type=float, default=SCALE_SAMPLING["cfg_scale"], help="VAR's ramped guidance")
     isg.add_argument("--temperature", type=float, default=SCALE_SAMPLING["temperature"])

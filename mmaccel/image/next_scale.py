@@ -147,16 +147,18 @@ def check_code_pair(drafter: VAR, refiner: VAR, vq: MSVQModel, draft_steps: int)
 
 @torch.no_grad()
 def collaborative_decode(drafter: VAR, refiner: VAR, vq: MSVQModel, labels: Tensor, sampling: ScaleSampling,
-                         generator: torch.Generator, draft_steps: int,
-                         stats: DecodeStats | None = None) -> tuple[ScalePrefix, int]:
+                         generator: torch.Generator, draft_steps: int, stats: DecodeStats | None = None,
+                         refiner_sampling: ScaleSampling | None = None) -> tuple[ScalePrefix, int]:
     """CoDe: `drafter` (the large VAR) draws scales 0..N-1 with a cache of only those blocks; `refiner`
-    (the small VAR) prefills on them in one pass and draws scales N..K-1. Returns (the full prefix,
+    (the small VAR) prefills on them in one pass and draws scales N..K-1, with `refiner_sampling` where
+    given (a small model may want another guidance scale than the large one). Returns (the full prefix,
     the larger of the two caches' bytes: the drafter's is freed before the refiner's is allocated).
     Passes: the drafter's count in `stats.nfe`, the refiner's in `stats.draft_passes`."""
     check_code_pair(drafter, refiner, vq, draft_steps)
     drafted, draft_bytes = decode_scales(drafter, vq, labels, sampling, generator, last=draft_steps, stats=stats)
     refined_stats = DecodeStats()
-    out, refine_bytes = decode_scales(refiner, vq, labels, sampling, generator, prefix=drafted, stats=refined_stats)
+    out, refine_bytes = decode_scales(refiner, vq, labels, refiner_sampling or sampling, generator, prefix=drafted,
+                                      stats=refined_stats)
     if stats is not None:
         stats.draft_passes += refined_stats.nfe
         stats.new_tokens += refined_stats.new_tokens

@@ -20,7 +20,7 @@ measured by FID in `mmaccel bench image-scale`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -148,11 +148,12 @@ class ScalePipeline:
                  cfg_scale: float = SCALE_SAMPLING["cfg_scale"], top_k: int = SCALE_SAMPLING["top_k"],
                  top_p: float = SCALE_SAMPLING["top_p"],
                  temperature: float | Sequence[float] = SCALE_SAMPLING["temperature"],
-                 training_free: bool = True, seed: int = 0) -> ScaleOutput:
+                 training_free: bool = True, refiner_cfg: float | None = None, seed: int = 0) -> ScaleOutput:
         """One image per class label. `method`: "ar" (the large VAR alone), "ar-small" (the small VAR alone)
         or "code" (CoDe hand-off after `draft_steps` scales, default 6). Guidance is VAR's ramp (0 = none);
         `temperature` may be one value per scale. `training_free=False` (code only) hands off to the refiner
-        specialised for `draft_steps`."""
+        specialised for `draft_steps`; `refiner_cfg` (code only) is the refiner's own guidance scale on its
+        scales (same ramp; default: `cfg_scale`)."""
         check(method in SCALE_METHODS, f"unknown next-scale method {method!r}; choose from {', '.join(SCALE_METHODS)}")
         labels = check_labels(class_labels, self.model.num_classes, self.class_names)
         check(isinstance(seed, int) and not isinstance(seed, bool), f"seed must be an int, got {seed!r}")
@@ -161,8 +162,9 @@ class ScalePipeline:
         sampling.temperature_at(0, self.num_scales)   # a per-scale list must have one value per scale
         check(isinstance(training_free, bool), f"training_free must be True or False, got {training_free!r}")
         if method != "code":
-            check(draft_steps is None and training_free, f"draft_steps and training_free are parameters of "
-                                                         f"method='code', not {method!r}")
+            check(draft_steps is None and training_free and refiner_cfg is None,
+                  f"draft_steps, training_free and refiner_cfg are parameters of method='code', not {method!r}")
+        refiner_sampling = sampling if refiner_cfg is None else replace(sampling, cfg=refiner_cfg)
         if method != "ar":
             check(self.refiner is not None, f"method={method!r} needs a refiner (the small VAR): pass refiner=PATH")
         if method == "code":
@@ -182,7 +184,7 @@ class ScalePipeline:
                 prefix, cache_bytes = decode_scales(model, self.vq, y, sampling, generator, stats=stats)
             else:
                 prefix, cache_bytes = collaborative_decode(self.model, refiner, self.vq, y, sampling, generator,
-                                                           draft_steps, stats=stats)
+                                                           draft_steps, stats=stats, refiner_sampling=refiner_sampling)
         stats.cache_mb = cache_bytes / 2**20
         with torch.no_grad():
             images = to_pil(self.vq.decode_f_hat(prefix.f_hat))

@@ -58,3 +58,27 @@ def test_unknown_methods_and_a_wrong_baseline_are_refused(pipe):
         build_image_scale_suite(quick=True, methods=[MethodSpec("ar"), MethodSpec("sjd")], pipeline=pipe)
     with pytest.raises(InputError, match="first method"):
         build_image_scale_suite(quick=True, methods=[MethodSpec("code", {"draft_steps": 2})], pipeline=pipe)
+
+
+def test_the_refiner_guidance_sweep_runs_ar_and_each_setting(pipe, monkeypatch, tmp_path):
+    import json
+
+    import mmaccel.bench.image_suite as image_suite
+    from mmaccel.bench import image_scale
+
+    seen = []
+
+    def fake_tune(pipeline, grid, method, samples, seed, tag):
+        seen.extend(grid)
+        return [{"fid_domain_dev": 1.0, **g} for g in grid]
+
+    monkeypatch.setattr(image_suite, "tune_recipes", fake_tune)
+    monkeypatch.setattr(ScalePipeline, "from_pretrained", staticmethod(lambda name: pipe))
+    out = tmp_path / "code.json"
+    assert image_scale.main(["--tune", "--refiner-cfg", "1", "2", "--draft-steps", "2", "--specialised",
+                             "--out", str(out)]) == 0
+    assert [g["method"] for g in seen] == ["ar", "code", "code"]
+    assert [g.get("refiner_cfg") for g in seen[1:]] == [1.0, 2.0]
+    assert all(g["training_free"] is False and g["draft_steps"] == 2 for g in seen[1:])
+    doc = json.loads(out.read_text())
+    assert doc["command"].startswith("python -m mmaccel.bench.image_scale --tune") and len(doc["rows"]) == 3

@@ -56,6 +56,22 @@ def test_code_keeps_the_drafters_scales_and_caches_less(vq):
     assert code_bytes == plain_bytes // 4   # the larger cache: the refiner's (half as wide, half as deep; the drafter holds 5 of 30 tokens)
 
 
+def test_the_refiner_may_have_its_own_sampling(vq):
+    model = tiny_var().double()
+    vq64 = tiny_model().double()
+    sampling = ScaleSampling(cfg=2.0, top_k=8)
+
+    def handed(refiner_sampling):
+        out, _ = collaborative_decode(model, model, vq64, LABELS, sampling, torch.Generator().manual_seed(3), 2,
+                                      refiner_sampling=refiner_sampling)
+        return out.indices
+
+    same, other = handed(sampling), handed(ScaleSampling(cfg=0.0, top_k=8))
+    assert all(torch.equal(x, y) for x, y in zip(same, handed(None)))
+    assert all(torch.equal(x, y) for x, y in zip(same[:2], other[:2]))            # the drafter's scales stay
+    assert not all(torch.equal(x, y) for x, y in zip(same[2:], other[2:]))
+
+
 def test_per_scale_temperature_and_top_p(vq):
     model = tiny_var()
     out, _ = sample(model, vq, ScaleSampling(cfg=0.0, top_p=0.5, temperature=(1.0, 1.0, 0.5, 0.5)))

@@ -35,6 +35,8 @@ def test_methods_and_their_stats(pipe):
     assert (code.stats.nfe, code.stats.draft_passes) == (2, 2)
     assert torch.equal(code.tokens[:, :5], ar.tokens[:, :5])      # the large model's scales, same seed
     assert code.stats.cache_mb < ar.stats.cache_mb
+    pushed = pipe.generate([0, 1, 4], "code", draft_steps=2, seed=0, cfg_scale=2.0, refiner_cfg=50.0)
+    assert torch.equal(pushed.tokens[:, :5], ar.tokens[:, :5]) and not torch.equal(pushed.tokens, code.tokens)
     small = pipe.generate([0, 1, 4], "ar-small", seed=0, cfg_scale=2.0)
     assert small.stats.nfe == 4 and small.stats.cache_mb < ar.stats.cache_mb
     assert torch.equal(pipe.decode_pixels(ar.tokens), pipe.vq.decode(ar.indices))
@@ -54,6 +56,8 @@ def test_official_file_needs_its_tokenizer(folder, tmp_path):
 @pytest.mark.parametrize("kwargs, match", [
     ({"method": "speculative"}, "unknown next-scale method"),
     ({"method": "ar", "draft_steps": 3}, "draft_steps"),
+    ({"method": "ar", "refiner_cfg": 1.0}, "refiner_cfg"),
+    ({"method": "code", "refiner_cfg": -1.0}, "cfg_scale must be >= 0"),
     ({"method": "code", "draft_steps": 4}, r"draft_steps must be an int in \[1, 3\]"),
     ({"method": "code", "draft_steps": 0}, "draft_steps"),
     ({"cfg_scale": -1.0}, "cfg_scale"),
