@@ -94,9 +94,9 @@ def test_mismatched_parts_and_missing_files(folder, tmp_path):
 def test_builtin_generates_every_class_with_both_refiners():
     assert all(p.is_file() for p in BUILTIN_SCALE_FILES.values())
     pipe = ScalePipeline.from_pretrained(BUILTIN_SCALE)
-    assert sorted(pipe.specialised) == [6] and pipe.class_names[7] == "Sneaker"
-    for training_free in (True, False):
-        out = pipe.generate(list(range(10)), "code", seed=0, training_free=training_free)
+    assert sorted(pipe.specialised) == [6, 7] and pipe.class_names[7] == "Sneaker"
+    for training_free, n in ((True, 6), (False, 6), (False, 7)):
+        out = pipe.generate(list(range(10)), "code", draft_steps=n, seed=0, training_free=training_free)
         assert len(out.images) == 10 and out.images[0].size == (64, 64)
         assert (out.stats.nfe, out.stats.draft_passes) == (6, 4)
 
