@@ -73,9 +73,9 @@ def cmd_image_generate_scale(args) -> int:
     refiner = None if args.refiner == "none" else args.refiner
     pipe = ScalePipeline.from_pretrained(args.model, vq=args.vq, refiner=refiner, patch_nums=args.patch_nums,
                                          num_heads=args.num_heads, device=args.device)
-    code = {"training_free": not args.specialised, "refiner_cfg": args.refiner_cfg} if args.method == "code" else {}
     out = pipe.generate(labels, args.method, draft_steps=args.draft_steps, cfg_scale=args.cfg_scale,
-                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, **code)
+                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                        training_free=not args.specialised, refiner_cfg=args.refiner_cfg)
     return _write_images(out, Path(args.out))
 
 
