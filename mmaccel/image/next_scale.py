@@ -10,8 +10,8 @@ scale `first` (CoDe, Chen et al. 2025, §3.2: "refiner" prefill on the "drafter"
 CFG (VAR): the batch is doubled (condition | null class) and the guidance ramps linearly with the
 scale, t = cfg * k / (K - 1), logits = (1 + t) cond - t uncond. Sampling: top-k, then top-p, then
 the per-scale temperature (CoDe's order; VAR's FID recipe uses temperature 1), one categorical draw
-per token from a seeded generator, so the drafter's scales of a CoDe call equal the same model's
-scales of a plain call with the same seed.
+per token (inverse CDF over the kept codes) from a seeded generator, so the drafter's scales of a
+CoDe call equal the same model's scales of a plain call with the same seed.
 """
 
 from __future__ import annotations
@@ -55,11 +55,30 @@ class ScaleSampling:
         return float(self.temperature)
 
     def sample(self, logits: Tensor, si: int, n_scales: int, generator: torch.Generator) -> Tensor:
-        """Codes [B, n] from guided logits [B, n, V]."""
-        warped = Sampling(temperature=1.0, top_k=self.top_k, top_p=self.top_p).warp(logits)
-        probs = (warped / self.temperature_at(si, n_scales)).softmax(-1)
-        B, n, V = probs.shape
-        return torch.multinomial(probs.view(B * n, V), 1, replacement=True, generator=generator).view(B, n)
+        """Codes [B, n] from guided logits [B, n, V]: top-k keeps the k largest logits, top-p the head of
+        those whose mass reaches p, and one inverse-CDF draw per token picks among what is left at the
+        scale's temperature. One uniform per token instead of `torch.multinomial`'s V exponentials, and a
+        softmax over k logits instead of V: the categorical `Sampling.warp` defines, at a quarter of the
+        cost (sampling was a third of the small VAR's time)."""
+        B, n, V = logits.shape
+        flat = logits.reshape(B * n, V).float()
+        index = None
+        if 0 < self.top_k < V:
+            flat, index = flat.topk(self.top_k, dim=-1, sorted=self.top_p < 1)
+        if self.top_p < 1:
+            if index is None:
+                flat, index = flat.sort(dim=-1, descending=True)
+            probs = flat.softmax(-1)
+            # drop a token when the mass *before* it already reaches top_p (the top token always stays)
+            flat = flat.masked_fill(probs.cumsum(-1) - probs >= self.top_p, float("-inf"))
+        probs = (flat / self.temperature_at(si, n_scales)).softmax(-1)
+        cdf = probs.cumsum(-1)
+        u = torch.rand(B * n, 1, generator=generator, device=cdf.device) * cdf[:, -1:]
+        pick = torch.searchsorted(cdf, u, right=True).clamp_max_(cdf.shape[-1] - 1)
+        # float rounding at the top of the CDF may land on a token without mass: take the mode instead
+        pick = torch.where(probs.gather(-1, pick) > 0, pick, probs.argmax(-1, keepdim=True))
+        codes = pick if index is None else index.gather(-1, pick)
+        return codes.view(B, n)
 
 
 @dataclass

@@ -51,3 +51,25 @@ def test_tokenizer_var_and_refiner_train_resume_export(tmp_path):
     report = json.loads((tmp_path / "runs" / "code" / "eval.json").read_text())
     assert report["draft_steps"] == 2 and report["after"]["kl_to_teacher"] >= 0
     assert load_var(refined).config == load_var(small).config
+    assert train_code.main(["--out", str(tmp_path / "runs" / "code_guided"), "--teacher", str(large), "--student",
+                            str(small), "--draft-steps", "2", "--vq", str(vq_path), "--data-root", str(root), "--steps",
+                            "1", "--batch-size", "4", "--eval-images", "4", "--guidance", "2"]) == 0
+    report = json.loads((tmp_path / "runs" / "code_guided" / "eval.json").read_text())
+    assert report["guidance"] == 2 and report["after"]["guided_kl_to_teacher"] >= 0
+
+
+def test_a_refiner_equal_to_its_teacher_has_no_distillation_loss():
+    """Both distillation terms (conditional and guided) vanish when the student is the teacher, and the
+    guided term sees what guidance does: a student that only matches the conditional logits is not free."""
+    from tests.image.test_msvq import tiny_model
+    from tests.image.test_var import tiny_var
+
+    vq, teacher = tiny_model(), tiny_var(0)
+    labels, tokens = torch.tensor([0, 3]), torch.randint(0, 32, (2, 30), generator=torch.Generator().manual_seed(0))
+    for guidance in (0.0, 2.0):
+        loss, ce, kl = train_code.refiner_loss(teacher, teacher, vq, labels, tokens, 2, alpha=0.0, guidance=guidance)
+        assert abs(loss.item()) < 1e-5 and abs(kl) < 1e-5 and ce > 0
+    ramp = train_code.scale_ramp(teacher, 3.0)
+    assert ramp[0] == 0 and ramp[-1] == 3.0 and len(ramp) == teacher.offsets[-1]
+    cond, null = torch.randn(1, 30, 8), torch.randn(1, 30, 8)
+    assert torch.allclose(train_code.guided(torch.cat((cond, null)), torch.zeros(30)), cond)

@@ -35,41 +35,77 @@ from mmaccel.progress import progress
 logger = logging.getLogger("mmaccel.image.train.train_code")
 
 
+def guided(logits: Tensor, ramp: Tensor) -> Tensor:
+    """VAR's guided logits from a [cond | null] batch [2B, L, V] with the per-token guidance `ramp` [L]."""
+    B, t = logits.shape[0] // 2, ramp[None, :, None]
+    return (1 + t) * logits[:B] - t * logits[B:]
+
+
+def scale_ramp(model: VAR, cfg: float) -> Tensor:
+    """VAR's guidance per token [L]: cfg * k / (K - 1) on the tokens of scale k."""
+    K, off = len(model.patch_nums), model.offsets
+    return torch.cat([torch.full((off[k + 1] - off[k],), cfg * k / (K - 1)) for k in range(K)])
+
+
+def kl_to(logp: Tensor, target: Tensor) -> Tensor:
+    """KL(target || student) per token, averaged; both log-probabilities [..., V]."""
+    return F.kl_div(logp.reshape(-1, logp.shape[-1]), target.reshape(-1, target.shape[-1]), log_target=True,
+                    reduction="batchmean")
+
+
 def refiner_loss(student: VAR, teacher: VAR, vq: MSVQModel, labels: Tensor, tokens: Tensor, draft_steps: int,
-                 alpha: float) -> tuple[Tensor, float, float]:
-    """(alpha * CE + (1 - alpha) * KL(teacher || student), CE, KL) over the codes of scales draft_steps..K-1."""
+                 alpha: float, guidance: float = 0.0) -> tuple[Tensor, float, float]:
+    """(alpha * CE + (1 - alpha) * KL(teacher || student), CE, KL) over the codes of scales draft_steps..K-1.
+
+    With `guidance` > 0 the distillation term is the mean of the conditional KL and the KL between the
+    two models' *guided* distributions at VAR's ramp for that guidance scale (what sampling draws from:
+    guidance multiplies the student's errors in cond - uncond by up to 1 + 2 cfg); `labels` must then be
+    undropped, and the batch is run with the null class beside it."""
     start = student.offsets[draft_steps]
+    rows = labels if guidance <= 0 else torch.cat((labels, torch.full_like(labels, student.num_classes)))
     with torch.no_grad():
         inputs = vq.quantize.scale_inputs(split_scales(tokens, student.patch_nums))
-        target = teacher(labels, inputs)[:, start:].float().log_softmax(-1)
-    logp = student(labels, inputs)[:, start:].log_softmax(-1)
+        inputs = inputs.repeat(len(rows) // len(labels), 1, 1)
+        target = teacher(rows, inputs)[:, start:].float()
+    logits = student(rows, inputs)[:, start:]
+    B = labels.shape[0]
+    logp = logits[:B].log_softmax(-1)
     ce = F.nll_loss(logp.reshape(-1, logp.shape[-1]), tokens[:, start:].long().reshape(-1))
-    kl = F.kl_div(logp.reshape(-1, logp.shape[-1]), target.reshape(-1, target.shape[-1]), log_target=True,
-                  reduction="batchmean")
-    return alpha * ce + (1 - alpha) * kl, ce.item(), kl.item()
+    kl = kl_to(logp, target[:B].log_softmax(-1))
+    distill = kl
+    if guidance > 0:
+        ramp = scale_ramp(student, guidance)[start:].to(logits.device)
+        distill = 0.5 * (kl + kl_to(guided(logits, ramp).log_softmax(-1), guided(target, ramp).log_softmax(-1)))
+    return alpha * ce + (1 - alpha) * distill, ce.item(), kl.item()
 
 
 @torch.no_grad()
 def held_out(student: VAR, teacher: VAR, vq: MSVQModel, tokens: Tensor, labels: Tensor, draft_steps: int,
-             batch_size: int = 100) -> dict:
-    """Cross-entropy on the refiner's scales of the student and of the teacher, and the student's KL to the teacher."""
+             guidance: float = 0.0, batch_size: int = 100) -> dict:
+    """Cross-entropy on the refiner's scales of the student and of the teacher, the student's KL to the
+    teacher and, with `guidance`, the KL between their guided distributions."""
     student.eval()
-    ce_s = ce_t = kl = 0.0
+    totals = {"student_ce": 0.0, "teacher_ce": 0.0, "kl_to_teacher": 0.0}
+    if guidance > 0:
+        totals["guided_kl_to_teacher"] = 0.0
     start = student.offsets[draft_steps]
+    ramp = scale_ramp(student, guidance)[start:]
     for s in range(0, len(tokens), batch_size):
         y, t = labels[s:s + batch_size], tokens[s:s + batch_size]
-        inputs = vq.quantize.scale_inputs(split_scales(t, student.patch_nums))
+        rows = torch.cat((y, torch.full_like(y, student.num_classes)))
+        inputs = vq.quantize.scale_inputs(split_scales(t, student.patch_nums)).repeat(2, 1, 1)
         target = t[:, start:].long().reshape(-1)
-        ls = student(y, inputs)[:, start:].log_softmax(-1)
-        lt = teacher(y, inputs)[:, start:].log_softmax(-1)
-        n = len(y)
-        ce_s += F.nll_loss(ls.reshape(-1, ls.shape[-1]), target).item() * n
-        ce_t += F.nll_loss(lt.reshape(-1, lt.shape[-1]), target).item() * n
-        kl += F.kl_div(ls.reshape(-1, ls.shape[-1]), lt.reshape(-1, lt.shape[-1]), log_target=True,
-                       reduction="batchmean").item() * n
+        ls, lt = student(rows, inputs)[:, start:].float(), teacher(rows, inputs)[:, start:].float()
+        n, B = len(y), len(y)
+        cs, ct = ls[:B].log_softmax(-1), lt[:B].log_softmax(-1)
+        totals["student_ce"] += F.nll_loss(cs.reshape(-1, cs.shape[-1]), target).item() * n
+        totals["teacher_ce"] += F.nll_loss(ct.reshape(-1, ct.shape[-1]), target).item() * n
+        totals["kl_to_teacher"] += kl_to(cs, ct).item() * n
+        if guidance > 0:
+            guided_kl = kl_to(guided(ls, ramp).log_softmax(-1), guided(lt, ramp).log_softmax(-1))
+            totals["guided_kl_to_teacher"] += guided_kl.item() * n
     student.train()
-    n = len(tokens)
-    return {"student_ce": round(ce_s / n, 4), "teacher_ce": round(ce_t / n, 4), "kl_to_teacher": round(kl / n, 4)}
+    return {k: round(v / len(tokens), 4) for k, v in totals.items()}
 
 
 def main(argv=None) -> int:
@@ -81,6 +117,8 @@ def main(argv=None) -> int:
     p.add_argument("--vq", type=Path, default=DEFAULT_MSVQ)
     p.add_argument("--alpha", type=float, default=0.5, help="weight of the ground-truth cross-entropy")
     p.add_argument("--class-dropout", type=float, default=0.1)
+    p.add_argument("--guidance", type=float, default=0.0,
+                   help="also distil the guided distribution at this CFG scale (VAR's ramp; 0 = CoDe's recipe)")
     p.add_argument("--log-every", type=int, default=25)
     p.add_argument("--eval-images", type=int, default=1000)
     args = p.parse_args(argv)
@@ -93,7 +131,7 @@ def main(argv=None) -> int:
     tokens, labels = load_pyramids("train", args.out.parent / "msvq_tokens_train.pt", args.vq, args.data_root)
     test_tokens, test_labels = load_pyramids("test", args.out.parent / "msvq_tokens_test.pt", args.vq, args.data_root)
     test_tokens, test_labels = test_tokens[:args.eval_images], test_labels[:args.eval_images]
-    before = held_out(student, teacher, vq, test_tokens, test_labels, args.draft_steps)
+    before = held_out(student, teacher, vq, test_tokens, test_labels, args.draft_steps, args.guidance)
     logger.info("held-out before: %s", before)
     student.train()
     opt = torch.optim.AdamW(student.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -106,9 +144,11 @@ def main(argv=None) -> int:
     bar = progress(desc="train CoDe refiner", total=args.steps, initial=step, unit="step")
     while step < args.steps:
         idx = batch_indices(len(tokens), args.batch_size, args.seed, step)
-        y = dropped_labels(labels[idx], args.class_dropout, student.num_classes, args.seed, step)
+        y = labels[idx] if args.guidance > 0 else dropped_labels(labels[idx], args.class_dropout, student.num_classes,
+                                                                 args.seed, step)
         set_lr(opt, lr_at(step))
-        loss, ce, kl = refiner_loss(student, teacher, vq, y, tokens[idx], args.draft_steps, args.alpha)
+        loss, ce, kl = refiner_loss(student, teacher, vq, y, tokens[idx], args.draft_steps, args.alpha,
+                                      args.guidance)
         optimizer_step(opt, loss, student, 2.0)
         step += 1
         bar.update()
@@ -121,10 +161,11 @@ def main(argv=None) -> int:
         if step % args.ckpt_every == 0 or step == args.steps:
             save_checkpoint(ckpt_path, student, opt, step, {"draft_steps": args.draft_steps})
     bar.close()
-    after = held_out(student, teacher, vq, test_tokens, test_labels, args.draft_steps)
+    after = held_out(student, teacher, vq, test_tokens, test_labels, args.draft_steps, args.guidance)
     logger.info("held-out after: %s", after)
-    (args.out / "eval.json").write_text(json.dumps({"before": before, "after": after, "steps": args.steps,
-                                                    "draft_steps": args.draft_steps}, indent=2) + "\n")
+    report = {"before": before, "after": after, "steps": args.steps, "draft_steps": args.draft_steps,
+              "guidance": args.guidance}
+    (args.out / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
     if args.export is not None:
         save_var(student.eval(), args.export, dtype=torch.float16)
         logger.info("exported %s", args.export)
