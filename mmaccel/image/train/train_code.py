@@ -9,6 +9,9 @@ N..K-1, with knowledge distillation from the large model: loss = KL(teacher || s
 scales' codes (temperature 1), mixed with the cross-entropy to the ground-truth codes by `--alpha`
 (CoDe's 0.5). Inputs are the ground-truth pyramids of the Fashion-MNIST train split (teacher forcing,
 as VAR trains), with the label dropout of the original training so guidance keeps working.
+`--guidance CFG` (ours, a second stage on top of CoDe's recipe) also distils the CFG-combined
+distribution at VAR's ramp, which is what sampling draws from; the labels are then not dropped, and
+the null-class rows run beside them.
 Resumable (`<out>/ckpt.pt`); the held-out loss of both models on scales N..K-1 goes to `<out>/eval.json`.
 """
 
@@ -96,7 +99,7 @@ def held_out(student: VAR, teacher: VAR, vq: MSVQModel, tokens: Tensor, labels: 
         inputs = vq.quantize.scale_inputs(split_scales(t, student.patch_nums)).repeat(2, 1, 1)
         target = t[:, start:].long().reshape(-1)
         ls, lt = student(rows, inputs)[:, start:].float(), teacher(rows, inputs)[:, start:].float()
-        n, B = len(y), len(y)
+        n = B = len(y)
         cs, ct = ls[:B].log_softmax(-1), lt[:B].log_softmax(-1)
         totals["student_ce"] += F.nll_loss(cs.reshape(-1, cs.shape[-1]), target).item() * n
         totals["teacher_ce"] += F.nll_loss(ct.reshape(-1, ct.shape[-1]), target).item() * n
@@ -128,6 +131,8 @@ def main(argv=None) -> int:
     K = len(student.patch_nums)
     if not 1 <= args.draft_steps <= K - 1:
         p.error(f"--draft-steps must be in [1, {K - 1}]")
+    if args.guidance < 0:
+        p.error(f"--guidance must be >= 0, got {args.guidance}")
     tokens, labels = load_pyramids("train", args.out.parent / "msvq_tokens_train.pt", args.vq, args.data_root)
     test_tokens, test_labels = load_pyramids("test", args.out.parent / "msvq_tokens_test.pt", args.vq, args.data_root)
     test_tokens, test_labels = test_tokens[:args.eval_images], test_labels[:args.eval_images]
