@@ -64,13 +64,8 @@ class ScaleSampling:
         flat = logits.reshape(B * n, V).float()
         index = None
         if 0 < self.top_k < V:
-            flat, index = flat.topk(self.top_k, dim=-1, sorted=self.top_p < 1)
-        if self.top_p < 1:
-            if index is None:
-                flat, index = flat.sort(dim=-1, descending=True)
-            probs = flat.softmax(-1)
-            # drop a token when the mass *before* it already reaches top_p (the top token always stays)
-            flat = flat.masked_fill(probs.cumsum(-1) - probs >= self.top_p, float("-inf"))
+            flat, index = flat.topk(self.top_k, dim=-1, sorted=False)
+        flat = Sampling(temperature=1.0, top_p=self.top_p).warp(flat)   # top-p over the kept codes
         probs = (flat / self.temperature_at(si, n_scales)).softmax(-1)
         cdf = probs.cumsum(-1)
         u = torch.rand(B * n, 1, generator=generator, device=cdf.device) * cdf[:, -1:]

@@ -95,8 +95,8 @@ def held_out(student: VAR, teacher: VAR, vq: MSVQModel, tokens: Tensor, labels: 
     ramp = scale_ramp(student, guidance)[start:]
     for s in range(0, len(tokens), batch_size):
         y, t = labels[s:s + batch_size], tokens[s:s + batch_size]
-        rows = torch.cat((y, torch.full_like(y, student.num_classes)))
-        inputs = vq.quantize.scale_inputs(split_scales(t, student.patch_nums)).repeat(2, 1, 1)
+        rows = y if guidance <= 0 else torch.cat((y, torch.full_like(y, student.num_classes)))
+        inputs = vq.quantize.scale_inputs(split_scales(t, student.patch_nums)).repeat(len(rows) // len(y), 1, 1)
         target = t[:, start:].long().reshape(-1)
         ls, lt = student(rows, inputs)[:, start:].float(), teacher(rows, inputs)[:, start:].float()
         n = B = len(y)
