@@ -23,7 +23,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
 
-from demos import image_tab, speech_tab, text_tab, video_tab  # noqa: E402
+from demos import image2_tab, image_tab, speech_tab, text_tab, video_tab  # noqa: E402
 from mmaccel.devices import add_device_option, resolve_device  # noqa: E402
 from mmaccel.errors import InputError  # noqa: E402
 
@@ -48,6 +48,8 @@ def build_app(image: str = "builtin:fashion-mnist", speech: str = "builtin:base"
         gr.Markdown(INTRO)
         with gr.Tab("Image", id="image"):
             image_tab.build(image_tab.image_model(image, device), Path(workdir) / "image")
+        with gr.Tab("Image II", id="image2"):
+            image2_tab.build(image2_tab.image2_models(device), Path(workdir) / "image2")
         with gr.Tab("Speech", id="speech"):
             speech_tab.build(speech_tab.speech_model(speech, device))
         with gr.Tab("Text", id="text"):

@@ -52,11 +52,11 @@ def _labels(pipe: ImagePipeline, class_name: str, batch: int) -> list:
     return pipe.labels([class_name] * batch)          # an unknown name is a clear InputError
 
 
-def _shown(image):
+def shown(image):
     return image.resize((image.width * DISPLAY_SCALE, image.height * DISPLAY_SCALE), resample=0)
 
 
-def _png_zip(directory: Path, runs: dict, names: list[str]) -> str:
+def png_zip(directory: Path, runs: dict, names: list[str]) -> str:
     directory.mkdir(parents=True, exist_ok=True)
     archive = directory / "samples.zip"
     with zipfile.ZipFile(archive, "w") as zf:
@@ -151,8 +151,8 @@ def build(model: SharedModel, workdir: Path) -> None:
         progress(0.9, desc="drawing")
         heat = [pass_heatmap(out.commit_pass[0].numpy(), f"{name}: {out.stats.nfe} passes")
                 for name, out in (("AR", base), (method, fast))]
-        archive = _png_zip(workdir / (getattr(request, "session_hash", None) or "api") / str(time.time_ns()), {"ar": base, method: fast}, names)
-        captions = lambda out: [(_shown(im), n) for im, n in zip(out.images, names)]  # noqa: E731
+        archive = png_zip(workdir / (getattr(request, "session_hash", None) or "api") / str(time.time_ns()), {"ar": base, method: fast}, names)
+        captions = lambda out: [(shown(im), n) for im, n in zip(out.images, names)]  # noqa: E731
         return (captions(base), gr.update(value=captions(fast), label=method),
                 _stats_table(method, params, base, fast, base_s, fast_s, lossless), heat[0],
                 gr.update(value=heat[1], label=f"{method}: pass per token (first image)"), archive)

@@ -101,7 +101,10 @@ def _float(params: dict, key: str, default: float, low: float, high: float) -> f
 
 
 def _ar(p):
-    return Method("ar", "plain autoregressive decoding (the baseline)", "", True, lambda r: None)
+    # coupled: the sampling noise fixed per position, as the coupled methods read it (their token-for-token twin)
+    coupled = bool(p.pop("coupled", False))
+    return Method("ar", f"plain autoregressive decoding (the baseline){', coupled noise' if coupled else ''}", "", True,
+                  lambda r: None, coupled=coupled)
 
 
 def chain_options(p: dict, k: int = 4, stop_below: float = 0.0) -> tuple[int, float, int, str]:

@@ -32,9 +32,9 @@ def test_the_app_has_a_tab_per_modality(tmp_path):
 
     blocks = app.build_app(workdir=tmp_path)
     tabs = [b.label for b in blocks.blocks.values() if isinstance(b, gr.Tab)]
-    assert tabs == ["Image", "Speech", "Text", "Video"]
+    assert tabs == ["Image", "Image II", "Speech", "Text", "Video"]
     api = {d.api_name for d in blocks.fns.values() if d.api_name}
-    assert {"image", "speech", "text", "video_play", "video_ask"} <= api
+    assert {"image", "image2", "speech", "text", "video_play", "video_ask"} <= api
 
 
 def test_cli_demo_passes_its_options_to_the_app(capsys):

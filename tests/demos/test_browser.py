@@ -80,7 +80,7 @@ def page(server):
 
 
 def _tab(page, name: str) -> None:
-    page.get_by_role("tab", name=name).click()
+    page.get_by_role("tab", name=name, exact=True).click()
 
 
 def _choose(page, elem_id: str, option: str) -> None:
@@ -148,6 +148,19 @@ def test_image_tab(page):
     _images_loaded(page, "#image-method", 4)
     _images_loaded(page, "#image-heat", 1)
     _shot(page, "image")
+
+
+def test_image2_tab(page):
+    _tab(page, "Image II")
+    _choose(page, "image2-class", "Ankle boot")
+    _choose(page, "image2-method", "code")
+    page.click("#image2-run")
+    stats = _wait_text(page, "#image2-stats", "NFE")
+    _images_loaded(page, "#image2-ar", 4)
+    _images_loaded(page, "#image2-fast", 4)
+    assert re.search(r"target passes \(NFE\)\s+10\s+7\b", stats), stats
+    assert re.search(r"leading scales identical to AR \(all images\)\s+–\s+7 of 10", stats), stats
+    _shot(page, "image2")
 
 
 def test_speech_tab_rejects_a_text_file(page, tmp_path):

@@ -81,6 +81,9 @@ def test_budget_zero_reduces_relaxed_methods_to_exact_rules(pipe):
     coupled = pipe.generate([1, 2, 3, 4], "sjd-coupled", window=3, **kw)
     gsd0 = pipe.generate([1, 2, 3, 4], "gsd", window=3, coupled=True, d_threshold=0.0, **kw)
     assert torch.equal(gsd0.tokens, coupled.tokens) and gsd0.stats.deviation == 0.0
+    coupled_ar = pipe.generate([1, 2, 3, 4], "ar", coupled=True, **kw)   # the coupled methods' twin: AR on their noise
+    assert torch.equal(coupled_ar.tokens, coupled.tokens) and coupled_ar.stats.nfe == GRID * GRID
+    assert not torch.equal(pipe.generate([1, 2, 3, 4], "ar", **kw).tokens, coupled.tokens)
     ar = pipe.generate([1, 2, 3, 4], "ar", temperature=0, cfg_scale=2.0)
     assert torch.equal(pipe.generate([1, 2, 3, 4], "zipar", s=GRID, temperature=0, cfg_scale=2.0).tokens, ar.tokens)
     for coupled in (False, True):                # ZipAR rows verified with GSD's groups: budget 0 is the exact rule
