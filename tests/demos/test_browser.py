@@ -261,6 +261,9 @@ def test_the_api_gets_clear_messages(server, tmp_path):
 
     assert "maximum" in error("/image", *image[:2], 1000, *image[3:])             # window beyond its slider
     assert "Unicorn" in error("/image", "Unicorn", *image[1:])
+    image2 = ["Trouser", "code", 7, True, 8, 4, 16, 1, True, 0, 2]
+    assert "maximum" in error("/image2", *image2[:2], 12, *image2[3:])            # N beyond its slider
+    assert "no refiner specialised for draft_steps=3" in error("/image2", *image2[:2], 3, *image2[3:])
     silent, long = tmp_path / "silent.wav", tmp_path / "long.wav"
     sf.write(silent, np.zeros(16_000 * 2, dtype=np.int16), 16_000)
     noise = (np.random.default_rng(0).standard_normal(16_000 * 660) * 3000).astype(np.int16)   # 11 minutes
