@@ -22,7 +22,7 @@ METHODS = {
     "code": ("var", "CoDe: the large VAR draws the first N scales, the small one the rest", "no (the refiner's scales)"),
     "ar-small": ("var", "the small VAR alone", "no (another model)"),
     "cspd": ("mar", "CSpD: the draft MAR proposes, the target accepts by the diffusion heads' density ratio",
-             "approximately (the density ratio of the sampled trajectory; README)"),
+             "no (the reference's inner temperature 42 relaxes the density ratio; README)"),
     "mar": ("mar", "MAR's multi-token mode: several tokens per target step", "no (another sampling order)"),
     "ar-draft": ("mar", "the draft MAR alone", "no (another model)"),
     "sjd2": ("gpt", "SJD2: a Jacobi window denoised from embedding noise, verified by the fine-tuned GPT", "yes"),
