@@ -11,7 +11,7 @@ from pathlib import Path
 import gradio as gr
 import torch
 
-from demos.image_tab import MAX_BATCH, MIXED, png_zip, shown
+from demos.image_tab import MAX_BATCH, MIXED, class_labels, png_zip, shown
 from demos.shared import SharedModel, choice, number, ratio, shown_on_page
 from mmaccel.image.continuous_pipeline import BUILTIN_CONTINUOUS, MAR_TOKENS_PER_STEP, ContinuousPipeline
 from mmaccel.image.pipeline import BUILTIN_SJD2, FASHION_CLASSES, ImagePipeline
@@ -146,9 +146,9 @@ def build(models: dict[str, SharedModel], workdir: Path) -> None:
             seq_len = pipe.model.config.seq_len if world == "mar" else 0
             params = method_params(method, draft_steps, specialised, num_draft, tokens_per_step, window, steps,
                                    coupled, seq_len)
-            names = pipe.class_names or FASHION_CLASSES
-            chosen = choice(class_name, "class", (MIXED, *names))
-            labels = [i % len(names) for i in range(batch)] if chosen == MIXED else [names.index(chosen)] * batch
+            num_classes = pipe.model.config.num_classes if world == "mar" else pipe.model.num_classes
+            labels = class_labels(class_name, batch, num_classes, pipe.class_names)
+            names = [pipe.class_names[i] if pipe.class_names else str(i) for i in labels]
             # coupled SJD2 reads position-fixed noise: its AR twin reads the same noise one token a pass
             base_params = {"coupled": params["coupled"]} if world == "gpt" else {}
             progress(0.1, desc="AR")
@@ -159,9 +159,7 @@ def build(models: dict[str, SharedModel], workdir: Path) -> None:
             t0 = time.perf_counter()
             fast = pipe.generate(labels, method, seed=seed, **params)
             fast_s = time.perf_counter() - t0
-        names = [names[i] for i in labels]
-        archive = png_zip(workdir / (getattr(request, "session_hash", None) or "api") / str(time.time_ns()),
-                          {"ar": base, method: fast}, names)
+        archive = png_zip(workdir, request, {"ar": base, method: fast}, names)
         captions = lambda out: [(shown(im), n) for im, n in zip(out.images, names)]  # noqa: E731
         return (gr.update(value=captions(base), label=f"AR: {WORLDS[world]}"),
                 gr.update(value=captions(fast), label=method), _stats_table(method, base, fast, base_s, fast_s), archive)

@@ -13,7 +13,7 @@ import numpy as np
 from demos.render import pass_heatmap
 from demos.shared import SharedModel, choice, number, ratio, shown_on_page
 from mmaccel.image.methods import build_image_method
-from mmaccel.image.pipeline import FASHION_CLASSES, ImagePipeline
+from mmaccel.image.pipeline import FASHION_CLASSES, ImagePipeline, check_labels
 
 METHODS = ("zipar", "sjd-coupled", "gsd", "sjd", "lantern", "speculative")
 # the controls each method reads; the others are hidden while it is selected
@@ -46,17 +46,22 @@ def method_params(method: str, window, row_window, k, delta, s, coupled, grouped
     return params
 
 
-def _labels(pipe: ImagePipeline, class_name: str, batch: int) -> list:
+def class_labels(class_name, batch: int, num_classes: int, names) -> list[int]:
+    """The batch's class indices from the class control: every class in turn (MIXED) or the chosen one `batch`
+    times. `names`: the model's class names (None: the built-in names are offered, and a name is an error)."""
+    class_name = choice(class_name, "class", (MIXED, *(names or FASHION_CLASSES)))
     if class_name == MIXED:
-        return [i % pipe.model.num_classes for i in range(batch)]
-    return pipe.labels([class_name] * batch)          # an unknown name is a clear InputError
+        return [i % num_classes for i in range(batch)]
+    return check_labels([class_name] * batch, num_classes, names)     # an unknown name is a clear InputError
 
 
 def shown(image):
     return image.resize((image.width * DISPLAY_SCALE, image.height * DISPLAY_SCALE), resample=0)
 
 
-def png_zip(directory: Path, runs: dict, names: list[str]) -> str:
+def png_zip(workdir: Path, request, runs: dict, names: list[str]) -> str:
+    """Every image of `runs` ({method: output}) as a PNG, zipped in a fresh folder of the request's session."""
+    directory = workdir / (getattr(request, "session_hash", None) or "api") / str(time.time_ns())
     directory.mkdir(parents=True, exist_ok=True)
     archive = directory / "samples.zip"
     with zipfile.ZipFile(archive, "w") as zf:
@@ -137,7 +142,7 @@ def build(model: SharedModel, workdir: Path) -> None:
                     "seed": number(seed, "seed", 0, 2**31 - 1, integer=True)}
         progress(0.0, desc="loading the image model")
         with model.use() as pipe:
-            labels = _labels(pipe, choice(class_name, "class", (MIXED, *(pipe.class_names or FASHION_CLASSES))), batch)
+            labels = class_labels(class_name, batch, pipe.model.num_classes, pipe.class_names)
             progress(0.1, desc="AR")
             t0 = time.perf_counter()
             base = pipe.generate(labels, "ar", **sampling)
@@ -151,7 +156,7 @@ def build(model: SharedModel, workdir: Path) -> None:
         progress(0.9, desc="drawing")
         heat = [pass_heatmap(out.commit_pass[0].numpy(), f"{name}: {out.stats.nfe} passes")
                 for name, out in (("AR", base), (method, fast))]
-        archive = png_zip(workdir / (getattr(request, "session_hash", None) or "api") / str(time.time_ns()), {"ar": base, method: fast}, names)
+        archive = png_zip(workdir, request, {"ar": base, method: fast}, names)
         captions = lambda out: [(shown(im), n) for im, n in zip(out.images, names)]  # noqa: E731
         return (captions(base), gr.update(value=captions(fast), label=method),
                 _stats_table(method, params, base, fast, base_s, fast_s, lossless), heat[0],
