@@ -109,7 +109,7 @@ def build(models: dict[str, SharedModel], workdir: Path) -> None:
                                       "sjd2: the fine-tuned GPT")
             with gr.Group():
                 draft_steps = gr.Slider(1, 9, value=7, step=1, label="N: scales drawn by the large VAR")
-                specialised = gr.Checkbox(True, label="refiner trained for this N (shipped for N = 6, 7)")
+                specialised = gr.Checkbox(True, label="refiner trained for this N (shipped for N = 6, 7; N = 8, 9 use N = 7's)")
                 num_draft = gr.Slider(1, 32, value=8, step=1, label="draft tokens per target pass", visible=False)
                 tokens_per_step = gr.Slider(1, 32, value=MAR_TOKENS_PER_STEP, step=1, label="tokens per target step",
                                             visible=False)

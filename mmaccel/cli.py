@@ -75,7 +75,8 @@ def cmd_image_generate_scale(args) -> int:
                                          num_heads=args.num_heads, device=args.device)
     out = pipe.generate(labels, args.method, draft_steps=args.draft_steps, cfg_scale=args.cfg_scale,
                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                        training_free=not args.specialised, refiner_cfg=args.refiner_cfg)
+                        training_free=not args.specialised, refiner_cfg=args.refiner_cfg,
+                        refiner_temperature=args.refiner_temperature)
     return _write_images(out, Path(args.out))
 
 
@@ -390,8 +391,10 @@ def build_parser() -> argparse.ArgumentParser:
     isg.add_argument("--refiner", default="builtin", help="the small VAR for CoDe: a checkpoint, 'builtin' or 'none'")
     isg.add_argument("--method", default="ar", choices=SCALE_METHODS)
     isg.add_argument("--draft-steps", type=int, default=None, help="code: scales the large VAR draws (default 6)")
-    isg.add_argument("--specialised", action="store_true", help="code: hand off to the refiner specialised for N")
+    isg.add_argument("--specialised", action="store_true", help="code: hand off to the refiner specialised for N (or for the latest earlier N)")
     isg.add_argument("--refiner-cfg", type=float, default=None, help="code: the refiner's guidance (default: --cfg-scale)")
+    isg.add_argument("--refiner-temperature", type=float, default=None,
+                     help="code: the refiner's temperature (default: --temperature)")
     isg.add_argument("--labels", required=True, help="comma-separated class indices (or class names)")
     isg.add_argument("--cfg-scale", type=float, default=SCALE_SAMPLING["cfg_scale"], help="VAR's ramped guidance")
     isg.add_argument("--temperature", type=float, default=SCALE_SAMPLING["temperature"])

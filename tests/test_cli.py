@@ -84,7 +84,7 @@ def test_image_generate_scale_writes_pngs_with_code(tmp_path, capsys):
     (["--labels", "1", "--method", "code", "--draft-steps", "10"], "draft_steps must be an int in [1, 9]"),
     (["--labels", "1", "--draft-steps", "3"], "draft_steps"),
     (["--labels", "1", "--method", "code", "--specialised", "--draft-steps", "2"], "no refiner specialised"),
-    (["--labels", "1", "--refiner-cfg", "1.5"], "refiner_cfg are parameters of method='code'"),
+    (["--labels", "1", "--refiner-cfg", "1.5"], "refiner_temperature are parameters of method='code'"),
     (["--labels", "1", "--model", "/nowhere/var_d16.pth", "--vq", "/nowhere/vae.pth"], "not found"),
     (["--labels", "1", "--top-p", "0"], "top_p"),
 ])

@@ -112,21 +112,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top-k", type=int, nargs="+", default=[0, 128])
     p.add_argument("--refiner-cfg", type=float, nargs="+", default=None,
                    help="sweep CoDe's refiner guidance instead (the built-in recipe otherwise)")
+    p.add_argument("--refiner-temperature", type=float, nargs="+", default=None,
+                   help="sweep CoDe's refiner temperature (with --refiner-cfg: every pair)")
+    p.add_argument("--extractor", choices=("domain", "inception"), default="domain",
+                   help="FID features (inception: slow; use --reference-images 2000)")
+    p.add_argument("--reference-images", type=int, default=10_000, help="train-split images of the FID reference")
     p.add_argument("--draft-steps", type=int, default=7)
     p.add_argument("--specialised", action="store_true", help="the refiner specialised for --draft-steps")
     p.add_argument("--seed", type=int, default=90_000)
     p.add_argument("--out", default=None, help="write the rows as JSON here")
     args = p.parse_args(argv)
     pipe = ScalePipeline.from_pretrained(BUILTIN_SCALE)
-    if args.refiner_cfg is None:
+    if args.refiner_cfg is None and args.refiner_temperature is None:
         grid = [{"cfg_scale": c, "top_k": k, "top_p": 1.0, "temperature": 1.0} for c in args.cfg for k in args.top_k]
     else:
         code = {"method": "code", "draft_steps": args.draft_steps, "training_free": not args.specialised}
-        grid = [{"method": "ar", **SCALE_SAMPLING}] + [{**code, **SCALE_SAMPLING, "refiner_cfg": c} for c in args.refiner_cfg]
-    rows = tune_recipes(pipe, grid, "ar", args.samples, seed=args.seed, tag="image-scale tune")
+        refiner = [{**({} if c is None else {"refiner_cfg": c}), **({} if t is None else {"refiner_temperature": t})}
+                   for c in args.refiner_cfg or [None] for t in args.refiner_temperature or [None]]
+        grid = [{"method": "ar", **SCALE_SAMPLING}] + [{**code, **SCALE_SAMPLING, **r} for r in refiner]
+    rows = tune_recipes(pipe, grid, "ar", args.samples, reference_images=args.reference_images, seed=args.seed,
+                        tag="image-scale tune", extractor=args.extractor)
     if args.out:
         doc = {"command": "python -m mmaccel.bench.image_scale " + " ".join(sys.argv[1:] if argv is None else argv),
-               "reference": "Fashion-MNIST train split (domain FID, development)", "seed": args.seed, "rows": rows}
+               "reference": f"Fashion-MNIST train split, first {args.reference_images} images "
+                            f"({args.extractor} FID, development)", "seed": args.seed, "rows": rows}
         Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
     return 0
 

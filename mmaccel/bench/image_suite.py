@@ -267,17 +267,20 @@ def sample_grid(pipe, methods: list[MethodSpec], path, labels: list[int] | None 
 
 def tune_recipes(pipe, grid: list[dict[str, Any]], method: str = "ar", samples: int = 512,
                  reference_images: int = 10_000, seed: int = 0, tag: str = "image tune",
-                 log: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    """Score each entry of `grid` (generate keyword sets; a "method" key overrides `method`) by domain FID
-    against the **train** split's first `reference_images` (the development set; the benchmarks report
-    against the test split), class accuracy, target and draft passes and generation time: `samples` images
-    at batch 64 (labels i mod classes, seeds `seed` + chunk start), the same for every entry."""
+                 log: Callable[[str], None] = print, extractor: str = "domain") -> list[dict[str, Any]]:
+    """Score each entry of `grid` (generate keyword sets; a "method" key overrides `method`) by FID on
+    `extractor` features ("domain", or "inception": slow) against the **train** split's first
+    `reference_images` (the development set; the benchmarks report against the test split), class
+    accuracy, target and draft passes and generation time: `samples` images at batch 64 (labels i mod
+    classes, seeds `seed` + chunk start), the same for every entry."""
     import time
 
     from mmaccel.metrics.domain import classify
     from mmaccel.metrics.fid import extract_features, feature_stats, frechet_distance, reference_stats
 
-    reference = reference_stats("train", limit=reference_images, extractor="domain")
+    check(extractor in ("domain", "inception"), f"extractor must be 'domain' or 'inception', got {extractor!r}")
+    reference = reference_stats("train", limit=reference_images, extractor=extractor)
+    column = "fid_domain_dev" if extractor == "domain" else "fid_inception_dev"
     labels = [i % pipe.model.num_classes for i in range(samples)]
     rows = []
     for recipe in grid:
@@ -291,10 +294,10 @@ def tune_recipes(pipe, grid: list[dict[str, Any]], method: str = "ar", samples: 
             nfe, drafts = nfe + out.stats.nfe, drafts + out.stats.draft_passes
             pixels.append(pipe.decode_pixels(out.tokens))
         pixels = torch.cat(pixels)
-        fid = frechet_distance(*feature_stats(extract_features(pixels, "domain")), *reference)
+        fid = frechet_distance(*feature_stats(extract_features(pixels, extractor)), *reference)
         acc = float((classify(pixels) == torch.tensor(labels)).float().mean())
-        rows.append({"method": name, **kwargs, "fid_domain_dev": round(fid, 3), "class_acc": round(acc, 4),
+        rows.append({"method": name, **kwargs, column: round(fid, 3), "class_acc": round(acc, 4),
                      "nfe": nfe, "draft_passes": drafts, "wall_s": round(wall, 2)})
-        log(f"[{tag}] {name} {kwargs}: domain FID (train split) {fid:.3f}, class accuracy {acc:.3f}, "
+        log(f"[{tag}] {name} {kwargs}: {extractor} FID (train split) {fid:.3f}, class accuracy {acc:.3f}, "
             f"{nfe} target / {drafts} draft passes, {wall:.1f} s")
     return rows

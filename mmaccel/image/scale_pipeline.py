@@ -13,7 +13,8 @@
 `code` is CoDe (Chen et al., CVPR 2025). With two independently trained VARs it is the paper's
 training-free mode (`training_free=True`, the default); `training_free=False` hands off to a refiner
 specialised for that N (`specialised={N: checkpoint}`, trained by `mmaccel.image.train.train_code`;
-the built-in pipeline ships the ones in `mmaccel/assets/fashion_var_small_code{N}.safetensors`). It is a hand-off, not speculative decoding: nothing is
+the built-in pipeline ships the ones in `mmaccel/assets/fashion_var_small_code{N}.safetensors`; a refiner
+specialised for N0 also serves every later hand-off N > N0, whose scales it was trained on). It is a hand-off, not speculative decoding: nothing is
 verified, so its budget is N (more drafted scales = closer to the large model) and its deviation is
 measured by FID in `mmaccel bench image-scale`.
 """
@@ -144,16 +145,26 @@ class ScalePipeline:
     def num_scales(self) -> int:
         return len(self.vq.patch_nums)
 
+    def specialised_refiner(self, draft_steps: int) -> VAR:
+        """The refiner for hand-off scale N that was distilled on every scale it will draw: the one specialised
+        for N, else for the largest N0 < N (trained on scales N0..K-1, a superset of N..K-1)."""
+        trained = [n for n in self.specialised if n <= draft_steps]
+        check(trained, f"no refiner specialised for draft_steps={draft_steps} or an earlier hand-off "
+              f"(have: {sorted(self.specialised) or 'none'}); pass training_free=True or load one with specialised={{N: PATH}}")
+        return self.specialised[max(trained)]
+
     def generate(self, class_labels: Any, method: str = "ar", *, draft_steps: int | None = None,
                  cfg_scale: float = SCALE_SAMPLING["cfg_scale"], top_k: int = SCALE_SAMPLING["top_k"],
                  top_p: float = SCALE_SAMPLING["top_p"],
                  temperature: float | Sequence[float] = SCALE_SAMPLING["temperature"],
-                 training_free: bool = True, refiner_cfg: float | None = None, seed: int = 0) -> ScaleOutput:
+                 training_free: bool = True, refiner_cfg: float | None = None,
+                 refiner_temperature: float | None = None, seed: int = 0) -> ScaleOutput:
         """One image per class label. `method`: "ar" (the large VAR alone), "ar-small" (the small VAR alone)
         or "code" (CoDe hand-off after `draft_steps` scales, default 6). Guidance is VAR's ramp (0 = none);
         `temperature` may be one value per scale. `training_free=False` (code only) hands off to the refiner
-        specialised for `draft_steps`; `refiner_cfg` (code only) is the refiner's own guidance scale on its
-        scales (same ramp; default: `cfg_scale`)."""
+        specialised for `draft_steps` (or for the latest earlier hand-off: `specialised_refiner`); `refiner_cfg` and
+        `refiner_temperature` (code only) are the refiner's own guidance scale (same ramp) and temperature on its
+        scales (default: `cfg_scale`, `temperature`)."""
         check(method in SCALE_METHODS, f"unknown next-scale method {method!r}; choose from {', '.join(SCALE_METHODS)}")
         labels = check_labels(class_labels, self.model.num_classes, self.class_names)
         check(isinstance(seed, int) and not isinstance(seed, bool), f"seed must be an int, got {seed!r}")
@@ -162,18 +173,20 @@ class ScalePipeline:
         sampling.temperature_at(0, self.num_scales)   # a per-scale list must have one value per scale
         check(isinstance(training_free, bool), f"training_free must be True or False, got {training_free!r}")
         if method != "code":
-            check(draft_steps is None and training_free and refiner_cfg is None,
-                  f"draft_steps, training_free and refiner_cfg are parameters of method='code', not {method!r}")
-        refiner_sampling = sampling if refiner_cfg is None else replace(sampling, cfg=refiner_cfg)
+            check(draft_steps is None and training_free and refiner_cfg is None and refiner_temperature is None,
+                  "draft_steps, training_free, refiner_cfg and refiner_temperature are parameters of method='code', "
+                  f"not {method!r}")
+        check(refiner_temperature is None or (isinstance(refiner_temperature, (int, float))
+                                              and not isinstance(refiner_temperature, bool) and refiner_temperature > 0),
+              f"refiner_temperature must be a number > 0, got {refiner_temperature!r}")
+        refiner_sampling = replace(sampling, **({} if refiner_cfg is None else {"cfg": refiner_cfg}),
+                                   **({} if refiner_temperature is None else {"temperature": float(refiner_temperature)}))
         if method != "ar":
             check(self.refiner is not None, f"method={method!r} needs a refiner (the small VAR): pass refiner=PATH")
         if method == "code":
             draft_steps = DEFAULT_DRAFT_STEPS if draft_steps is None else draft_steps
             check_code_pair(self.model, self.refiner, self.vq, draft_steps)
-            check(training_free or draft_steps in self.specialised,
-                  f"no refiner specialised for draft_steps={draft_steps} (have: {sorted(self.specialised) or 'none'}); "
-                  "pass training_free=True or load one with specialised={N: PATH}")
-        refiner = self.refiner if training_free else self.specialised[draft_steps]
+        refiner = self.refiner if training_free or method != "code" else self.specialised_refiner(draft_steps)
         device = self.model.class_emb.weight.device
         y = torch.tensor(labels, device=device)
         generator = torch.Generator(device=device).manual_seed(seed)

@@ -68,9 +68,12 @@ def test_the_refiner_guidance_sweep_runs_ar_and_each_setting(pipe, monkeypatch, 
 
     seen = []
 
-    def fake_tune(pipeline, grid, method, samples, seed, tag):
+    def fake_tune(pipeline, grid, method, samples, reference_images, seed, tag, extractor):
         seen.extend(grid)
+        used.append((reference_images, extractor))
         return [{"fid_domain_dev": 1.0, **g} for g in grid]
+
+    used = []
 
     monkeypatch.setattr(image_suite, "tune_recipes", fake_tune)
     monkeypatch.setattr(ScalePipeline, "from_pretrained", staticmethod(lambda name: pipe))
@@ -82,3 +85,8 @@ def test_the_refiner_guidance_sweep_runs_ar_and_each_setting(pipe, monkeypatch, 
     assert all(g["training_free"] is False and g["draft_steps"] == 2 for g in seen[1:])
     doc = json.loads(out.read_text())
     assert doc["command"].startswith("python -m mmaccel.bench.image_scale --tune") and len(doc["rows"]) == 3
+    seen.clear()
+    assert image_scale.main(["--tune", "--refiner-cfg", "3", "--refiner-temperature", "1", "0.8", "--draft-steps", "2",
+                             "--specialised", "--extractor", "inception", "--reference-images", "2000"]) == 0
+    assert [(g.get("refiner_cfg"), g.get("refiner_temperature")) for g in seen[1:]] == [(3.0, 1.0), (3.0, 0.8)]
+    assert used == [(10_000, "domain"), (2000, "inception")]

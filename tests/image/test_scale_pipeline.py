@@ -37,6 +37,11 @@ def test_methods_and_their_stats(pipe):
     assert code.stats.cache_mb < ar.stats.cache_mb
     pushed = pipe.generate([0, 1, 4], "code", draft_steps=2, seed=0, cfg_scale=2.0, refiner_cfg=50.0)
     assert torch.equal(pushed.tokens[:, :5], ar.tokens[:, :5]) and not torch.equal(pushed.tokens, code.tokens)
+    cold = pipe.generate([0, 1, 4], "code", draft_steps=2, seed=0, cfg_scale=2.0, refiner_temperature=0.05)
+    assert torch.equal(cold.tokens[:, :5], ar.tokens[:, :5]) and not torch.equal(cold.tokens, code.tokens)
+    # the refiner's temperature is its scales' only: as a per-scale list it is the same draw
+    listed = pipe.generate([0, 1, 4], "code", draft_steps=2, seed=0, cfg_scale=2.0, temperature=[1.0, 1.0, 0.05, 0.05])
+    assert torch.equal(cold.tokens, listed.tokens)
     small = pipe.generate([0, 1, 4], "ar-small", seed=0, cfg_scale=2.0)
     assert small.stats.nfe == 4 and small.stats.cache_mb < ar.stats.cache_mb
     assert torch.equal(pipe.decode_pixels(ar.tokens), pipe.vq.decode(ar.indices))
@@ -58,6 +63,9 @@ def test_official_file_needs_its_tokenizer(folder, tmp_path):
     ({"method": "ar", "draft_steps": 3}, "draft_steps"),
     ({"method": "ar", "refiner_cfg": 1.0}, "refiner_cfg"),
     ({"method": "code", "refiner_cfg": -1.0}, "cfg_scale must be >= 0"),
+    ({"method": "ar", "refiner_temperature": 0.5}, "refiner_temperature"),
+    ({"method": "code", "refiner_temperature": 0.0}, "refiner_temperature must be a number > 0"),
+    ({"method": "code", "refiner_temperature": "hot"}, "refiner_temperature must be a number > 0"),
     ({"method": "code", "draft_steps": 4}, r"draft_steps must be an int in \[1, 3\]"),
     ({"method": "code", "draft_steps": 0}, "draft_steps"),
     ({"cfg_scale": -1.0}, "cfg_scale"),
@@ -113,8 +121,13 @@ def test_specialised_refiners_are_found_and_chosen(folder, tmp_path):
     tuned = pipe.generate([0, 1], "code", draft_steps=2, training_free=False, seed=0)
     assert torch.equal(free.tokens[:, :5], tuned.tokens[:, :5])              # the same large-model scales
     assert not torch.equal(free.tokens[:, 5:], tuned.tokens[:, 5:])          # another refiner after them
-    with pytest.raises(InputError, match="no refiner specialised for draft_steps=3"):
-        pipe.generate([0], "code", draft_steps=3, training_free=False)
+    # a later hand-off takes the refiner specialised for N = 2: it was distilled on every scale N = 3 draws
+    later = pipe.generate([0, 1], "code", draft_steps=3, training_free=False, seed=0)
+    same = ScalePipeline(pipe.model, pipe.vq, pipe.refiner, specialised={3: pipe.specialised[2]})
+    assert torch.equal(later.tokens, same.generate([0, 1], "code", draft_steps=3, training_free=False, seed=0).tokens)
+    assert not torch.equal(later.tokens, pipe.generate([0, 1], "code", draft_steps=3, seed=0).tokens)
+    with pytest.raises(InputError, match="no refiner specialised for draft_steps=1 or an earlier hand-off"):
+        pipe.generate([0], "code", draft_steps=1, training_free=False)
     with pytest.raises(InputError, match="training_free"):
         pipe.generate([0], "ar", training_free=False)
     with pytest.raises(ModelNotFoundError, match="specialised"):
