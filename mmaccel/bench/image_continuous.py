@@ -4,7 +4,8 @@ The built-in models (`ContinuousPipeline.from_pretrained("builtin:fashion-mnist-
 one token per step ("ar", CSpD's baseline), the target in MAR's multi-token mode ("mar-4": 4 tokens a
 step on average, MAR's default; "mar-8"), the draft model alone ("ar-draft", the quality floor) and CSpD
 ("cspd": the reference settings, 8 drafts a verification, 15 % pre-filling, inner temperature 42;
-"cspd-exact": inner temperature 1, the exact density ratio). Same labels, seeds and batches for every
+"cspd-exact": inner temperature 1, the exact density ratio; "cspd-16", "cspd-16-p05": 16 drafts a
+verification, 15 % or 5 % pre-filling, settings from the development sweep). Same labels, seeds and batches for every
 method, interleaved in one process, through the image suite's harness (`build_image_suite`): domain
 FID on the quality samples, Inception FID on `--inception-samples` of them (the whole test split as
 reference from 5 000 on), class accuracy. The KL decoder is not timed.
@@ -31,6 +32,10 @@ DEFAULT_METHODS = [
     MethodSpec("ar-draft"),
     MethodSpec("cspd"),
     MethodSpec("cspd", {"inner_temperature": 1.0}, label="cspd-exact"),
+    # 16 drafts a verification, picked on development seeds (benchmarks/tune/cspd_prefill.json) with the
+    # reference's pre-filling and with a third of it.
+    MethodSpec("cspd", {"num_draft": 16}, label="cspd-16"),
+    MethodSpec("cspd", {"num_draft": 16, "prefill_ratio": 0.05}, label="cspd-16-p05"),
 ]
 
 
@@ -88,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--diffusion-steps", type=int, nargs="+", default=[10, 25])
     p.add_argument("--num-draft", type=int, nargs="+", default=[4, 8, 16])
     p.add_argument("--inner-temperature", type=float, nargs="+", default=[1.0, 10.0, 42.0])
+    p.add_argument("--prefill-ratio", type=float, nargs="+", default=[0.15])
     p.add_argument("--out", default=None, help="write the rows as JSON here")
     args = p.parse_args(argv)
     pipe = ContinuousPipeline.from_pretrained(BUILTIN_CONTINUOUS)
@@ -95,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         grid = [{"cfg": c, "diffusion_steps": s} for c in args.cfg for s in args.diffusion_steps]
     else:
         grid = [{"method": "ar"}, {"method": "mar"}, {"method": "mar", "num_iter": 8}, {"method": "ar-draft"},
-                *({"method": "cspd", "num_draft": k, "inner_temperature": t}
-                  for k in args.num_draft for t in args.inner_temperature)]
+                *({"method": "cspd", "num_draft": k, "inner_temperature": t, "prefill_ratio": r}
+                  for k in args.num_draft for t in args.inner_temperature for r in args.prefill_ratio)]
         grid = [{**CONTINUOUS_SAMPLING, **g} for g in grid]
     rows = tune_recipes(pipe, grid, "ar", args.samples, seed=TUNE_SEED, tag=f"image-continuous tune {args.tune}")
     if args.out:

@@ -100,14 +100,14 @@ def sample_head(model: MAR, z: Tensor, z_null: Tensor | None, guidance: Tensor, 
     """Run the head's DDPM chain for N tokens: z, z_null [N, W], guidance [N] (w per token), init [N, C],
     noise [N, S, C] -> (x_0 [N, C], mean of the last step [N, C], std of the last step)."""
     times = model.diffusion.sampling_timesteps(sampling.diffusion_steps)
-    x, cond = init, z if z_null is None else torch.cat([z, z_null])
+    head, x, cond = model.head, init, z if z_null is None else torch.cat([z, z_null])
     w = guidance[:, None]
+    plan = head.plan(torch.tensor(times[:-1], device=x.device), cond)
     for i, (t, t_prev) in enumerate(zip(times, times[1:])):
-        tt = torch.full((len(cond),), t, device=x.device, dtype=torch.long)
         if z_null is None:
-            v = model.head(x, tt, cond)
+            v = head.step(x, plan, i)
         else:
-            v_c, v_u = model.head(x.repeat(2, 1), tt, cond).chunk(2)
+            v_c, v_u = head.step(torch.cat([x, x]), plan, i).chunk(2)
             v = v_u + w * (v_c - v_u)
         mean, std = model.diffusion.posterior(x, v.to(x.dtype), t, t_prev)
         std *= sampling.temperature

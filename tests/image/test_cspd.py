@@ -34,6 +34,13 @@ class X0Head(nn.Module):
         a = self.abar[t][:, None]
         return (a.sqrt() * x - (self.m(z) + self.shift)) / (1 - a).sqrt()
 
+    def plan(self, times, z):
+        return times, z
+
+    def step(self, x, plan, i):
+        times, z = plan
+        return self(x, times[i].expand(len(x)), z)
+
 
 @pytest.fixture(scope="module")
 def pair():

@@ -41,6 +41,19 @@ def test_posterior_step_is_diffusers_ddpm_step():
     assert 0 < last_std < 0.05                         # our chain ends with a proper, narrow Gaussian
 
 
+def test_planned_chain_equals_the_heads_forward(model):
+    """`plan` once + `step` per step (the sampler's path) gives the velocity of `forward(x, t, z)`."""
+    times = torch.tensor(model.diffusion.sampling_timesteps(6)[:-1])
+    g = torch.Generator().manual_seed(0)
+    z, x = torch.randn(5, CONFIG.width, generator=g), torch.randn(5, CONFIG.token_dim, generator=g)
+    with torch.no_grad():
+        plan = model.head.plan(times, z)
+        for i, t in enumerate(times.tolist()):
+            expected = model.head(x, torch.full((5,), t), z)
+            assert torch.allclose(model.head.step(x, plan, i), expected, atol=1e-6)
+            assert expected.abs().max() > 1e-3          # the random head is not the adaLN-zero identity
+
+
 def test_reveal_counts_follow_mars_cosine_schedule():
     assert reveal_counts(64, 64) == [1] * 64
     counts = reveal_counts(256, 64)

@@ -28,6 +28,7 @@ internally and CSpD must share that noise between two heads.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -69,8 +70,9 @@ class MARConfig:
         return math.isqrt(self.seq_len)
 
 
-def _modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
-    return x * (1 + scale) + shift
+def _modulate(x: Tensor, shift: Tensor, gain: Tensor) -> Tensor:
+    """adaLN: x * (1 + scale) + shift, with gain = 1 + scale (precomputed in `DiffusionHead.modulation`)."""
+    return torch.addcmul(shift, x, gain)
 
 
 class _TimeEmbedding(nn.Module):
@@ -97,13 +99,22 @@ class _AdaLNBlock(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(width, width), nn.SiLU(), nn.Linear(width, width))
         self.ada = nn.Sequential(nn.SiLU(), nn.Linear(width, 3 * width))
 
-    def forward(self, x: Tensor, c: Tensor) -> Tensor:
-        shift, scale, gate = self.ada(c).chunk(3, -1)
-        return x + gate * self.mlp(_modulate(self.norm(x), shift, scale))
+    def forward(self, x: Tensor, shift: Tensor, gain: Tensor, gate: Tensor) -> Tensor:
+        # Functional calls on the layers' weights: this runs once per denoising step on a few rows, where
+        # nn.Module call overhead costs as much as the matrix products themselves.
+        norm, first, second = self.norm, self.mlp[0], self.mlp[2]
+        u = _modulate(F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps), shift, gain)
+        u = F.linear(F.silu(F.linear(u, first.weight, first.bias)), second.weight, second.bias)
+        return torch.addcmul(x, gate, u)
 
 
 class DiffusionHead(nn.Module):
-    """v_theta(x_t, t, z): the per-token denoiser (MAR's `SimpleMLPAdaLN`, velocity output only)."""
+    """v_theta(x_t, t, z): the per-token denoiser (MAR's `SimpleMLPAdaLN`, velocity output only).
+
+    `forward(x, t, z)` = `denoise(x, modulation(time(t) + cond(z)))`. Most of the head's weights sit on the
+    condition side (`time`, `cond`, every `ada`), which does not read x_t: a sampler calls `plan` once for
+    all its denoising steps (one batched call a layer) and `step` per step (`masked.sample_head`).
+    """
 
     def __init__(self, token_dim: int, cond_dim: int, width: int, depth: int):
         super().__init__()
@@ -120,13 +131,32 @@ class DiffusionHead(nn.Module):
         nn.init.zeros_(self.out.weight)
         nn.init.zeros_(self.out.bias)
 
+    def modulation(self, c: Tensor) -> list[tuple[Tensor, ...]]:
+        """(shift, 1 + scale, gate) of every block, then the final (shift, 1 + scale), each shaped like c
+        [..., width]."""
+        layers = [block.ada(c).chunk(3, -1) for block in self.blocks] + [self.final_ada(c).chunk(2, -1)]
+        return [(shift, 1 + scale, *gate) for shift, scale, *gate in layers]
+
+    def denoise(self, x: Tensor, modulation: list[tuple[Tensor, ...]]) -> Tensor:
+        """The x_t side of the head: x [N, C] with `modulation` rows [N, width] -> v [N, C]."""
+        h = F.linear(x, self.inp.weight, self.inp.bias)
+        for block, mod in zip(self.blocks, modulation):
+            h = block.forward(h, *mod)
+        shift, gain = modulation[-1]
+        h = _modulate(F.layer_norm(h, self.final_norm.normalized_shape, eps=self.final_norm.eps), shift, gain)
+        return F.linear(h, self.out.weight, self.out.bias)
+
     def forward(self, x: Tensor, t: Tensor, z: Tensor) -> Tensor:
-        c = self.time(t) + self.cond(z)
-        h = self.inp(x)
-        for block in self.blocks:
-            h = block(h, c)
-        shift, scale = self.final_ada(c).chunk(2, -1)
-        return self.out(_modulate(self.final_norm(h), shift, scale))
+        return self.denoise(x, self.modulation(self.time(t) + self.cond(z)))
+
+    def plan(self, times: Tensor, z: Tensor) -> list[tuple[Tensor, ...]]:
+        """The condition side of a whole chain: denoising times [S] and conditions z [N, W] -> modulations
+        [S, N, width]."""
+        return self.modulation(self.time(times)[:, None] + self.cond(z)[None])
+
+    def step(self, x: Tensor, plan: list[tuple[Tensor, ...]], i: int) -> Tensor:
+        """v at the chain's i-th time: equals forward(x, times[i], z) for the `plan(times, z)`."""
+        return self.denoise(x, [tuple(m[i] for m in layer) for layer in plan])
 
 
 class Diffusion:
@@ -158,11 +188,17 @@ class Diffusion:
 
     def posterior(self, x_t: Tensor, v: Tensor, t: int, t_prev: int) -> tuple[Tensor, float]:
         """Mean and standard deviation of q(x_{t_prev} | x_t, x0_hat(v)) (DDPM, `fixed_small` variance)."""
+        a, b, std = self.posterior_coefficients(t, t_prev)
+        return torch.add(a * x_t, v, alpha=b), std
+
+    @functools.cache
+    def posterior_coefficients(self, t: int, t_prev: int) -> tuple[float, float, float]:
+        """(a, b, std): the posterior mean is a x_t + b v, with x0_hat = sqrt(a_t) x_t - sqrt(1 - a_t) v."""
         a_t, a_prev = self.alphas_cumprod[t].item(), self.alphas_cumprod[t_prev].item()
         alpha = a_t / a_prev
-        x0 = math.sqrt(a_t) * x_t - math.sqrt(1 - a_t) * v
-        mean = (math.sqrt(a_prev) * (1 - alpha) / (1 - a_t)) * x0 + (math.sqrt(alpha) * (1 - a_prev) / (1 - a_t)) * x_t
-        return mean, math.sqrt((1 - alpha) * (1 - a_prev) / (1 - a_t))
+        on_x0 = math.sqrt(a_prev) * (1 - alpha) / (1 - a_t)
+        on_xt = math.sqrt(alpha) * (1 - a_prev) / (1 - a_t)
+        return on_x0 * math.sqrt(a_t) + on_xt, -on_x0 * math.sqrt(1 - a_t), math.sqrt((1 - alpha) * (1 - a_prev) / (1 - a_t))
 
 
 class MAR(nn.Module):
