@@ -28,7 +28,6 @@ internally and CSpD must share that noise between two heads.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -168,6 +167,7 @@ class Diffusion:
         self.scheduler = DDPMScheduler(num_train_timesteps=timesteps, beta_schedule=beta_schedule,
                                        clip_sample=False, prediction_type="v_prediction")
         self.alphas_cumprod = self.scheduler.alphas_cumprod.double()
+        self._coefficients: dict[tuple[int, int], tuple[float, float, float]] = {}
 
     @property
     def timesteps(self) -> int:
@@ -191,9 +191,14 @@ class Diffusion:
         a, b, std = self.posterior_coefficients(t, t_prev)
         return torch.add(a * x_t, v, alpha=b), std
 
-    @functools.cache
     def posterior_coefficients(self, t: int, t_prev: int) -> tuple[float, float, float]:
-        """(a, b, std): the posterior mean is a x_t + b v, with x0_hat = sqrt(a_t) x_t - sqrt(1 - a_t) v."""
+        """(a, b, std): the posterior mean is a x_t + b v, with x0_hat = sqrt(a_t) x_t - sqrt(1 - a_t) v
+        (computed once per step pair of this schedule)."""
+        if (t, t_prev) not in self._coefficients:
+            self._coefficients[t, t_prev] = self._posterior_coefficients(t, t_prev)
+        return self._coefficients[t, t_prev]
+
+    def _posterior_coefficients(self, t: int, t_prev: int) -> tuple[float, float, float]:
         a_t, a_prev = self.alphas_cumprod[t].item(), self.alphas_cumprod[t_prev].item()
         alpha = a_t / a_prev
         on_x0 = math.sqrt(a_prev) * (1 - alpha) / (1 - a_t)
