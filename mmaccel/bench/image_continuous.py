@@ -75,6 +75,20 @@ def build_image_continuous_suite(quick: bool = False, methods: list[MethodSpec] 
 TUNE_SEED = 90_000          # development seeds: the benchmark never uses them
 
 
+def cspd_grid(num_draft: list[int], inner_temperature: list[float], prefill_ratio: list[float],
+              num_iter: list[int | None] = (None,)) -> list[dict[str, Any]]:
+    """The `--tune cspd` entries: the target one token a step, MAR's multi-token mode (16 and 8 steps and
+    every other schedule of `num_iter`), the draft alone one token a step and at every schedule, and CSpD
+    for every combination (`None` in `num_iter`: one token a step)."""
+    schedules = [{} if n is None else {"num_iter": n} for n in num_iter]
+    multi = [s for s in schedules if s]
+    return [{"method": "ar"}, {"method": "mar"}, {"method": "mar", "num_iter": 8}, {"method": "ar-draft"},
+            *({"method": "mar", **s} for s in multi if s["num_iter"] not in (16, 8)),
+            *({"method": "ar-draft", **s} for s in multi),
+            *({"method": "cspd", **s, "num_draft": k, "inner_temperature": t, "prefill_ratio": r}
+              for s in schedules for k in num_draft for t in inner_temperature for r in prefill_ratio)]
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m mmaccel.bench.image_continuous --tune sampling|cspd`: the development sweeps behind
     `CONTINUOUS_SAMPLING` (guidance and diffusion steps of the target alone, one token a step) and behind the
@@ -94,15 +108,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-draft", type=int, nargs="+", default=[4, 8, 16])
     p.add_argument("--inner-temperature", type=float, nargs="+", default=[1.0, 10.0, 42.0])
     p.add_argument("--prefill-ratio", type=float, nargs="+", default=[0.15])
+    p.add_argument("--num-iter", type=int, nargs="+", default=[None],
+                   help="CSpD's step schedules (default: one token a step); also adds MAR's multi-token mode and "
+                        "the draft alone at each")
     p.add_argument("--out", default=None, help="write the rows as JSON here")
     args = p.parse_args(argv)
     pipe = ContinuousPipeline.from_pretrained(BUILTIN_CONTINUOUS)
     if args.tune == "sampling":
         grid = [{"cfg": c, "diffusion_steps": s} for c in args.cfg for s in args.diffusion_steps]
     else:
-        grid = [{"method": "ar"}, {"method": "mar"}, {"method": "mar", "num_iter": 8}, {"method": "ar-draft"},
-                *({"method": "cspd", "num_draft": k, "inner_temperature": t, "prefill_ratio": r}
-                  for k in args.num_draft for t in args.inner_temperature for r in args.prefill_ratio)]
+        grid = cspd_grid(args.num_draft, args.inner_temperature, args.prefill_ratio, args.num_iter)
         grid = [{**CONTINUOUS_SAMPLING, **g} for g in grid]
     rows = tune_recipes(pipe, grid, "ar", args.samples, seed=TUNE_SEED, tag=f"image-continuous tune {args.tune}")
     if args.out:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from mmaccel.bench.harness import MethodSpec, run_suite, validate_document
-from mmaccel.bench.image_continuous import build_image_continuous_suite
+from mmaccel.bench.image_continuous import build_image_continuous_suite, cspd_grid
 from mmaccel.errors import InputError
 from mmaccel.image.continuous_pipeline import ContinuousPipeline
 from tests.image.test_continuous_pipeline import write_tiny_models
@@ -50,3 +50,16 @@ def test_unknown_methods_and_a_wrong_baseline_are_refused(pipe):
         build_image_continuous_suite(quick=True, methods=[MethodSpec("ar"), MethodSpec("sjd")], pipeline=pipe)
     with pytest.raises(InputError, match="first method"):
         build_image_continuous_suite(quick=True, methods=[MethodSpec("cspd")], pipeline=pipe)
+
+
+def test_the_cspd_sweep_covers_mar_and_the_draft_at_every_schedule():
+    grid = cspd_grid([4, 16], [42.0], [0.05], [None, 16, 4])
+    assert grid[:4] == [{"method": "ar"}, {"method": "mar"}, {"method": "mar", "num_iter": 8}, {"method": "ar-draft"}]
+    assert {"method": "mar", "num_iter": 4} in grid and {"method": "mar", "num_iter": 16} not in grid
+    assert [g for g in grid if g["method"] == "ar-draft"][1:] == [{"method": "ar-draft", "num_iter": 16},
+                                                                 {"method": "ar-draft", "num_iter": 4}]
+    cspd = [g for g in grid if g["method"] == "cspd"]
+    assert len(cspd) == 6 and cspd[0] == {"method": "cspd", "num_draft": 4, "inner_temperature": 42.0,
+                                          "prefill_ratio": 0.05}
+    assert cspd[-1] == {"method": "cspd", "num_iter": 4, "num_draft": 16, "inner_temperature": 42.0,
+                        "prefill_ratio": 0.05}
