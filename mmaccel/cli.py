@@ -10,6 +10,7 @@ from pathlib import Path
 
 from mmaccel.devices import add_device_option
 from mmaccel.errors import InputError, MMAccelError
+from mmaccel.progress import say
 
 
 def _param(text: str) -> tuple[str, object]:
@@ -43,7 +44,7 @@ def cmd_generate(args) -> int:
                         top_k=args.top_k, top_p=args.top_p, seed=args.seed, **dict(args.param))
     for text in out.texts:
         print(text)
-    print(json.dumps(out.stats.to_dict()), file=sys.stderr)
+    say(json.dumps(out.stats.to_dict()))
     return 0
 
 
@@ -60,7 +61,7 @@ def _write_images(out, directory: Path) -> int:
         path = directory / f"{i:03d}_class{label}.png"
         image.save(path)
         print(path)
-    print(json.dumps(out.stats.to_dict()), file=sys.stderr)
+    say(json.dumps(out.stats.to_dict()))
     return 0
 
 
@@ -122,7 +123,7 @@ def cmd_asr_transcribe(args) -> int:
         else:
             print(f"{t.source}\t{t.text}")
     summary = {"method": out.method, "audio_s": round(out.audio_s, 3), "rtfx": round(out.rtfx, 3), **out.stats.to_dict()}
-    print(json.dumps(summary), file=sys.stderr)
+    say(json.dumps(summary))
     return 1 if failed else 0
 
 
@@ -141,9 +142,9 @@ def cmd_asr_ctc(args) -> int:
     out = pipe.transcribe(list(args.files), args.method, beam=args.beam, boost=args.boost or None,
                           boost_weight=args.boost_weight,
                           exit=None if args.exit_threshold is None else ("entropy", args.exit_threshold))
-    print(json.dumps({"method": args.method, "audio_s": round(out.audio_seconds, 3), "rtfx": round(out.rtfx, 3),
+    say(json.dumps({"method": args.method, "audio_s": round(out.audio_seconds, 3), "rtfx": round(out.rtfx, 3),
                       "time_s": {k: round(v, 4) for k, v in out.seconds.items()},
-                      **({"exit_layers": out.exit_layers} if out.exit_layers else {})}), file=sys.stderr)
+                      **({"exit_layers": out.exit_layers} if out.exit_layers else {})}))
     return _print_transcripts([(f, None, t.text) for f, t in zip(args.files, out.transcripts)])
 
 
@@ -153,8 +154,8 @@ def cmd_asr_whisfusion(args) -> int:
     pipe = WhisfusionPipeline.from_pretrained(args.model, device=args.device)
     out = pipe.transcribe(list(args.files), candidates=args.candidates, steps=args.steps,
                           temperature=args.temperature, select=args.select, batch_size=args.batch_size, seed=args.seed)
-    print(json.dumps({"method": out.method, "audio_s": round(out.audio_s, 3), "rtfx": round(out.rtfx, 3),
-                      **out.stats.to_dict()}), file=sys.stderr)
+    say(json.dumps({"method": out.method, "audio_s": round(out.audio_s, 3), "rtfx": round(out.rtfx, 3),
+                      **out.stats.to_dict()}))
     return _print_transcripts([(t.source, t.error, t.text) for t in out.transcripts])
 
 
@@ -193,7 +194,7 @@ def cmd_bench(args) -> int:
             raise InputError(f"{flag} must be >= {minimum}, got {value}")
         extra[option] = value
     suite = SUITES[args.suite](quick=args.quick, methods=_method_specs(args.methods), **extra)
-    doc = run_suite(suite, log=lambda m: print(m, file=sys.stderr))
+    doc = run_suite(suite, log=lambda m: say(m))
     doc["command"] = " ".join(["mmaccel bench", args.suite] + (["--quick"] if args.quick else [])
                               + ([f"--methods {args.methods}"] if args.methods else [])
                               + ([f"--threads {args.threads}"] if args.threads is not None else [])
@@ -218,7 +219,7 @@ def _bench_image_fid(args) -> int:
         raise InputError(f"--samples must be >= 2, got {samples}")
     methods = _method_specs(args.methods) or DEFAULT_METHODS
     model = args.model or "builtin:fashion-mnist"
-    doc = run_image_fid(methods, samples, log=lambda m: print(m, file=sys.stderr), model=model)
+    doc = run_image_fid(methods, samples, log=lambda m: say(m), model=model)
     doc["command"] = " ".join(["mmaccel bench image-fid"] + ([f"--model {args.model}"] if args.model else [])
                               + ([f"--methods {args.methods}"] if args.methods else [])
                               + ([f"--threads {args.threads}"] if args.threads is not None else [])
@@ -242,7 +243,7 @@ def _bench_kernels(args) -> int:
                                                   "cuda_graphs") if getattr(args, o) not in (None, False)]
     if given:
         raise InputError(f"kernels takes --quick, --device and --out, not {', '.join(given)}")
-    doc = run_kernels(args.device or "cpu", quick=args.quick, log=lambda m: print(m, file=sys.stderr))
+    doc = run_kernels(args.device or "cpu", quick=args.quick, log=lambda m: say(m))
     doc["command"] = " ".join(["mmaccel bench kernels"] + (["--quick"] if args.quick else [])
                               + ([f"--device {args.device}"] if args.device else []))
     out = Path(args.out) if args.out else Path("benchmarks") / f"kernels{'-quick' if args.quick else ''}.json"
@@ -275,7 +276,7 @@ def cmd_compare(args) -> int:
     from mmaccel.bench.image_suite import DEMO_METHODS, sample_grid
     from mmaccel.image.pipeline import ImagePipeline
 
-    log = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    log = lambda m: say(m)  # noqa: E731
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     pipe = ImagePipeline.from_pretrained("builtin:fashion-mnist")
@@ -533,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except MMAccelError as err:
-        print(f"mmaccel: error: {err}", file=sys.stderr)
+        say(f"mmaccel: error: {err}")
         return 2
 
 

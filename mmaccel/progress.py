@@ -3,6 +3,10 @@
 tqdm on stderr with `disable=None`: a bar is drawn only when stderr is a terminal, so logs, CI and
 piped runs see exactly the lines they saw before. Lines printed while a bar is up go above it:
 `bars_cleared()` around a print, `LogAboveBars` as the console handler of `logging`.
+
+`say` writes a whole line in one call: under `torchrun` several ranks share one stderr pipe, and a
+line written in two pieces (`print` writes the text, then the newline; unbuffered under
+PYTHONUNBUFFERED) can be cut by another rank's line.
 """
 
 from __future__ import annotations
@@ -23,6 +27,13 @@ def progress(iterable: Iterable[T] | None = None, *, desc: str, total: int | Non
     terminal and `enabled` (e.g. only on rank 0)."""
     return tqdm(iterable, desc=desc, total=total, initial=initial, unit=unit, file=sys.stderr, dynamic_ncols=True,
                 disable=None if enabled else True)
+
+
+def say(message: str) -> None:
+    """`message` as one line on stderr, in a single write (atomic on a pipe up to PIPE_BUF bytes)."""
+    with bars_cleared():
+        sys.stderr.write(message.rstrip("\n") + "\n")
+        sys.stderr.flush()
 
 
 @contextmanager

@@ -13,10 +13,7 @@ import sys
 from pathlib import Path
 
 from mmaccel.devices import add_device_option
-
-
-def _log(message: str) -> None:
-    print(message, file=sys.stderr)
+from mmaccel.progress import say
 
 
 def _print_summary(summary: dict | None) -> None:
@@ -47,7 +44,7 @@ def cmd_eval_image(args) -> int:
             batch_size=args.batch_size, dist=dist, seed=args.seed, cfg_scale=args.cfg_scale,
             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, model=args.model, vq=args.vq,
             draft=args.draft, features=args.features, reference=args.reference,
-            bootstrap_rounds=args.bootstrap_rounds, overwrite=args.overwrite, log=_log, device=args.device)
+            bootstrap_rounds=args.bootstrap_rounds, overwrite=args.overwrite, log=say, device=args.device)
     _print_summary(summary)
     return 0
 
@@ -60,11 +57,11 @@ def cmd_eval_wer(args) -> int:
         summary = evaluate_asr_method(
             args.out, audio=args.audio, method=args.method, params=dict(args.param), batch_size=args.batch_size,
             dist=dist, model=args.model, heads=args.heads, draft=args.draft, assistant=args.assistant,
-            language=args.language, compare_greedy=args.compare_greedy, overwrite=args.overwrite, log=_log,
+            language=args.language, compare_greedy=args.compare_greedy, overwrite=args.overwrite, log=say,
             device=args.device)
     _print_summary(summary)
     if summary is not None and summary["failed"]:
-        _log(f"mmaccel: {summary['failed']} utterance(s) could not be transcribed: see 'error' in "
+        say(f"mmaccel: {summary['failed']} utterance(s) could not be transcribed: see 'error' in "
              f"{Path(args.out) / 'utterances.jsonl'}")
         return 1
     return 0

@@ -51,6 +51,7 @@ from pathlib import Path
 
 from mmaccel.errors import InputError, MMAccelError
 from mmaccel.speech.ctc.arpa import BOS, EOS, UNK, NGramModel, NGramTable, write_arpa
+from mmaccel.progress import say
 
 FIXED_DISCOUNT = 0.75     # Ney, Essen & Kneser (1994)'s usual single discount, for `discounts="fixed"`
 FALLBACK_DISCOUNTS = (0.0, 0.5, 1.0, 1.5)   # lmplz --discount_fallback's defaults (0, D1, D2, D3+)
@@ -243,10 +244,10 @@ def main(argv: list[str] | None = None) -> int:
                                         discounts=args.discounts)
         out = write_arpa(model, args.out)
     except UnicodeDecodeError as err:
-        print(f"kneser_ney: error: {args.text} is not UTF-8 text ({err})", file=sys.stderr)
+        say(f"kneser_ney: error: {args.text} is not UTF-8 text ({err})")
         return 2
     except MMAccelError as err:
-        print(f"kneser_ney: error: {err}", file=sys.stderr)
+        say(f"kneser_ney: error: {err}")
         return 2
     for n, table in enumerate(model.ngrams, 1):
         print(f"{n}-grams: {len(table)}")

@@ -72,6 +72,7 @@ from mmaccel.speech.ctc.whisper_ctc import (WhisperCTC, character_vocab, encode_
                                             normalize_text)
 from mmaccel.speech.data import TEXTS, Utterance, build_tts_corpus, read_manifest, real_utterances, write_manifest
 from mmaccel.speech.train.common import log as log_line, optimizer_step, release_freed_memory, warmup_cosine
+from mmaccel.progress import say
 
 STAGES = ("corpus", "features", "train", "eval", "export")
 
@@ -518,5 +519,5 @@ if __name__ == "__main__":
     try:
         main()
     except MMAccelError as err:
-        print(f"mmaccel.speech.ctc.train: error: {err}", file=sys.stderr)
+        say(f"mmaccel.speech.ctc.train: error: {err}")
         sys.exit(2)

@@ -57,6 +57,7 @@ from mmaccel.speech.data import build_tts_corpus, read_manifest
 from mmaccel.speech.train.common import log as log_line, optimizer_step, release_freed_memory, warmup_cosine
 from mmaccel.speech.whisfusion.model import MASK, WhisfusionDecoder
 from mmaccel.speech.whisper import load_whisper
+from mmaccel.progress import say
 
 STAGES = ("features", "train", "eval", "export")
 
@@ -299,7 +300,7 @@ def main(argv: list[str] | None = None) -> None:
             path = model.save(args.export_dir, args.model, info)
             log_line(out, f"export: {path}")
     except MMAccelError as err:
-        print(f"error: {err}", file=sys.stderr)
+        say(f"error: {err}")
         raise SystemExit(2) from None
 
 
