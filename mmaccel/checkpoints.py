@@ -1,8 +1,9 @@
-"""Reading official checkpoint files: one reader, one container unwrapper, one strict layout check.
+"""Checkpoint files: one reader, one container unwrapper, one strict layout check, one writer.
 
-Every loader of an official layout (LlamaGen VQ and GPT, later VAR, Whisper, ...) goes through
-these three functions, so a missing file, a corrupt file and a wrong layout give the same kind of
-one-line error everywhere.
+Every loader of an official layout (LlamaGen VQ and GPT, VAR, Whisper, ...) goes through the first
+three, so a missing file, a corrupt file and a wrong layout give the same kind of one-line error
+everywhere. `write_state_dict` and `read_configured` are the two sides of our own saves: whatever
+container the suffix picks, the loader gets back the exact config, or the writer refuses the file.
 """
 
 from __future__ import annotations
@@ -10,13 +11,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from mmaccel.errors import InputError, ModelNotFoundError
+from mmaccel.errors import InputError, MMAccelError, ModelNotFoundError
 
 CONTAINER_KEYS = ("model", "module", "state_dict")   # DDP, DeepSpeed, generic trainers
 PREFIXES = ("module.", "_orig_mod.")                  # DDP wrapper, torch.compile wrapper
@@ -86,30 +89,60 @@ def check_layout(expected: Mapping[str, Tensor], state: Mapping[str, Tensor], so
                          f"{'; '.join(wrong[:3])}; pass the matching config")
 
 
-def read_configured(source: str | os.PathLike | Mapping, config_key: str, what: str) -> tuple[dict[str, Tensor], dict | None, str]:
-    """(state dict, the config stored under `config_key` in a safetensors header or None, a name for errors) of
-    a checkpoint path or an in-memory state dict: the reading side of `write_state_dict`."""
+def read_configured(source: str | os.PathLike | Mapping, config_key: str, what: str,
+                    drop: Sequence[str] = ()) -> tuple[dict[str, Tensor], dict | None, str]:
+    """(state dict, the config `write_state_dict` stored or None, a name for errors) of a checkpoint path or
+    an in-memory state dict. The config is read from `config_key` in a safetensors header or from "config"
+    next to "model" in a torch container; `drop` as in `unwrap_state_dict`."""
     if isinstance(source, Mapping):
         name, obj, meta = "the given state dict", source, {}
     else:
         name = os.fspath(source)
         obj, meta = read_checkpoint(source, what)
-    stored = json.loads(meta[config_key]) if config_key in meta else None
-    return unwrap_state_dict(obj, name), stored, name
+    stored = json.loads(meta[config_key]) if config_key in meta else obj.get("config")
+    return unwrap_state_dict(obj, name, drop), dict(stored) if isinstance(stored, Mapping) else None, name
+
+
+def _unrecoverable(state: Mapping[str, Tensor], config: Mapping, infer: Callable[[Mapping[str, Tensor]], Any]) -> str:
+    """Why `infer(state)` does not give back `config` ("" when it does): the fields it gets wrong, or its error."""
+    try:
+        inferred = asdict(infer(state))
+    except MMAccelError as err:
+        return f"its config cannot be recovered from the tensors (loading would fail: {_first_line(err)})"
+    wrong = [k for k, v in config.items() if inferred.get(k) != v]
+    if not wrong:
+        return ""
+    return (f"{', '.join(f'{k}={config[k]!r}' for k in wrong)} cannot be recovered from the tensors (they read as "
+            f"{', '.join(f'{k}={inferred.get(k)!r}' for k in wrong)})")
 
 
 def write_state_dict(module: torch.nn.Module, path: str | os.PathLike, config_key: str, config: Mapping,
-                     dtype: torch.dtype | None = None) -> Path:
-    """Write `module`'s state dict (floating tensors cast to `dtype` when given): `.safetensors` with
-    `config` as JSON under `config_key` in the header, otherwise a raw torch state dict (the official
-    VAR `.pth` layout). Returns the path."""
+                     dtype: torch.dtype | None = None, *, infer: Callable[[Mapping[str, Tensor]], Any] | None = None,
+                     metadata: Mapping[str, str] | None = None) -> Path:
+    """Write `module`'s state dict (floating tensors cast to `dtype` when given) so that `read_configured`
+    gives back `config`. Returns the path. The container follows the suffix:
+
+    - `.safetensors`: `config` as JSON under `config_key` in the header, next to any `metadata` strings;
+    - any other suffix with `infer` (the loader's config inference from tensor shapes): a bare torch state
+      dict, the official VAR `.pth` layout. It carries no config, so it is written only when `infer` of the
+      tensors gives back `config` exactly; otherwise an `InputError` names the fields it would lose;
+    - any other suffix without `infer`: `{"model": state_dict, "config": config}`, LlamaGen's official
+      container (its loaders read "model") with the config next to the weights."""
     path = Path(path)
     state = {k: v.detach().to(dtype if dtype is not None and v.is_floating_point() else v.dtype).contiguous()
              for k, v in module.state_dict().items()}
+    config = dict(config)
+    if path.suffix != ".safetensors" and infer is not None:
+        lost = _unrecoverable(state, config, infer)
+        if lost:
+            raise InputError(f"cannot write {path} as a bare state dict, which carries no config: {lost}; "
+                             "save as .safetensors, which stores the config")
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix == ".safetensors":
         from safetensors.torch import save_file
-        save_file(state, str(path), metadata={config_key: json.dumps(dict(config))})
-    else:
+        save_file(state, str(path), metadata={**(metadata or {}), config_key: json.dumps(config)})
+    elif infer is not None:
         torch.save(state, path)
+    else:
+        torch.save({"model": state, "config": config}, path)
     return path

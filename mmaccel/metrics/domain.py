@@ -15,7 +15,6 @@ cache on the file's hash.
 from __future__ import annotations
 
 import functools
-import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,10 +24,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from mmaccel.checkpoints import check_layout, read_checkpoint, unwrap_state_dict
+from mmaccel.checkpoints import check_layout, read_configured, write_state_dict
 from mmaccel.errors import InputError, check
-from mmaccel.paths import assets_dir
 from mmaccel.metrics.fid import Images, fid, to_uint8_rgb
+from mmaccel.paths import assets_dir
 
 WEIGHTS_FILE = "fashion_classifier.safetensors"
 CONFIG_KEY = "mmaccel_classifier_config"
@@ -84,28 +83,21 @@ def default_weights_path() -> Path:
 
 
 def save_classifier(model: FashionClassifier, path: str | os.PathLike) -> Path:
-    """Write `model` as safetensors with its config in the metadata (read back by `load_classifier`)."""
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(path), metadata={CONFIG_KEY: json.dumps(asdict(model.config))})
-    return path
+    """Write `model` as `.safetensors` with its config in the metadata (read back by `load_classifier`)."""
+    check(Path(path).suffix == ".safetensors", f"a classifier is saved as .safetensors, got {path}")
+    return write_state_dict(model, path, CONFIG_KEY, asdict(model.config))
 
 
 def load_classifier(path: str | os.PathLike | None = None) -> FashionClassifier:
     """A `FashionClassifier` in eval mode from `path` (default: the shipped weights)."""
     path = Path(path) if path is not None else default_weights_path()
-    obj, meta = read_checkpoint(path, "Fashion-MNIST classifier (train one with "
-                                "`python -m mmaccel.image.train.train_classifier`)")
-    if CONFIG_KEY not in meta:
+    state, stored, name = read_configured(path, CONFIG_KEY, "Fashion-MNIST classifier (train one with "
+                                          "`python -m mmaccel.image.train.train_classifier`)")
+    if stored is None:
         raise InputError(f"{path} has no '{CONFIG_KEY}' metadata; it was not written by save_classifier")
-    stored = json.loads(meta[CONFIG_KEY])
     config = ClassifierConfig(**{**stored, "channels": tuple(stored["channels"])})
     model = FashionClassifier(config)
-    state = unwrap_state_dict(obj, str(path))
-    check_layout(model.state_dict(), state, str(path), f"FashionClassifier ({config})")
+    check_layout(model.state_dict(), state, name, f"FashionClassifier ({config})")
     model.load_state_dict(state, strict=True)
     return model.eval()
 

@@ -42,7 +42,7 @@ FROZEN = ("encoder_attn.k_proj.", "encoder_attn.v_proj.")   # per layer: shared 
 
 @dataclass
 class WhisperDraft:
-    hf: "torch.nn.Module"        # a WhisperForCausalLM sharing the target's embeddings
+    hf: torch.nn.Module        # a WhisperForCausalLM sharing the target's embeddings
     layers: list[int]            # the target layer each draft layer was initialised from
     vocab: Tensor | None = None  # the draft shortlist (token ids)
     cross_window: int | None = None  # frames after the audio it cross-attends to (None: the whole window)
@@ -114,8 +114,11 @@ def _signature(target_hf) -> dict:
 
 
 def save_draft(path: str | os.PathLike, target_hf, draft: WhisperDraft, info: dict | None = None) -> Path:
+    """Write the draft's own weights (fp16) and shortlist to a `.safetensors` file whose header names the
+    target decoder, the layers and the cross window (`load_draft` reads them back)."""
     from safetensors.torch import save_file
 
+    check(Path(path).suffix == ".safetensors", f"a Whisper draft decoder is saved as .safetensors, got {path}")
     tensors = {n: p.detach().half().contiguous() for n, p in trainable(draft).items()}
     if draft.vocab is not None:
         tensors["vocab"] = draft.vocab.to(torch.int64).contiguous()

@@ -26,14 +26,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mmaccel.core.proposers import MedusaHead
 from mmaccel.checkpoints import read_checkpoint
+from mmaccel.core.proposers import MedusaHead
 from mmaccel.errors import InputError, check
 from mmaccel.speech.decoder import ExitHead, ShortlistProjection, WhisperDecoderModel
 from mmaccel.speech.draft import trainable
 from mmaccel.speech.eagle import EagleHead, new_eagle_head
 from mmaccel.speech.medusa_block import MedusaBlock, new_medusa_block
-
 
 
 @dataclass
@@ -79,8 +78,11 @@ def _signature(model: WhisperDecoderModel) -> dict:
 
 
 def save_heads(path: str | os.PathLike, model: WhisperDecoderModel, heads: WhisperHeads, info: dict | None = None) -> Path:
+    """Write `heads` (fp16 weights) to a `.safetensors` file whose header names the decoder and the head
+    sizes (`load_heads` reads them back)."""
     from safetensors.torch import save_file
 
+    check(Path(path).suffix == ".safetensors", f"Whisper heads are saved as .safetensors, got {path}")
     tensors, meta = {}, {"model": _signature(model), "info": info or {}}
     if heads.medusa is not None:
         meta["medusa"] = {"num_heads": len(heads.medusa), "num_layers": len(heads.medusa[0].blocks)}

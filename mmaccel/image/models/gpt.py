@@ -17,8 +17,6 @@ also lets speculative loops feed a few draft positions past the last grid cell h
 from __future__ import annotations
 
 import functools
-
-import json
 import numbers
 import os
 from collections.abc import Mapping
@@ -30,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mmaccel.checkpoints import check_layout, read_configured, unwrap_state_dict, write_state_dict
 from mmaccel.core.model import CachePool, DecodeState, KVCache, check_step_args, default_positions, expect, on_host, step_key
-from mmaccel.checkpoints import check_layout, read_checkpoint, unwrap_state_dict
 from mmaccel.errors import InputError, check
 
 
@@ -321,7 +319,7 @@ class LlamaGenGPT(nn.Module):
             h = layer(h, rope, mask, cache, i)
         return self.norm(h)
 
-    def early_exit(self, exit_layer: int, head: nn.Module | None = None) -> "EarlyExitGPT":
+    def early_exit(self, exit_layer: int, head: nn.Module | None = None) -> EarlyExitGPT:
         """A draft view of the first `exit_layer` layers (weights shared) for self-speculative decoding."""
         return EarlyExitGPT(self, exit_layer, head)
 
@@ -476,7 +474,7 @@ def infer_config(state: Mapping[str, Tensor], **overrides: Any) -> GPTConfig:
     n_layer = 1 + max(int(k.split(".")[1]) for k in state if k.startswith("layers."))
     values: dict[str, Any] = {"dim": dim, "vocab_size": vocab, "n_layer": n_layer}
     if "n_head" not in overrides:
-        heads = [h for (l, h, d) in GPT_PRESETS.values() if (l, d) == (n_layer, dim)]
+        heads = [h for (layers, h, d) in GPT_PRESETS.values() if (layers, d) == (n_layer, dim)]
         check(bool(heads), f"cannot infer n_head for a {n_layer}-layer, dim-{dim} model (no preset matches); "
               "pass config=GPTConfig(...) or n_head=...")
         values["n_head"] = heads[0]
@@ -508,16 +506,13 @@ def load_gpt(source: Any, config: GPTConfig | None = None, *, dtype: torch.dtype
     Raises ModelNotFoundError for a missing file and InputError for unreadable or mismatching ones.
     """
     _check_fields(overrides)
-    if isinstance(source, Mapping):
-        ckpt, name = source, "the given state dict"
-    else:
-        check(isinstance(source, (str, os.PathLike)), f"load_gpt takes a checkpoint path or a state dict, "
-              f"got {type(source).__name__}")
-        ckpt, meta = read_checkpoint(source, "LlamaGen GPT checkpoint (a c2i_*.pt or .safetensors file)")
-        name = os.fspath(source)
-        if config is None and meta and _CONFIG_KEY in meta:
-            config = GPTConfig(**json.loads(meta[_CONFIG_KEY]))
-    state = unwrap_gpt_state_dict(ckpt, name)
+    check(isinstance(source, (str, os.PathLike, Mapping)), f"load_gpt takes a checkpoint path or a state dict, "
+          f"got {type(source).__name__}")
+    state, stored, name = read_configured(source, _CONFIG_KEY, "LlamaGen GPT checkpoint (a c2i_*.pt or .safetensors "
+                                          "file)", drop=_DERIVED_KEYS + _DERIVED_SUFFIXES)
+    # a trainer's own "config" next to the weights (run settings such as train_sjd2's) is not a GPTConfig
+    if config is None and stored is not None and set(stored) <= {f.name for f in fields(GPTConfig)}:
+        config = GPTConfig(**stored)
     if config is None:
         config = infer_config(state, **overrides)
     elif overrides:
@@ -539,14 +534,5 @@ def save_gpt(model: LlamaGenGPT, path: str | os.PathLike, metadata: Mapping[str,
              dtype: torch.dtype | None = None) -> Path:
     """Write `model` so `load_gpt(path)` restores it exactly (in `dtype`, e.g. fp16 for shipping, when
     given): `.safetensors` with the config (and any `metadata` strings) in the header, or `.pt` as the
-    official `{"model": state_dict}` container."""
-    path = Path(path)
-    state = {k: v.detach().to(dtype if dtype is not None and v.is_floating_point() else v.dtype).contiguous()
-             for k, v in model.state_dict().items()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix == ".safetensors":
-        from safetensors.torch import save_file
-        save_file(state, str(path), metadata={**(metadata or {}), _CONFIG_KEY: json.dumps(asdict(model.config))})
-    else:
-        torch.save({"model": state}, path)
-    return path
+    official container with the config next to the weights, `{"model": state_dict, "config": {...}}`."""
+    return write_state_dict(model, path, _CONFIG_KEY, asdict(model.config), dtype, metadata=metadata)

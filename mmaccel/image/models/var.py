@@ -363,5 +363,9 @@ def load_var(source: str | Path | Mapping, config: VARConfig | None = None, *, n
 
 
 def save_var(model: VAR, path: str | Path, dtype: torch.dtype | None = None) -> Path:
-    """`.safetensors` (config in metadata; `dtype` e.g. fp16 for shipping) or `.pth` (official raw state dict)."""
-    return write_state_dict(model, path, "mmaccel_var_config", asdict(model.config), dtype)
+    """`.safetensors` (config in metadata; `dtype` e.g. fp16 for shipping) or `.pth`, the official raw state
+    dict, which carries no config: refused (`InputError`) unless `load_var(path)` infers the exact config
+    (`norm_eps` and `cond_drop_rate` must be the defaults; without attn_l2_norm the head count comes from a
+    var_d{N}.pth name)."""
+    return write_state_dict(model, path, "mmaccel_var_config", asdict(model.config), dtype,
+                            infer=lambda state: infer_var_config(state, name=str(path)))

@@ -16,7 +16,6 @@ is `f_hat` after k+1 scales, area-downsampled to pn_{k+1} (`scale_inputs`, `next
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -28,11 +27,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mmaccel.checkpoints import check_layout, read_checkpoint, unwrap_state_dict, write_state_dict
+from mmaccel.checkpoints import check_layout, read_configured, write_state_dict
 from mmaccel.errors import InputError, check
 from mmaccel.image.tokenizers.vq import Downsample, ResnetBlock, Upsample, _norm
 
 VAR_PATCH_NUMS = (1, 2, 3, 4, 5, 6, 8, 10, 13, 16)
+_CONFIG_KEY = "mmaccel_msvq_config"
 
 
 def check_patch_nums(patch_nums: Sequence[int], what: str = "scale schedule") -> tuple[int, ...]:
@@ -376,7 +376,7 @@ class MSVQModel(nn.Module):
 def infer_msvq_config(state: Mapping[str, Tensor], patch_nums: Sequence[int] | None = None) -> MSVQConfig:
     """Read an `MSVQConfig` off VAR-layout tensor shapes (GroupNorm groups: 32 where they divide)."""
     try:
-        ch = state["encoder.conv_in.weight"].shape[0]
+        ch, in_channels = state["encoder.conv_in.weight"].shape[:2]
         levels = sorted({int(m.group(1)) for k in state if (m := re.match(r"encoder\.down\.(\d+)\.", k))})
         ch_mult = tuple(state[f"encoder.down.{i}.block.0.conv1.weight"].shape[0] // ch for i in levels)
         n_res = len({m.group(1) for k in state if (m := re.match(r"encoder\.down\.0\.block\.(\d+)\.", k))})
@@ -399,7 +399,7 @@ def infer_msvq_config(state: Mapping[str, Tensor], patch_nums: Sequence[int] | N
     return MSVQConfig(vocab_size=vocab, z_channels=cvae, ch=ch, ch_mult=ch_mult, num_res_blocks=n_res,
                       using_sa=any(k.startswith(f"encoder.down.{levels[-1]}.attn.") for k in state),
                       using_mid_sa="encoder.mid.attn_1.qkv.weight" in state, quant_conv_ks=ks,
-                      share_quant_resi=share, patch_nums=nums, norm_groups=groups)
+                      share_quant_resi=share, patch_nums=nums, norm_groups=groups, in_channels=in_channels)
 
 
 def _config_from_dict(raw: Mapping) -> MSVQConfig:
@@ -413,16 +413,10 @@ def load_msvq(path_or_state: str | Path | Mapping, config: MSVQConfig | None = N
 
     Keys must match exactly (strict, buffers included); without `config` the size comes from the
     file's stored config or is inferred from tensor shapes (`patch_nums`: the schedule, default VAR's)."""
-    if isinstance(path_or_state, Mapping):
-        source, obj, meta = "the given state dict", path_or_state, {}
-    else:
-        source = str(path_or_state)
-        obj, meta = read_checkpoint(path_or_state, "VAR VQ-VAE checkpoint (vae_ch160v4096z32.pth or an mmaccel "
-                                    ".safetensors multi-scale tokenizer)")
-    stored = json.loads(meta["mmaccel_msvq_config"]) if "mmaccel_msvq_config" in meta else obj.get("config")
-    state = unwrap_state_dict(obj, source)
+    state, stored, source = read_configured(path_or_state, _CONFIG_KEY, "VAR VQ-VAE checkpoint (vae_ch160v4096z32.pth "
+                                            "or an mmaccel .safetensors multi-scale tokenizer)")
     if config is None:
-        if isinstance(stored, Mapping):
+        if stored is not None:
             config = _config_from_dict({**stored, **({"patch_nums": patch_nums} if patch_nums is not None else {})})
         else:
             config = infer_msvq_config(state, patch_nums)
@@ -433,6 +427,8 @@ def load_msvq(path_or_state: str | Path | Mapping, config: MSVQConfig | None = N
 
 
 def save_msvq(model: MSVQModel, path: str | Path, dtype: torch.dtype | None = None) -> Path:
-    """Write `model` so `load_msvq(path)` restores it: `.safetensors` (config in metadata) or `.pth`
-    (the official raw state dict)."""
-    return write_state_dict(model, path, "mmaccel_msvq_config", asdict(model.config), dtype)
+    """Write `model` so `load_msvq(path)` restores it: `.safetensors` (config in metadata) or `.pth`, the
+    official raw state dict, which carries no config: refused (`InputError`) unless `infer_msvq_config`
+    reads the exact config off the tensors (not for GroupNorm groups other than gcd(32, widths), a
+    schedule other than VAR's, or `quant_resi` other than 0.5)."""
+    return write_state_dict(model, path, _CONFIG_KEY, asdict(model.config), dtype, infer=infer_msvq_config)

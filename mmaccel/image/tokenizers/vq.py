@@ -13,7 +13,6 @@ cosine similarity (LlamaGen §2.1, following ViT-VQGAN).
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping
@@ -24,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mmaccel.checkpoints import check_layout, read_checkpoint, unwrap_state_dict
+from mmaccel.checkpoints import check_layout, read_configured, write_state_dict
 from mmaccel.errors import InputError, check
 
 # LlamaGen's quantiser registers a usage ring buffer of this fixed length (`codebook_show_usage=True`);
@@ -363,16 +362,10 @@ def load_vq(path_or_state: str | Path | Mapping, config: VQConfig | None = None)
     Accepts `.pt`/`.pth` (state dict under "model", "module", "state_dict" or at the top level) and
     `.safetensors`. Keys must match exactly (strict); without `config` the size is read from the
     file's stored config or inferred from tensor shapes."""
-    if isinstance(path_or_state, Mapping):
-        source, obj, meta = "the given state dict", path_or_state, {}
-    else:
-        source = str(path_or_state)
-        obj, meta = read_checkpoint(path_or_state, "VQ tokenizer checkpoint (a LlamaGen vq_ds16_c2i.pt or an "
-                                    "mmaccel .safetensors tokenizer)")
-    stored = json.loads(meta["mmaccel_vq_config"]) if "mmaccel_vq_config" in meta else obj.get("config")
-    state = unwrap_state_dict(obj, source)
+    state, stored, source = read_configured(path_or_state, "mmaccel_vq_config", "VQ tokenizer checkpoint (a LlamaGen "
+                                            "vq_ds16_c2i.pt or an mmaccel .safetensors tokenizer)")
     if config is None:
-        config = _config_from_dict(stored) if isinstance(stored, Mapping) else infer_vq_config(state)
+        config = _config_from_dict(stored) if stored is not None else infer_vq_config(state)
     model = VQModel(config)
     check_layout(model.state_dict(), state, source, f"LlamaGen VQ ({config})")
     model.load_state_dict(state, strict=True)
@@ -382,13 +375,4 @@ def load_vq(path_or_state: str | Path | Mapping, config: VQConfig | None = None)
 def save_vq(model: VQModel, path: str | Path) -> Path:
     """Write `model` so `load_vq(path)` restores it: `.safetensors` (config in metadata) or `.pt`
     (`{"model": state_dict, "config": {...}}`, the official layout plus our config)."""
-    path = Path(path)
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    config = asdict(model.config)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix == ".safetensors":
-        from safetensors.torch import save_file
-        save_file(state, str(path), metadata={"mmaccel_vq_config": json.dumps(config)})
-    else:
-        torch.save({"model": state, "config": config}, path)
-    return path
+    return write_state_dict(model, path, "mmaccel_vq_config", asdict(model.config))
