@@ -12,7 +12,7 @@ import gradio as gr
 import torch
 
 from demos.image_tab import MAX_BATCH, MIXED, class_labels, png_zip, shown
-from demos.shared import SharedModel, choice, number, ratio, shown_on_page
+from demos.shared import SharedModel, choice, number, ratio, reported_rows, shown_on_page
 from mmaccel.image.continuous_pipeline import BUILTIN_CONTINUOUS, MAR_TOKENS_PER_STEP, ContinuousPipeline
 from mmaccel.image.pipeline import BUILTIN_SJD2, FASHION_CLASSES, ImagePipeline
 from mmaccel.image.scale_pipeline import BUILTIN_SCALE, ScalePipeline
@@ -87,12 +87,12 @@ def _stats_table(method: str, base, fast, base_s: float, fast_s: float) -> str:
     world, _, lossless = METHODS[method]
     rows = [("target passes (NFE)", base.stats.nfe, fast.stats.nfe),
             ("draft passes" if world != "var" else "small VAR passes", base.stats.draft_passes, fast.stats.draft_passes),
-            ("NFE ratio (AR / method)", "1.00×", ratio(base.stats.nfe, fast.stats.nfe) if fast.stats.nfe else "∞ (no target pass)"),
+            ("NFE ratio (AR / method)", "1.00×",
+             ratio(base.stats.nfe, fast.stats.nfe) if fast.stats.nfe else "∞ (no target pass)"),
             ("decode time (s)", f"{base_s:.2f}", f"{fast_s:.2f}"),
             ("speed-up (wall clock)", "1.00×", ratio(base_s, fast_s)),
             ("peak memory (MB)", f"{base.stats.peak_mem_mb:.0f}", f"{fast.stats.peak_mem_mb:.0f}")]
-    if base.stats.cache_mb:
-        rows.append(("KV cache (MB)", f"{base.stats.cache_mb:.2f}", f"{fast.stats.cache_mb:.2f}"))
+    rows += reported_rows(base.stats, fast.stats)           # KV cache, CSpD's fallbacks, ...
     what, same = _identical(world, base, fast)
     rows += [(what, "–", same), ("lossless", "–", lossless)]
     lines = [f"| | AR ({WORLDS[world]}) | {method} |", "|---|---|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in rows]

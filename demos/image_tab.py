@@ -11,7 +11,7 @@ import gradio as gr
 import numpy as np
 
 from demos.render import pass_heatmap
-from demos.shared import SharedModel, choice, number, ratio, shown_on_page
+from demos.shared import SharedModel, choice, number, ratio, reported_rows, shown_on_page
 from mmaccel.image.methods import build_image_method
 from mmaccel.image.pipeline import FASHION_CLASSES, ImagePipeline, check_labels
 
@@ -92,6 +92,7 @@ def _stats_table(method: str, params: dict, base, fast, base_s: float, fast_s: f
             ("tokens per pass (per image)", f"{per_pass(base):.2f}", f"{per_pass(fast):.2f}"),
             ("decode time (s)", f"{base_s:.2f}", f"{fast_s:.2f}"),
             ("speed-up (wall clock)", "1.00×", ratio(base_s, fast_s)),
+            *reported_rows(base.stats, fast.stats),
             ("TV spent", "0", _tv_spent(method, params, fast, lossless))]
     lines = [f"| | AR | {method} |", "|---|---|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in rows]
     return "\n".join(lines)

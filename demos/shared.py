@@ -9,11 +9,13 @@ import json
 import logging
 import re
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import gradio as gr
 
+from mmaccel.core.stats import DecodeStats, counters
 from mmaccel.errors import InputError, MMAccelError, ModelNotFoundError
 
 logger = logging.getLogger("demos")
@@ -118,3 +120,15 @@ def choice(value: Any, name: str, options) -> str:
 
 def ratio(base: float, fast: float) -> str:
     return f"{base / fast:.2f}×" if fast > 0 else "–"
+
+
+def reported_rows(base: DecodeStats, fast: DecodeStats) -> list[tuple[str, str, str]]:
+    """Table rows (label, AR, method) for the number counters only some methods report (declared `omit_empty`: the
+    KV cache size, a method's own such as CSpD's fallbacks) where either side reported one."""
+    rows = []
+    for spec in counters():
+        a, b = getattr(base, spec.name), getattr(fast, spec.name)
+        if spec.omit_empty and spec.scalar and (a or b):
+            show = (lambda v: f"{v:.2f}") if isinstance(spec.default, float) else str
+            rows.append((spec.label or spec.name, show(a), show(b)))
+    return rows

@@ -8,7 +8,7 @@ from pathlib import Path
 import gradio as gr
 
 from demos.render import word_diff
-from demos.shared import SharedModel, choice, parse_params, ratio, shown_on_page
+from demos.shared import SharedModel, choice, parse_params, ratio, reported_rows, shown_on_page
 from mmaccel.errors import InputError
 from mmaccel.speech.audio import is_silent, load_audio
 from mmaccel.speech.data import real_utterances
@@ -47,6 +47,7 @@ def _stats_table(method: str, base, fast) -> str:
             ("decoder speed-up", "1.00×", ratio(decode(base), decode(fast))),
             ("end-to-end speed-up", "1.00×", ratio(base.wall_s, fast.wall_s)),
             ("RTFx (audio s / compute s)", f"{base.rtfx:.1f}", f"{fast.rtfx:.1f}"),
+            *reported_rows(base.stats, fast.stats),
             ("identical to greedy", "–", "yes" if fast.texts == base.texts else "no")]
     lines = [f"| | greedy | {method} |", "|---|---|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in rows]
     return "\n".join(lines)

@@ -8,7 +8,7 @@ import time
 import gradio as gr
 
 from demos.render import passes_html, token_pieces
-from demos.shared import SharedModel, choice, number, parse_params, ratio, shown_on_page
+from demos.shared import SharedModel, choice, number, parse_params, ratio, reported_rows, shown_on_page
 from mmaccel.errors import InputError
 from mmaccel.lm.pipeline import TextPipeline
 
@@ -40,6 +40,7 @@ def _stats_table(method: str, base, fast, base_s: float, fast_s: float, sampled:
             ("draft passes", base.stats.draft_passes, fast.stats.draft_passes),
             ("time (s)", f"{base_s:.2f}", f"{fast_s:.2f}"),
             ("speed-up (wall clock)", "1.00×", ratio(base_s, fast_s)),
+            *reported_rows(base.stats, fast.stats),
             ("identical to AR", "–", identical)]
     lines = [f"| | AR | {method} |", "|---|---|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in rows]
     return "\n".join(lines)

@@ -15,8 +15,7 @@ from PIL import Image
 
 from demos.shared import SharedModel, choice, number, parse_params, shown_on_page
 from mmaccel.errors import InputError
-from mmaccel.video.data import TEMPLATES
-from mmaccel.video.data import CLASSES, Stream, ask, make_stream
+from mmaccel.video.data import CLASSES, TEMPLATES, Stream, ask, make_stream
 from mmaccel.video.frames import open_frames
 from mmaccel.video.kv_reduce import QuestionPrune, RoundDecay
 from mmaccel.video.reduce import SpatialMerge, TemporalDrop

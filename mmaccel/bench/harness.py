@@ -11,9 +11,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -21,7 +22,6 @@ from mmaccel.core.quant import cpu_bf16_units
 from mmaccel.core.stats import DecodeStats
 from mmaccel.errors import check
 from mmaccel.progress import bars_cleared, progress
-
 
 BASELINES = ("ar", "greedy")        # the plain AR decoder ("greedy" is its name for speech)
 
@@ -79,6 +79,7 @@ def run_suite(suite: Suite, seed: int = 0, log: Callable[[str], None] = print) -
         base = stats[baseline]
         for spec in suite.methods:
             st = stats[spec.key]
+            counted = st.to_dict()                          # the counters in their declared JSON form
             quality = suite.quality(spec, outputs[spec.key], outputs[baseline])
             lossless = suite.claims_lossless(spec)
             if suite.verify_identical and lossless:
@@ -86,21 +87,19 @@ def run_suite(suite: Suite, seed: int = 0, log: Callable[[str], None] = print) -
             results.append({
                 "method": spec.key, "params": spec.params, "batch": batch_size,
                 "nfe": st.nfe, "nfe_ratio": round(base.nfe / st.nfe, 4) if st.nfe else None,
-                "mean_accepted": round(st.mean_accepted, 4),
+                "mean_accepted": counted["mean_accepted"],
                 "latency_s": round(st.wall_s, 4),
                 "speedup": round(base.wall_s / st.wall_s, 4) if st.wall_s else None,
-                "peak_mem_mb": round(st.peak_mem_mb, 1),
+                "peak_mem_mb": counted["peak_mem_mb"],
                 "quality": quality, "lossless": lossless,
                 "draft_passes": st.draft_passes, "new_tokens": st.new_tokens,
                 "tv_per_output": round(st.deviation / max(1, len(outputs[spec.key])), 6),
                 "time_s": {k: round(v, 4) for k, v in st.time_s.items()},
-                **({"mean_exit_layer": round(st.mean_exit_layer, 3)} if st.exit_hist else {}),
-                **({"cache_mb": round(st.cache_mb, 3)} if st.cache_mb else {}),
-                **({"fallbacks": st.fallbacks} if st.fallbacks else {}),
+                **st.reported(),        # the counters only some methods report (KV cache, early exits, a method's own)
             })
     doc = {
         "suite": suite.name, "device": device_name(), "torch": torch.__version__,
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "config": suite.config, "baseline": baseline, "results": results,
     }
     if suite.finish is not None:

@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from mmaccel.bench.harness import MethodSpec, Suite
+from mmaccel.core.stats import DecodeStats
 from mmaccel.errors import check
 from mmaccel.image.methods import build_image_method
 from mmaccel.paths import default_cache_dir
@@ -112,8 +114,7 @@ def build_image_suite(quick: bool = False, methods: list[MethodSpec] | None = No
         """Quality of (label, tokens) outputs; `inception` [n, 2048] are cached Inception features of
         the first n of them (computed here when None)."""
         from mmaccel.metrics.domain import classify
-        from mmaccel.metrics.fid import (bootstrap_std, extract_features, feature_stats, frechet_distance,
-                                          reference_stats)
+        from mmaccel.metrics.fid import bootstrap_std, extract_features, feature_stats, frechet_distance, reference_stats
 
         labels = torch.tensor([label for label, _ in outputs])
         tokens = torch.stack([t for _, t in outputs])
@@ -286,18 +287,18 @@ def tune_recipes(pipe, grid: list[dict[str, Any]], method: str = "ar", samples: 
     for recipe in grid:
         kwargs = dict(recipe)
         name = kwargs.pop("method", method)
-        pixels, nfe, drafts, wall = [], 0, 0, 0.0
+        pixels, stats, wall = [], DecodeStats(), 0.0
         for i in range(0, samples, 64):
             t0 = time.perf_counter()
             out = pipe.generate(labels[i:i + 64], name, seed=seed + i, **kwargs)
             wall += time.perf_counter() - t0
-            nfe, drafts = nfe + out.stats.nfe, drafts + out.stats.draft_passes
+            stats = stats + out.stats
             pixels.append(pipe.decode_pixels(out.tokens))
         pixels = torch.cat(pixels)
         fid = frechet_distance(*feature_stats(extract_features(pixels, extractor)), *reference)
         acc = float((classify(pixels) == torch.tensor(labels)).float().mean())
         rows.append({"method": name, **kwargs, column: round(fid, 3), "class_acc": round(acc, 4),
-                     "nfe": nfe, "draft_passes": drafts, "wall_s": round(wall, 2)})
+                     "nfe": stats.nfe, "draft_passes": stats.draft_passes, "wall_s": round(wall, 2)})
         log(f"[{tag}] {name} {kwargs}: {extractor} FID (train split) {fid:.3f}, class accuracy {acc:.3f}, "
-            f"{nfe} target / {drafts} draft passes, {wall:.1f} s")
+            f"{stats.nfe} target / {stats.draft_passes} draft passes, {wall:.1f} s")
     return rows

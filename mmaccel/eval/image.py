@@ -20,19 +20,37 @@ from __future__ import annotations
 
 import io
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from mmaccel.errors import check
 from mmaccel.eval.distributed import Dist, progress
-from mmaccel.eval.fid import (BOOTSTRAP_ROUNDS, FASHION_MNIST_TEST, extractor_description, open_reference,
-                              reference_statistics, score)
+from mmaccel.eval.fid import (
+    BOOTSTRAP_ROUNDS,
+    FASHION_MNIST_TEST,
+    extractor_description,
+    open_reference,
+    reference_statistics,
+    score,
+)
 from mmaccel.eval.image_files import ImageSet
-from mmaccel.eval.rundir import (BATCH_DIR, SUMMARY_FILE, Batch, load_array, plan_batches, prepare_run_dir,
-                                 read_batch_record, save_array_atomic, total_stats, write_batch_record,
-                                 write_bytes_atomic, write_json_atomic)
+from mmaccel.eval.rundir import (
+    BATCH_DIR,
+    SUMMARY_FILE,
+    Batch,
+    load_array,
+    plan_batches,
+    prepare_run_dir,
+    read_batch_record,
+    save_array_atomic,
+    total_stats,
+    write_batch_record,
+    write_bytes_atomic,
+    write_json_atomic,
+)
 
 SAMPLE_DIR = "samples"
 OUTPUTS = (SAMPLE_DIR, BATCH_DIR, SUMMARY_FILE)
@@ -117,7 +135,7 @@ def evaluate_image_method(out: str | Path, *, method: str, params: dict[str, Any
         "nfe_per_batch": round(stats.nfe / len(plan), 3), "mean_accepted": round(stats.mean_accepted, 4),
         "draft_passes": stats.draft_passes, "new_tokens": stats.new_tokens,
         "tv_per_image": round(stats.deviation / num_samples, 6),
-        "stats": {k: v for k, v in stats.to_dict().items() if k != "deviation_per_row"},
+        "stats": stats.to_dict(summary=True),
     }
     if scored:
         feats = torch.cat([torch.from_numpy(b["features"]) for b in batches])

@@ -30,14 +30,25 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from mmaccel.errors import InputError, check
 from mmaccel.eval.distributed import Dist, progress
-from mmaccel.eval.rundir import (BATCH_DIR, SUMMARY_FILE, Batch, plan_batches, prepare_run_dir, read_batch_record,
-                                 total_stats, write_batch_record, write_bytes_atomic, write_json_atomic)
+from mmaccel.eval.rundir import (
+    BATCH_DIR,
+    SUMMARY_FILE,
+    Batch,
+    plan_batches,
+    prepare_run_dir,
+    read_batch_record,
+    total_stats,
+    write_batch_record,
+    write_bytes_atomic,
+    write_json_atomic,
+)
 
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif")
 UTTERANCES_FILE = "utterances.jsonl"
@@ -210,7 +221,7 @@ def _summary(records: list[dict], rows: list[dict], lossless: bool, compare_gree
         "rtfx": round(audio_s / wall_s, 3) if wall_s else None, "transcription_s": round(wall_s, 3),
         "nfe": stats.nfe, "new_tokens": stats.new_tokens, "mean_accepted": round(stats.mean_accepted, 4),
         "passes_per_token": round(1 / stats.mean_accepted, 4) if stats.mean_accepted else None,
-        "stats": {k: v for k, v in stats.to_dict().items() if k != "deviation_per_row"},
+        "stats": stats.to_dict(summary=True),
     }
     if compare_greedy:
         greedy = total_stats(records, "greedy_stats")

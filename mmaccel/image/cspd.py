@@ -39,11 +39,22 @@ import torch
 from torch import Tensor
 
 from mmaccel.core.gaussian import accept_gaussian, sample_gaussian_residual
-from mmaccel.core.stats import DecodeStats
+from mmaccel.core.stats import DecodeStats, declare_counter
 from mmaccel.errors import check
-from mmaccel.image.masked import (MaskedSampling, NoiseBank, conditions, gather_rows, reveal_counts, reveal_step,
-                                  sample_head, write)
+from mmaccel.image.masked import (
+    MaskedSampling,
+    NoiseBank,
+    conditions,
+    gather_rows,
+    reveal_counts,
+    reveal_step,
+    sample_head,
+    write,
+)
 from mmaccel.image.models.mar import MAR
+
+declare_counter("fallbacks", merge="sum", label="residual fallbacks",
+                help="rejected drafts whose residual draw gave up after max_tries proposals and kept a draw from p")
 
 
 @dataclass

@@ -135,6 +135,9 @@ def test_a_residual_draw_that_runs_out_of_tries_is_counted(pair):
         counts[tries] = stats.fallbacks
     assert counts[1] > 0 and counts[100] < counts[1]
     assert DecodeStats.from_dict(stats.to_dict()).fallbacks == stats.fallbacks
+    counted = DecodeStats()
+    counted.fallbacks = counts[1]       # JSON as before: last, and only where a fallback happened
+    assert list(counted.to_dict())[-1] == "fallbacks" and "fallbacks" not in DecodeStats().to_dict()
 
 
 def test_bad_settings_and_mismatched_models_are_clear_errors(pair):
