@@ -8,5 +8,5 @@ to one process.
     fid.py           `eval fid`: sharded features, reference statistics, FID with a bootstrap std
     image.py         `eval image`: generate, save, score an image method
     wer.py           `eval wer`: transcribe, save, score a speech method
-    cli.py           the argparse definitions (`add_eval_parser`)
+    cli.py           `add_eval_parser` (the argparse definitions live in `mmaccel/cli/eval.py`)
 """

@@ -1,0 +1,119 @@
+"""`mmaccel asr transcribe | ctc | whisfusion`: one transcript per audio file, tab-separated after its path.
+
+The summary (method, audio seconds, RTFx, decode statistics) goes to stderr as one JSON line; the
+exit status is 1 when any input could not be transcribed (its line says why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from mmaccel.cli.options import add_draft_option, add_param_option, add_sampling_options, add_seed_option
+from mmaccel.devices import add_device_option
+from mmaccel.progress import say
+
+
+def print_transcripts(rows: list[tuple[str, str | None, str]]) -> int:
+    """(source, error, text) per input, tab-separated; exit status 1 when any input failed."""
+    for source, error, text in rows:
+        print(f"{source}\tERROR: {error}" if error is not None else f"{source}\t{text}")
+    return 1 if any(error is not None for _, error, _ in rows) else 0
+
+
+def cmd_asr_transcribe(args: argparse.Namespace) -> int:
+    from mmaccel.speech.pipeline import ASRPipeline, draft_option, heads_option
+
+    asr = ASRPipeline.from_pretrained(args.model, heads=heads_option(args.heads), draft=draft_option(args.draft),
+                                      assistant=args.assistant, device=args.device, cuda_graphs=args.cuda_graphs)
+    out = asr.transcribe(list(args.files), args.method, batch_size=args.batch_size, language=args.language,
+                         encoder=args.encoder, **dict(args.param))
+    status = print_transcripts([(t.source, t.error, t.text) for t in out.transcripts])
+    say(json.dumps({"method": out.method, "audio_s": round(out.audio_s, 3), "rtfx": round(out.rtfx, 3),
+                    **out.stats.to_dict()}))
+    return status
+
+
+def cmd_asr_ctc(args: argparse.Namespace) -> int:
+    from mmaccel.speech.ctc.pipeline import CTCPipeline
+
+    pipe = CTCPipeline.from_pretrained(args.model, lm=args.lm, lm_weight=args.lm_weight,
+                                       insertion_bonus=args.insertion_bonus)
+    out = pipe.transcribe(list(args.files), args.method, beam=args.beam, boost=args.boost or None,
+                          boost_weight=args.boost_weight,
+                          exit=None if args.exit_threshold is None else ("entropy", args.exit_threshold))
+    say(json.dumps({"method": args.method, "audio_s": round(out.audio_seconds, 3), "rtfx": round(out.rtfx, 3),
+                    "time_s": {k: round(v, 4) for k, v in out.seconds.items()},
+                    **({"exit_layers": out.exit_layers} if out.exit_layers else {})}))
+    return print_transcripts([(f, None, t.text) for f, t in zip(args.files, out.transcripts)])
+
+
+def cmd_asr_whisfusion(args: argparse.Namespace) -> int:
+    from mmaccel.speech.whisfusion.pipeline import WhisfusionPipeline
+
+    pipe = WhisfusionPipeline.from_pretrained(args.model, device=args.device)
+    out = pipe.transcribe(list(args.files), candidates=args.candidates, steps=args.steps,
+                          temperature=args.temperature, select=args.select, batch_size=args.batch_size, seed=args.seed)
+    say(json.dumps({"method": out.method, "audio_s": round(out.audio_s, 3), "rtfx": round(out.rtfx, 3),
+                    **out.stats.to_dict()}))
+    return print_transcripts([(t.source, t.error, t.text) for t in out.transcripts])
+
+
+def add_parser(subparsers) -> None:
+    asr = subparsers.add_parser("asr", help="speech recognition with Whisper")
+    asr_sub = asr.add_subparsers(dest="asr_command", required=True)
+    _add_transcribe(asr_sub)
+    _add_ctc(asr_sub)
+    _add_whisfusion(asr_sub)
+
+
+def _add_transcribe(asr_sub) -> None:
+    at = asr_sub.add_parser("transcribe", help="print one transcript per audio file (tab-separated after the path)")
+    at.add_argument("files", nargs="+", help="audio files (wav, flac, ogg, mp3, ...); > 30 s is chunked")
+    at.add_argument("--model", default="builtin:base", help="builtin:base, builtin:tiny.en or a local HF Whisper directory")
+    at.add_argument("--heads", default="auto",
+                    help="heads file(s), comma-separated (Medusa / exit / block / EAGLE), 'auto' (the shipped ones) or 'none'")
+    add_draft_option(at, "auto", "draft decoder file for speculative/tree, 'auto' (shipped draft) or 'none'")
+    at.add_argument("--assistant", default=None,
+                    help="another Whisper for speculative-cross (builtin:tiny.en or a local HF Whisper directory)")
+    at.add_argument("--method", default="greedy")
+    add_param_option(at, "depth=4")
+    at.add_argument("--batch-size", type=int, default=8)
+    at.add_argument("--language", default="en", help="language code for multilingual models")
+    at.add_argument("--encoder", default="fp32", choices=("fp32", "bf16", "int8"),
+                    help="encoder precision: fp32 (the model as loaded) or cheaper bf16 / int8 (may change transcripts; "
+                         "int8 fails on noisy audio, prefer bf16)")
+    add_device_option(at)
+    at.set_defaults(func=cmd_asr_transcribe)
+
+
+def _add_ctc(asr_sub) -> None:
+    ac = asr_sub.add_parser("ctc", help="CTC transcription: greedy or batched beam search with an LM and boosting")
+    ac.add_argument("files", nargs="+", help="audio files; > 30 s is cut into windows")
+    ac.add_argument("--model", default="builtin:ctc-base",
+                    help="builtin:ctc-base, a WhisperCTC directory or a transformers Wav2Vec2ForCTC directory")
+    ac.add_argument("--method", default="beam", choices=("greedy", "beam"))
+    ac.add_argument("--beam", type=int, default=16)
+    ac.add_argument("--lm", default=None, help="ARPA n-gram over the model's labels (characters for builtin:ctc-base)")
+    ac.add_argument("--lm-weight", type=float, default=0.5)
+    ac.add_argument("--insertion-bonus", type=float, default=0.0)
+    ac.add_argument("--boost", action="append", default=[], metavar="PHRASE", help="phrase to boost (repeatable)")
+    ac.add_argument("--boost-weight", type=float, default=1.0)
+    ac.add_argument("--exit-threshold", type=float, default=None,
+                    help="encoder early exit: leave after the first exit head whose mean entropy is below this")
+    ac.set_defaults(func=cmd_asr_ctc)
+
+
+def _add_whisfusion(asr_sub) -> None:
+    aw = asr_sub.add_parser("whisfusion", help="parallel masked-diffusion decoding (Whisfusion) on a Whisper encoder")
+    aw.add_argument("files", nargs="+", help="audio files; > 30 s is chunked")
+    aw.add_argument("--model", default="builtin:whisfusion-tiny.en", help="builtin:whisfusion-tiny.en or a saved directory")
+    aw.add_argument("--candidates", type=int, default=8, help="K candidate transcripts decoded side by side")
+    aw.add_argument("--steps", type=int, default=4, help="refinement steps (decoder passes)")
+    add_sampling_options(aw, temperature=1.0, top_k=None, top_p=None,
+                         temperature_help="sampling temperature of candidates 1..K-1")
+    aw.add_argument("--select", default="rover", choices=("rover", "confidence"))
+    aw.add_argument("--batch-size", type=int, default=8)
+    add_seed_option(aw)
+    add_device_option(aw)
+    aw.set_defaults(func=cmd_asr_whisfusion)
