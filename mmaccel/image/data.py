@@ -8,6 +8,7 @@ Nothing is downloaded at run time.
 from __future__ import annotations
 
 import gzip
+import os
 from pathlib import Path
 
 import numpy as np
@@ -46,9 +47,10 @@ def _read_idx(path: Path, kind: str) -> np.ndarray:
 def load_fashion_mnist(split: str = "train", root: str | Path | None = None) -> tuple[Tensor, Tensor]:
     """Fashion-MNIST `split` ("train": 60 000, "test": 10 000) -> (images uint8 [N, 28, 28], labels int64 [N]).
 
-    `root` defaults to the Debian package's directory; a missing file raises `ModelNotFoundError`."""
+    `root` defaults to `$MMACCEL_FASHION_MNIST`, else the Debian package's directory; a missing file raises
+    `ModelNotFoundError`."""
     check(split in _PREFIX, f"split must be 'train' or 'test', got {split!r}")
-    root = Path(root) if root is not None else FASHION_MNIST_ROOT
+    root = Path(root or os.environ.get("MMACCEL_FASHION_MNIST") or FASHION_MNIST_ROOT)
     paths = {"images": root / f"{_PREFIX[split]}-images-idx3-ubyte.gz",
              "labels": root / f"{_PREFIX[split]}-labels-idx1-ubyte.gz"}
     missing = [str(p) for p in paths.values() if not p.is_file()]
