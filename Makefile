@@ -39,6 +39,7 @@ compare: install # the terminal comparison on the embedded models
 	$(BIN)/mmaccel compare
 
 test: install
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
 test-slow: install

@@ -8,8 +8,8 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 CACHE_MARKER = "mmaccel_cache.json"   # written last into a converted-weights cache directory
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Iterable, Iterator, TypeVar
+from typing import TypeVar
 
 from tqdm import tqdm
 

@@ -58,12 +58,14 @@ class Report:
 
     def sync(self, kind: str) -> None:
         if self.capturing:
-            raise RuntimeError(f"emulated CUDA: operation not permitted when stream is capturing ({kind} reads the device on the host)")
+            raise RuntimeError("emulated CUDA: operation not permitted when stream is capturing "
+                               f"({kind} reads the device on the host)")
         self.syncs.append(kind)
 
     def upload(self) -> None:
         if self.capturing:
-            raise RuntimeError("emulated CUDA: operation not permitted when stream is capturing (a host tensor copied to the device)")
+            raise RuntimeError("emulated CUDA: operation not permitted when stream is capturing "
+                               "(a host tensor copied to the device)")
         self.uploads += 1
 
     def count(self) -> int:
@@ -299,7 +301,8 @@ def _captured(report: Report, graph: _Graph, **kwargs):
 
 @contextlib.contextmanager
 def _emulation(report: Report):
-    with mock.patch.object(torch, "Generator", _EmulatedGenerator), mock.patch.object(torch.cuda, "Event", _Event), mock.patch.dict(os.environ, {"MMACCEL_KERNELS": "torch"}), \
+    with mock.patch.object(torch, "Generator", _EmulatedGenerator), mock.patch.object(torch.cuda, "Event", _Event), \
+            mock.patch.dict(os.environ, {"MMACCEL_KERNELS": "torch"}), \
             mock.patch.object(torch.cuda, "_lazy_init", lambda: None), \
             mock.patch.object(torch.cuda, "is_available", lambda: True), \
             mock.patch.object(torch.cuda, "device_count", lambda: 1), \

@@ -115,8 +115,8 @@ def test_asr_transcribe_prints_transcripts_and_reports_bad_files(capsys, tmp_pat
 
     if not LIBRIVOX.is_dir():
         pytest.skip("apt-get install pocketsphinx-testdata")
-    from mmaccel.speech.whisper import BUILTIN, package_file
     from mmaccel.errors import ModelNotFoundError
+    from mmaccel.speech.whisper import BUILTIN, package_file
 
     try:
         package_file(BUILTIN["tiny.en"], BUILTIN["tiny.en"].model_parts[0])
@@ -137,8 +137,8 @@ def test_asr_transcribe_prints_transcripts_and_reports_bad_files(capsys, tmp_pat
 
 
 def test_asr_ctc_and_whisfusion_print_transcripts(capsys, tmp_path, checkpoint, tiny_en_asr):  # noqa: F811
-    from tests.speech.test_pipeline import FILES, LIBRIVOX
     from mmaccel.speech.whisfusion.model import WhisfusionDecoder
+    from tests.speech.test_pipeline import FILES, LIBRIVOX
 
     if not LIBRIVOX.is_dir():
         pytest.skip("apt-get install pocketsphinx-testdata")

@@ -81,14 +81,15 @@ def main(argv=None) -> int:
     rows = []
     for batch in args.batch:
         labels = torch.arange(batch, device=device) % pipe.model.num_classes
-        peer_s, _ = timed(lambda: official.generate(model, labels, tokens, cfg_scale=2.0, temperature=1.0, top_k=0,
+        peer_s, _ = timed(lambda labels=labels: official.generate(model, labels, tokens, cfg_scale=2.0, temperature=1.0, top_k=0,
                                                     top_p=1.0, sample_logits=True), device, args.reps)
         row = {"batch": batch, "official_generate_s": round(peer_s, 4), "official_ms_per_token": round(1e3 * peer_s / tokens, 3)}
         if args.compile:
             try:
                 official.decode_one_token = torch.compile(official.decode_one_token, mode="reduce-overhead", fullgraph=True)
-                compiled_s, _ = timed(lambda: official.generate(model, labels, tokens, cfg_scale=2.0, temperature=1.0,
-                                                                top_k=0, top_p=1.0, sample_logits=True), device, args.reps)
+                compiled_s, _ = timed(lambda labels=labels: official.generate(model, labels, tokens, cfg_scale=2.0,
+                                                                              temperature=1.0, top_k=0, top_p=1.0,
+                                                                              sample_logits=True), device, args.reps)
                 row["official_compiled_s"] = round(compiled_s, 4)
             except Exception as err:        # the peer's own compiled path: record how it fails
                 row["official_compiled_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
@@ -100,8 +101,9 @@ def main(argv=None) -> int:
                     m.cuda_graphs = graphs
             for name in args.methods:
                 method = build_image_method(name)
-                ours_s, gen = timed(lambda: method.run(resources, inputs, max_new_tokens=tokens,
-                                                       sampling=Sampling(temperature=1.0), seed=0), device, args.reps)
+                def run_ours(method=method, resources=resources, inputs=inputs):
+                    return method.run(resources, inputs, max_new_tokens=tokens, sampling=Sampling(temperature=1.0), seed=0)
+                ours_s, gen = timed(run_ours, device, args.reps)
                 row[name + (" +graphs" if graphs else "")] = {
                     "s": round(ours_s, 4), "ms_per_token": round(1e3 * ours_s / tokens, 3), "nfe": gen.stats.nfe,
                     "speedup_vs_official": round(peer_s / ours_s, 3)}

@@ -184,7 +184,8 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
         f"{len(corpus)} out-of-domain utterances (licence sentences, unseen voices, half under noise)"
     config = {"model": asr.bundle.name, "split": split, "audio": audio,
               "audio_s": round(audio_s, 1), "utterances": len(corpus), "batch_sizes": list(sizes),
-              "wer": f"corpus WER, {normalizer_version()}", "heads": ", ".join(Path(f).name for f in asr.heads_source.split(", ")) if asr.heads_source else None,
+              "wer": f"corpus WER, {normalizer_version()}",
+              "heads": ", ".join(Path(f).name for f in asr.heads_source.split(", ")) if asr.heads_source else None,
               "draft": Path(asr.draft_source).name if asr.draft_source else None,
               "assistant": asr.assistant.name if asr.assistant else None,
               "threads": torch.get_num_threads(), "quick": quick}

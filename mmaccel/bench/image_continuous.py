@@ -17,8 +17,9 @@ includes. `mean_accepted` is the number of drafts kept per verified block (of `n
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from mmaccel.bench.harness import MethodSpec, Suite
 from mmaccel.bench.image_suite import build_image_suite
@@ -54,8 +55,7 @@ def build_image_continuous_suite(quick: bool = False, methods: list[MethodSpec] 
                                  samples: int | None = None, inception_samples: int | None = None,
                                  cache_dir: str | Path | None = None, log: Callable[[str], None] = print,
                                  device: str | None = None) -> Suite:
-    from mmaccel.image.continuous_pipeline import (BUILTIN_CONTINUOUS, CONTINUOUS_METHODS, CONTINUOUS_SAMPLING,
-                                                   ContinuousPipeline)
+    from mmaccel.image.continuous_pipeline import BUILTIN_CONTINUOUS, CONTINUOUS_METHODS, CONTINUOUS_SAMPLING, ContinuousPipeline
 
     pipe = pipeline or ContinuousPipeline.from_pretrained(BUILTIN_CONTINUOUS, device=device)
     methods = methods or DEFAULT_METHODS
@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = tune_recipes(pipe, grid, "ar", args.samples, seed=TUNE_SEED, tag=f"image-continuous tune {args.tune}")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"command": "python -m mmaccel.bench.image_continuous " + " ".join(sys.argv[1:] if argv is None else argv),
+        Path(args.out).write_text(json.dumps({"command": "python -m mmaccel.bench.image_continuous "
+                                                         + " ".join(sys.argv[1:] if argv is None else argv),
                                               "samples": args.samples, "seed": TUNE_SEED, "rows": rows}, indent=2) + "\n")
     return 0
 

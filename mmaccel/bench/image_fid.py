@@ -11,13 +11,12 @@ floor. It times nothing; speed comes from `bench image`.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from mmaccel.bench.harness import MethodSpec
-from mmaccel.bench.image_suite import (FULL_INCEPTION_REFERENCE, FULL_SAMPLES, MODEL_DESCRIPTIONS,
-                                       quality_inception_features)
+from mmaccel.bench.image_suite import FULL_INCEPTION_REFERENCE, FULL_SAMPLES, MODEL_DESCRIPTIONS, quality_inception_features
 from mmaccel.errors import check
 from mmaccel.image.methods import build_image_method
 

@@ -17,8 +17,9 @@ against the large VAR alone at the same batch.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from mmaccel.bench.harness import MethodSpec, Suite
 from mmaccel.bench.image_suite import build_image_suite

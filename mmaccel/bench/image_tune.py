@@ -17,8 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -95,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
                                samples=args.quality_samples, seed=TUNE_SEED, tag="zipar tune")
     if args.out:
         doc = {"sweep": args.sweep, "model": model, "sampling": SAMPLING, "tune_seed": TUNE_SEED,
-               "threads": args.threads, "command": "python -m mmaccel.bench.image_tune " + " ".join(sys.argv[1:] if argv is None else argv),
+               "threads": args.threads,
+               "command": "python -m mmaccel.bench.image_tune " + " ".join(sys.argv[1:] if argv is None else argv),
                "rows": rows, **({"quality": quality} if quality else {})}
         Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
     return 0

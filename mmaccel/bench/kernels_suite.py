@@ -17,8 +17,8 @@ import datetime as dt
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import Tensor
@@ -282,10 +282,10 @@ def run_kernels(device: str | None = "cpu", quick: bool = False, compile: bool =
                 fns.update(_triton(case, ref, row))
             timed.append((case, row, fns))
         for r in range(rounds):
-            for case, row, fns in progress(timed, desc=f"kernels round {r + 1}/{rounds}", unit="case"):
+            for _case, row, fns in progress(timed, desc=f"kernels round {r + 1}/{rounds}", unit="case"):
                 for name, fn in fns.items():
                     row["rounds_us"].setdefault(name, []).append(round(_time_us(fn, min_run_time), 2))
-    for case, row, fns in timed:
+    for case, row, _fns in timed:
         for name, values in row["rounds_us"].items():
             row[f"{name}_us"] = round(statistics.median(values), 2)
         for name in ("compiled", "triton"):
@@ -297,7 +297,7 @@ def run_kernels(device: str | None = "cpu", quick: bool = False, compile: bool =
 
     return {"suite": "kernels", "device": device_name(dev),
             "torch": torch.__version__, "triton": triton.__version__,
-            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "config": {"quick": quick, "compile": compile, "device": str(dev), "threads": torch.get_num_threads(),
                        "rounds": rounds, "min_run_time_s": min_run_time,
                        "timer": "torch.utils.benchmark blocked_autorange median per round, median over rounds",

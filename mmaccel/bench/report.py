@@ -29,7 +29,8 @@ def _image_scale_markdown():
     return extra_markdown
 
 
-EXTRA_MARKDOWN = {"video": _video_markdown, "ctc": _ctc_markdown, "image-scale": _image_scale_markdown}  # suites whose documents hold more than the table
+EXTRA_MARKDOWN = {"video": _video_markdown, "ctc": _ctc_markdown,
+                  "image-scale": _image_scale_markdown}  # suites whose documents hold more than the table
 
 
 def render(bench_dir: Path) -> str:

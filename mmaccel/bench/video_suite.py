@@ -244,7 +244,8 @@ def ingest_study(target, tokenizer, budget, streams, asked, dev, dev_q) -> dict:
     full = _run_setting(target, tokenizer, budget, lambda: None, dev, dev_q)
     tried, chosen = {}, FEATURE_THRESHOLDS[0]
     for threshold in FEATURE_THRESHOLDS:
-        row = _run_setting(target, tokenizer, budget, lambda: [TemporalDrop("feature", threshold=threshold)], dev, dev_q)
+        row = _run_setting(target, tokenizer, budget, lambda threshold=threshold: [TemporalDrop("feature", threshold=threshold)],
+                           dev, dev_q)
         tried[str(threshold)] = {k: row[k] for k in ("keep_ratio", "accuracy")}
         if row["accuracy"] >= full["accuracy"] - MAX_LOSS:
             chosen = threshold                          # thresholds rise: the last within the loss drops the most

@@ -9,15 +9,15 @@ not draft-then-verify (ZipAR's wavefront) bring their own `runner`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from torch import Tensor, nn
 
 from mmaccel.core.jacobi import INITS, JacobiProposer
 from mmaccel.core.model import DecoderModel
-from mmaccel.core.proposers import (DraftModelProposer, EarlyExitProposer, HeadsProposer, NGramProposer,
-                                    Proposer)
+from mmaccel.core.proposers import DraftModelProposer, EarlyExitProposer, HeadsProposer, NGramProposer, Proposer
 from mmaccel.core.sampling import Sampling
 from mmaccel.core.speculative import Generation, LoopConfig, decode
 from mmaccel.errors import InputError, check

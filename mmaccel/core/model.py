@@ -52,7 +52,7 @@ class CacheWrite:
     decoder layers write straight into our buffers. Returns the keys/values of all used slots.
     """
 
-    def __init__(self, cache: "KVCache", slots: Tensor, used: int, start: int | None):
+    def __init__(self, cache: KVCache, slots: Tensor, used: int, start: int | None):
         # start: the first slot when every row writes at the same one (a slice write), else None
         self.cache, self.slots, self.used, self.start = cache, slots, used, start
 

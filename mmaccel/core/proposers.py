@@ -8,9 +8,9 @@ roll its own state back. Proposers never decide acceptance: that is the rule's j
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn

@@ -78,7 +78,7 @@ class Int8Linear(nn.Module):
         self.packed = None                  # FBGEMM's packed weight (CPU), built on first use
 
     @classmethod
-    def of(cls, weight: Tensor, bias: Tensor | None = None) -> "Int8Linear":
+    def of(cls, weight: Tensor, bias: Tensor | None = None) -> Int8Linear:
         linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
         linear.weight = nn.Parameter(weight.detach(), requires_grad=False)
         if bias is not None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mmaccel.core.model import DecodeState, DecoderModel, as_row_counts, on_host
+from mmaccel.core.model import DecoderModel, DecodeState, as_row_counts, on_host
 from mmaccel.errors import check
 
 
@@ -188,7 +188,7 @@ class CFG:
         state.hidden = None if inner.hidden is None else inner.hidden[: len(cond)]
         return state
 
-    def early_exit(self, exit_layer: int, head=None) -> "CFG":
+    def early_exit(self, exit_layer: int, head=None) -> CFG:
         """The guided early-exit draft view of the wrapped model (self-speculation under CFG)."""
         check(hasattr(self.model, "early_exit"), f"{type(self.model).__name__} offers no early-exit view")
         return CFG(self.model.early_exit(exit_layer, head), self.scale)

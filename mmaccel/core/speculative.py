@@ -6,9 +6,9 @@ token), so the baseline and every method share one code path, one sampler and on
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -196,7 +196,7 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
             if proposer is not None:
                 ctx.target_choices = verdict.choices if tree is None else None
                 with stats.timed("draft"):
-                    proposer.observe(ctx, verdict.num_accepted, nxt, target_probs, RowLists(lambda: [
+                    proposer.observe(ctx, verdict.num_accepted, nxt, target_probs, RowLists(lambda kept=kept, n=n: [
                         row[:c] for row, c in zip(kept.tolist(), n.tolist())], padded=kept))
                 stats.draft_passes += proposer.passes()
 
@@ -355,6 +355,7 @@ def _verify(rule_name: str, params, logits: Tensor, drafts: Tensor | None, draft
     if rule_name == "coupled":
         path, n, nxt = verify_tree_greedy(tree, probs / noise)
     else:
-        check(rule_name == "speculative", f"tree verification supports the greedy, speculative and coupled rules, not {rule_name!r}")
+        check(rule_name == "speculative",
+              f"tree verification supports the greedy, speculative and coupled rules, not {rule_name!r}")
         path, n, nxt = verify_tree_sampled(tree, probs, sampler.uniform((B, T)), noise)
     return Verdict(n, nxt), path, probs

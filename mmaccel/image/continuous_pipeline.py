@@ -16,9 +16,10 @@ All methods share `NoiseBank` draws for a seed, so their outputs differ only whe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -75,7 +76,7 @@ class ContinuousPipeline:
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path = BUILTIN_CONTINUOUS, *, tokenizer: str | Path | None = None,
                         draft: str | Path | None = "builtin", device: str | torch.device | None = None,
-                        dtype: str | torch.dtype | None = None) -> "ContinuousPipeline":
+                        dtype: str | torch.dtype | None = None) -> ContinuousPipeline:
         """`"builtin:fashion-mnist-mar"` (the shipped KL tokenizer, target and draft), a directory holding
         `mar.safetensors`, `kl.safetensors` (and optionally `mar_draft.safetensors`), or a model file with
         `tokenizer=` its KL tokenizer. `draft`: "builtin" (the directory's or built-in one), a path, or None."""

@@ -35,7 +35,8 @@ def reveal_counts(seq_len: int, num_iter: int) -> list[int]:
           f"num_iter must be an int in [1, {seq_len}] (tokens per image), got {num_iter!r}")
     counts, masked = [], seq_len
     for step in range(num_iter):
-        after = 0 if step == num_iter - 1 else max(1, min(masked - 1, math.floor(seq_len * math.cos(math.pi / 2 * (step + 1) / num_iter))))
+        after = 0 if step == num_iter - 1 else max(1, min(masked - 1,
+                                                          math.floor(seq_len * math.cos(math.pi / 2 * (step + 1) / num_iter))))
         counts.append(masked - after)
         masked = after
     return counts

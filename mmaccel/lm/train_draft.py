@@ -37,8 +37,6 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from mmaccel.paths import assets_dir
-from mmaccel.progress import LogAboveBars, progress
 from mmaccel.lm.smollm2 import (
     DRAFT_WEIGHTS,
     draft_state_dict,
@@ -49,6 +47,8 @@ from mmaccel.lm.smollm2 import (
     render_prompt,
     truncated_draft,
 )
+from mmaccel.paths import assets_dir
+from mmaccel.progress import LogAboveBars, progress
 
 logger = logging.getLogger("mmaccel.lm.train_draft")
 

@@ -32,7 +32,6 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Union
 
 import numpy as np
 import torch
@@ -58,7 +57,7 @@ FEATURE_DIM = 2048
 # beyond this mean the caller passed another range ([0, 255] floats, unnormalised logits, ...).
 FLOAT_RANGE_LIMIT = 1.5
 
-Images = Union[Tensor, np.ndarray, Sequence]  # tensor/array, or a sequence of PIL images
+Images = Tensor | np.ndarray | Sequence  # tensor/array, or a sequence of PIL images
 
 # ----------------------------------------------------------------------------------------------
 # Images in -> uint8 RGB

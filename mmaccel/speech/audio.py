@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
 
 import numpy as np
 from torch import Tensor
@@ -23,7 +22,7 @@ SILENCE_RMS = 1e-4         # below this root-mean-square level a clip counts as 
 CUT_SEARCH_S = 5.0         # a long-audio cut is placed at the quietest point of the last 5 s of a window
 CUT_FRAME_S = 0.1          # ... measured over 100 ms frames
 
-AudioLike = Union[str, os.PathLike, np.ndarray, Tensor, tuple]
+AudioLike = str | os.PathLike | np.ndarray | Tensor | tuple
 
 
 @dataclass

@@ -195,7 +195,8 @@ def parse_model_bin(buffer: bytes | bytearray | memoryview, what: str = "model.b
         alias = cur.string("an alias name")
         aliases[alias] = cur.string(f"the target of alias '{alias}'")
     trailing = len(cur.view) - cur.pos
-    check(trailing == 0, f"{what} has {trailing} unexpected bytes after its last alias; a part is repeated or the file is corrupt")
+    check(trailing == 0,
+          f"{what} has {trailing} unexpected bytes after its last alias; a part is repeated or the file is corrupt")
     _resolve_aliases(variables, aliases, what)
     return CT2Model(spec_name, spec_revision, variables, aliases)
 

@@ -308,7 +308,7 @@ class WhisperDecoderModel:
     def hidden_size(self) -> int:
         return self.decoder.embed_tokens.weight.shape[1]
 
-    def argmax_view(self) -> "WhisperDecoderModel":
+    def argmax_view(self) -> WhisperDecoderModel:
         """This model (weights and rules shared) with `step` logits exact only at each row's arg-max,
         through a two-stage bf16 / fp32 projection (`ArgmaxProjection`): for greedy decoding and
         greedy-verified methods on hardware with fast bf16 products. `prefill` stays exact (its
@@ -318,7 +318,7 @@ class WhisperDecoderModel:
         return self._same_switches(WhisperDecoderModel(self.hf, self.suppress_tokens, self.begin_suppress_tokens,
                                                        cross_layers=self.cross_layers, argmax_readout=readout))
 
-    def feature_view(self, layers: tuple[int, ...]) -> "WhisperDecoderModel":
+    def feature_view(self, layers: tuple[int, ...]) -> WhisperDecoderModel:
         """This model (everything shared) with `state.hidden` [B, T, (m + 1) d]: the outputs of decoder
         layers `layers` (0-based, before any norm) and then the final hidden states, concatenated:
         the features an EAGLE head with fused layers reads (`EagleHead.read`)."""
@@ -328,13 +328,13 @@ class WhisperDecoderModel:
         view.feature_layers = tuple(sorted(set(layers)))
         return view
 
-    def early_exit(self, exit_layer: int, head: nn.Module | None = None) -> "WhisperDecoderModel":
+    def early_exit(self, exit_layer: int, head: nn.Module | None = None) -> WhisperDecoderModel:
         """A draft view: the first `exit_layer` decoder layers (weights shared), then `head` (an
         `ExitHead`; default: the final LayerNorm) and the tied projection."""
         return self._same_switches(WhisperDecoderModel(self.hf, self.suppress_tokens, self.begin_suppress_tokens,
                                                        exit_layer, head))
 
-    def _same_switches(self, view: "WhisperDecoderModel") -> "WhisperDecoderModel":
+    def _same_switches(self, view: WhisperDecoderModel) -> WhisperDecoderModel:
         view.cuda_graphs = self.cuda_graphs
         return view
 
@@ -357,7 +357,8 @@ class WhisperDecoderModel:
         prompt_t = torch.tensor(prompt, dtype=torch.long).expand(features.shape[0], -1).contiguous()
         frames = None
         if seconds is not None:
-            check(len(seconds) == features.shape[0], f"seconds needs one length per row ({features.shape[0]}), got {len(seconds)}")
+            check(len(seconds) == features.shape[0],
+                  f"seconds needs one length per row ({features.shape[0]}), got {len(seconds)}")
             window_s = features.shape[-1] / 100                     # 100 mel frames per second
             frames = torch.tensor([audio_frames(s, window_s, states.shape[1]) for s in seconds])
         return EncodedAudio(states, prompt_t, features=features, audio_frames=frames)
@@ -537,7 +538,7 @@ class WhisperDecoderModel:
     # The three parts of a forward pass, public for decoders that run layers selectively (CALM).
 
     def embed(self, state: DecodeState, tokens: Tensor, positions: Tensor | None = None,
-              tree_mask: Tensor | None = None) -> tuple[Tensor, "LayerStep"]:
+              tree_mask: Tensor | None = None) -> tuple[Tensor, LayerStep]:
         """Claim cache slots for `tokens` [B, T]; returns the input hidden states [B, T, d] and
         what every layer of this pass shares (cache writer, attention mask, audio)."""
         T = tokens.shape[1]
@@ -559,7 +560,7 @@ class WhisperDecoderModel:
             h = h * self.embed_scale
         return h + pos, step
 
-    def begin(self, state: DecodeState, num_new: int, tree_mask: Tensor | None = None) -> tuple["LayerStep", Tensor]:
+    def begin(self, state: DecodeState, num_new: int, tree_mask: Tensor | None = None) -> tuple[LayerStep, Tensor]:
         """Claim `num_new` cache slots per row; returns the pass's `LayerStep` and the old lengths [B]
         (for layers fed hidden states instead of tokens: the Medusa block)."""
         write, start = state.cache.reserve(num_new)
@@ -569,7 +570,7 @@ class WhisperDecoderModel:
             mask = state.cache.attention_mask(start, num_new, tree_mask)
         return LayerStep(write, mask, state.extras["inputs"], self.num_heads), start
 
-    def layer(self, i: int, h: Tensor, step: "LayerStep", rows: Tensor | None = None) -> Tensor:
+    def layer(self, i: int, h: Tensor, step: LayerStep, rows: Tensor | None = None) -> Tensor:
         """Decoder layer i on h [B, T, d] (un-normalised residual stream); writes this position's
         keys/values of every row into the cache. With `rows` (indices), only those rows go on
         through attention and the MLP; the others only get their keys/values written from their

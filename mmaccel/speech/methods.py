@@ -10,7 +10,8 @@ against the full model greedily, so their transcripts are bit-identical to `gree
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from mmaccel.core import methods as core
 from mmaccel.core.beam import beam_search

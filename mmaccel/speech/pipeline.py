@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from mmaccel.core.methods import Method, Resources
 from mmaccel.core.model import on_host
+from mmaccel.core.quant import fast_bf16_matmul
 from mmaccel.core.sampling import Sampling
 from mmaccel.core.stats import DecodeStats
 from mmaccel.devices import resolve_device, use_cuda_graphs
@@ -29,7 +31,6 @@ from mmaccel.errors import InputError, check
 from mmaccel.paths import assets_dir
 from mmaccel.speech.audio import Audio, AudioLike, as_audio, is_silent, log_mel, split_long
 from mmaccel.speech.cross_draft import Assistant, new_assistant
-from mmaccel.core.quant import fast_bf16_matmul
 from mmaccel.speech.decoder import WhisperDecoderModel
 from mmaccel.speech.draft import WhisperDraft, load_draft
 from mmaccel.speech.eagle import EagleDecoder, EagleHead
@@ -123,7 +124,7 @@ class ASRPipeline:
     def from_pretrained(cls, source: str = "builtin:base", *, heads: str | os.PathLike | list | None = "auto",
                         draft: str | os.PathLike | None = "auto", assistant: str | None = None,
                         cache_dir: str | os.PathLike | None = None,
-                        device: str | torch.device | None = None, cuda_graphs: bool = False) -> "ASRPipeline":
+                        device: str | torch.device | None = None, cuda_graphs: bool = False) -> ASRPipeline:
         """`source`: "builtin:base", "builtin:tiny.en" or a local Hugging Face Whisper directory.
 
         `heads`: a heads file (Medusa, exit, Medusa-Block and/or EAGLE heads) or a list of them, each

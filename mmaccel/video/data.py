@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 import torch
@@ -63,7 +63,7 @@ _PLACEMENT_TRIES = 8  # random motions tried at one entry frame before the entry
 _BACKGROUND_MAX = 24  # background pixels are in [0, _BACKGROUND_MAX): dark, a little texture
 
 
-@lru_cache(maxsize=None)
+@cache
 def _split_arrays(split: str) -> tuple[np.ndarray, np.ndarray]:
     """Fashion-MNIST `split` -> (images uint8 [N, 28, 28], labels int64 [N]), loaded once per process."""
     images, labels = load_fashion_mnist(split)

@@ -25,8 +25,8 @@ token; the rest of the answer decodes over the reduced cache. `VideoAnswer.visio
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 from torch import Tensor
@@ -46,7 +46,7 @@ class KVReducer:
     def reset(self) -> None:
         pass
 
-    def __call__(self, question: "Question") -> None:
+    def __call__(self, question: Question) -> None:
         raise TypeError(f"{type(self).__name__} does not define how it reduces the cache")
 
 

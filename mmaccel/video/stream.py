@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 from pathlib import Path
 
 import torch
@@ -71,13 +71,13 @@ class _Continuation:
     (`mmaccel.video.kv_reduce`): the first token's logits come from the full cache, the loop goes on
     from the reduced one."""
 
-    def __init__(self, model: QwenVLStream, state, kv_reduction=(), draft: "_Continuation | None" = None):
+    def __init__(self, model: QwenVLStream, state, kv_reduction=(), draft: _Continuation | None = None):
         self.model, self.state, self.kv_reduction, self.draft = model, state, list(kv_reduction), draft
 
     def __getattr__(self, name):
         return getattr(self.model, name)
 
-    def early_exit(self, exit_layer: int, head=None) -> "_Continuation":
+    def early_exit(self, exit_layer: int, head=None) -> _Continuation:
         """The core's `early-exit` method asks the target for its early-exit view: in a stream that is the
         pipeline's draft, which has watched the stream, when it is this model's exit at `exit_layer`."""
         exit_at = None if self.draft is None else self.draft.model.exit_layer
@@ -133,7 +133,7 @@ class VideoStreamPipeline:
     def from_pretrained(cls, name_or_path: str = BUILTIN, *, device: str | torch.device | None = None,
                         dtype: str | torch.dtype | None = torch.float32, budget: KVBudget | None = None,
                         max_answer_tokens: int = 64, cuda_graphs: bool = False, reduction=None,
-                        kv_reduction=None) -> "VideoStreamPipeline":
+                        kv_reduction=None) -> VideoStreamPipeline:
         """`"builtin:moving-fashion"` (the shipped Qwen2.5-VL trained on the moving Fashion-MNIST streams)
         or a local Qwen2-VL / Qwen2.5-VL / SmolVLM / Idefics3 directory: with `words.json` (a word-level
         vocabulary, our format) or a Hugging Face tokenizer, whose chat format wraps each question."""

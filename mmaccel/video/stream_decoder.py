@@ -61,7 +61,7 @@ class StreamDecoder(nn.Module):
         """Decoder layers this adapter runs (and caches): all of them, or its exit layer."""
         return self.exit_layer or self.text.config.num_hidden_layers
 
-    def early_exit(self, layers: int, head: nn.Module | None = None) -> "StreamDecoder":
+    def early_exit(self, layers: int, head: nn.Module | None = None) -> StreamDecoder:
         """This model decoding through its first `layers` layers, then the final norm and head: the
         self-speculative draft (LayerSkip) of a model trained with early exits (`mmaccel.video.train`
         trains the built-in one so). It shares every weight and the vision encoder with this adapter;
@@ -76,7 +76,7 @@ class StreamDecoder(nn.Module):
         draft.exit_layer = layers
         return draft
 
-    def shares_vision(self, other: "StreamDecoder") -> bool:
+    def shares_vision(self, other: StreamDecoder) -> bool:
         """Whether `other` is the same model (an early exit of it, or itself): its vision embeddings are ours."""
         return other.hf is self.hf
 

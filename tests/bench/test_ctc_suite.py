@@ -39,7 +39,7 @@ def test_quick_ctc_suite_runs_every_decoder(checkpoint, monkeypatch, tmp_path): 
     validate_document(doc)
     rows = {(r["method"], r["batch"]): r for r in doc["results"]}
     assert {m.key for m in DEFAULT_METHODS} == {k for k, _ in rows} and doc["baseline"] == "greedy"
-    for (name, batch), row in rows.items():
+    for (name, _batch), row in rows.items():
         assert row["quality"]["wer"] >= 0 and row["quality"]["utt_per_s"] > 0, name
         assert row["quality"]["vs_pyctcdecode_16"] > 0
     assert set(doc["settings"]) >= {"lm_weight", "insertion_bonus", "boost_weight", "dev_lm_wer", "boosted_words"}

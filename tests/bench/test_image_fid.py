@@ -9,6 +9,7 @@ from mmaccel.bench import image_fid
 from mmaccel.bench.harness import MethodSpec
 from mmaccel.bench.report import render
 from mmaccel.cli import main
+from mmaccel.errors import InputError
 from mmaccel.metrics import fid
 
 
@@ -42,7 +43,7 @@ def test_bad_options_are_refused(capsys):
     assert main(["bench", "image-fid", "--inception-samples", "10"]) == 2
     assert "image-fid takes --samples" in capsys.readouterr().err
     assert main(["bench", "image-fid", "--samples", "1"]) == 2
-    with pytest.raises(Exception):
+    with pytest.raises(InputError, match="the first method must be the AR baseline"):
         image_fid.run_image_fid([MethodSpec("sjd")], samples=10)
 
 

@@ -3,8 +3,15 @@
 import pytest
 import torch
 
-from mmaccel.core.acceptance import (accept_coupled, accept_greedy, accept_grouped, accept_grouped_coupled, accept_pooled,
-                                     accept_speculative, accept_typical)
+from mmaccel.core.acceptance import (
+    accept_coupled,
+    accept_greedy,
+    accept_grouped,
+    accept_grouped_coupled,
+    accept_pooled,
+    accept_speculative,
+    accept_typical,
+)
 from mmaccel.errors import InputError
 
 V = 10

@@ -8,8 +8,8 @@ from mmaccel.core.proposers import MedusaHead
 from mmaccel.core.sampling import CFG, Sampling
 from mmaccel.core.speculative import LoopConfig, decode
 from mmaccel.errors import InputError
-from tests.conftest import tiny_llama
 from mmaccel.lm.hf import HFCausalLM
+from tests.conftest import tiny_llama
 
 GREEDY_METHODS = [
     ("speculative", {"k": 3}), ("speculative", {"k": 1}), ("speculative", {"k": 4, "stop_below": 0.9, "siblings": 2}),

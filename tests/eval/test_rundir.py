@@ -6,8 +6,15 @@ import pytest
 
 from mmaccel.core.stats import DecodeStats
 from mmaccel.errors import InputError
-from mmaccel.eval.rundir import (CONFIG_FILE, plan_batches, prepare_run_dir, read_batch_record,
-                                 total_stats, write_batch_record, write_json_atomic)
+from mmaccel.eval.rundir import (
+    CONFIG_FILE,
+    plan_batches,
+    prepare_run_dir,
+    read_batch_record,
+    total_stats,
+    write_batch_record,
+    write_json_atomic,
+)
 
 OUTPUTS = ("samples", "batches", "summary.json")
 

@@ -56,8 +56,8 @@ def test_official_containers_round_trip(model, tokens, tmp_path, container):
         path = {"model": sd, "optimizer": {}, "steps": 10, "args": None}
     else:
         args = argparse.Namespace(gpt_model="GPT-nano", image_size=64, cls_token_num=1, ema=True)
-        wrapped = {"ddp": {"model": sd, "optimizer": {}, "steps": 10, "args": args, "ema": sd}, "fsdp": sd, "deepspeed": {"module": sd},
-                   "state_dict": {"state_dict": sd}}[container]
+        wrapped = {"ddp": {"model": sd, "optimizer": {}, "steps": 10, "args": args, "ema": sd}, "fsdp": sd,
+                   "deepspeed": {"module": sd}, "state_dict": {"state_dict": sd}}[container]
         torch.save(wrapped, path)
     loaded = load_gpt(path, block_size=N)     # size inferred from the weights (dim 64, 2 layers -> GPT-nano)
     assert loaded.config.num_classes == C and loaded.config.vocab_size == V and loaded.config.n_head == 4

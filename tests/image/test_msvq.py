@@ -5,8 +5,15 @@ import pytest
 import torch
 
 from mmaccel.errors import InputError, ModelNotFoundError
-from mmaccel.image.tokenizers.msvq import (VAR_PATCH_NUMS, MSVQConfig, MSVQModel, check_patch_nums, infer_msvq_config,
-                                           load_msvq, save_msvq)
+from mmaccel.image.tokenizers.msvq import (
+    VAR_PATCH_NUMS,
+    MSVQConfig,
+    MSVQModel,
+    check_patch_nums,
+    infer_msvq_config,
+    load_msvq,
+    save_msvq,
+)
 
 PN = (1, 2, 3, 4)
 TINY = MSVQConfig(vocab_size=32, z_channels=8, ch=16, ch_mult=(1, 2, 2), num_res_blocks=1, using_sa=True,

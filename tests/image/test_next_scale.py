@@ -55,7 +55,8 @@ def test_code_keeps_the_drafters_scales_and_caches_less(vq):
                                               torch.Generator().manual_seed(3), 2)
     assert all(torch.equal(x, y) for x, y in zip(plain.indices[:2], handed.indices[:2]))
     assert not all(torch.equal(x, y) for x, y in zip(plain.indices[2:], handed.indices[2:]))
-    assert code_bytes == plain_bytes // 4   # the larger cache: the refiner's (half as wide, half as deep; the drafter holds 5 of 30 tokens)
+    assert code_bytes == plain_bytes // 4   # the larger cache: the refiner's (half as wide, half as deep;
+                                            # the drafter holds 5 of 30 tokens)
 
 
 def test_the_refiner_may_have_its_own_sampling(vq):

@@ -151,7 +151,8 @@ def test_wrong_layout_names_missing_and_unexpected_keys(tiny, tmp_path):
     state = dict(tiny.state_dict())
     state["quantize.codebook"] = state.pop("quantize.embedding.weight")
     torch.save({"model": state}, tmp_path / "renamed.pt")
-    with pytest.raises(InputError, match=r"missing key\(s\), first: quantize\.embedding\.weight.*unexpected key\(s\), first: quantize\.codebook"):
+    with pytest.raises(InputError, match=r"missing key\(s\), first: quantize\.embedding\.weight.*"
+                                         r"unexpected key\(s\), first: quantize\.codebook"):
         load_vq(tmp_path / "renamed.pt", TINY)
     with pytest.raises(InputError, match="wrong shape"):
         load_vq(tiny.state_dict(), VQConfig(**{**TINY.__dict__, "codebook_size": 32}))

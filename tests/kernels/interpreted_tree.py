@@ -54,7 +54,7 @@ def never_accepts_filler():
     for path, n, nxt in (ref, fused):
         assert n.tolist() == [0, 0] and nxt.tolist() == [2, 2] and path[:, 0].tolist() == [0, 0], (ref, fused)
     ref, fused = with_reference(verify_tree_greedy, tree, p.log())
-    for path, n, nxt in (ref, fused):
+    for _path, n, nxt in (ref, fused):
         assert n.tolist() == [0, 0] and nxt.tolist() == [2, 2], (ref, fused)
 
 
@@ -62,7 +62,7 @@ def rejects_a_child_without_target_mass_at_u_zero():
     tree = TokenTree(torch.tensor([[1, 0]]), torch.tensor([[-1, 0]]))
     p = torch.tensor([[[0.0, 0.0, 1.0]] * 2])
     ref, fused = with_reference(verify_tree_sampled, tree, p, torch.zeros(1, 2), torch.ones(1, 2, 3))
-    for path, n, nxt in (ref, fused):
+    for _path, n, nxt in (ref, fused):
         assert n.tolist() == [0] and nxt.tolist() == [2], (ref, fused)
 
 

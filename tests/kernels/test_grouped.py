@@ -1,4 +1,5 @@
-"""The fused GSD grouped-acceptance kernels equal `accept_grouped` and `accept_grouped_coupled`, checked through Triton's interpreter on a CPU (tests/kernels/interpreted_grouped.py)."""
+"""The fused GSD grouped-acceptance kernels equal `accept_grouped` and `accept_grouped_coupled`, checked through Triton's
+interpreter on a CPU (tests/kernels/interpreted_grouped.py)."""
 
 import pytest
 

@@ -1,5 +1,6 @@
 """The fused token-tree kernels (ancestor mask, greedy and sampled verification) equal their
-references, and sampled verification keeps the target law, checked through Triton's interpreter on a CPU (tests/kernels/interpreted_tree.py)."""
+references, and sampled verification keeps the target law, checked through Triton's interpreter on a
+CPU (tests/kernels/interpreted_tree.py)."""
 
 import pytest
 

@@ -9,7 +9,6 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from mmaccel.errors import InputError, MMAccelError, ModelNotFoundError
 from mmaccel.lm import smollm2
-from mmaccel.paths import default_cache_dir
 from mmaccel.lm.smollm2 import (
     CACHE_MARKER,
     CACHE_NAME,
@@ -21,6 +20,7 @@ from mmaccel.lm.smollm2 import (
     load_smollm2,
     load_smollm2_draft,
 )
+from mmaccel.paths import default_cache_dir
 
 DRAFT = assets_dir() / "smollm2_draft.safetensors"
 
@@ -174,7 +174,8 @@ def test_draft_shares_the_target_embedding_and_head():
     assert draft.lm_head.weight.data_ptr() == target.model.embed_tokens.weight.data_ptr()
     assert draft.model.norm.weight.dtype == torch.float32  # takes the target's dtype
     with safe_open(str(DRAFT), "pt") as f:
-        torch.testing.assert_close(draft.model.layers[0].mlp.up_proj.weight, f.get_tensor("model.layers.0.mlp.up_proj.weight").float())
+        torch.testing.assert_close(draft.model.layers[0].mlp.up_proj.weight,
+                                   f.get_tensor("model.layers.0.mlp.up_proj.weight").float())
     with torch.inference_mode():
         logits = draft(torch.tensor([[1, 2, 3]])).logits
     assert logits.shape == (1, 3, target.config.vocab_size) and torch.isfinite(logits).all()
@@ -216,7 +217,8 @@ def test_smollm2_knows_the_capital_of_france(real_smollm2):
 def test_render_prompt_uses_the_chat_template(real_smollm2):
     _, tokenizer = real_smollm2
     text = tokenizer.decode(smollm2.render_prompt(tokenizer, "Hello?"))
-    assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>user\nHello?<|im_end|>\n<|im_start|>assistant\n")
+    assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>user\nHello?<|im_end|>\n"
+                                                                     "<|im_start|>assistant\n")
 
 
 @pytest.mark.slow

@@ -10,8 +10,15 @@ from mmaccel.errors import InputError, ModelNotFoundError
 from mmaccel.image.data import load_fashion_mnist, to_model_images
 from mmaccel.image.train import train_classifier
 from mmaccel.metrics import fid
-from mmaccel.metrics.domain import (IMAGE_SIZE, classify, default_weights_path, domain_features, domain_fid,
-                                    load_classifier, to_classifier_input)
+from mmaccel.metrics.domain import (
+    IMAGE_SIZE,
+    classify,
+    default_weights_path,
+    domain_features,
+    domain_fid,
+    load_classifier,
+    to_classifier_input,
+)
 from tests.image.test_data import write_fake_fashion_mnist
 
 

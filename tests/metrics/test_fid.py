@@ -12,8 +12,16 @@ import torch
 from mmaccel.errors import InputError, ModelNotFoundError
 from mmaccel.image.data import load_fashion_mnist, to_model_images
 from mmaccel.metrics import fid
-from mmaccel.metrics.fid import (PIP_INSTALL, convert_fid_inception, feature_stats, fid_from_features,
-                                 frechet_distance, inception_features, load_inception, to_uint8_rgb)
+from mmaccel.metrics.fid import (
+    PIP_INSTALL,
+    convert_fid_inception,
+    feature_stats,
+    fid_from_features,
+    frechet_distance,
+    inception_features,
+    load_inception,
+    to_uint8_rgb,
+)
 
 
 def inception_available() -> bool:

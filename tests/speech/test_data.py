@@ -9,10 +9,24 @@ import pytest
 from mmaccel.errors import InputError, ModelNotFoundError
 from mmaccel.speech.audio import load_audio
 from mmaccel.speech.ctc.augment import augment
-from mmaccel.speech.data import (EVAL_VOICES, OOD_VOICES, TRAIN_VOICES, VOICES, Utterance, build_ood_corpus,
-                                 build_tts_corpus, license_sentences, read_manifest, real_utterances, sentences,
-                                 varied_sentences, write_manifest)
-from mmaccel.speech.data import FORTUNES, LICENSES, SPHINX_DATA
+from mmaccel.speech.data import (
+    EVAL_VOICES,
+    FORTUNES,
+    LICENSES,
+    OOD_VOICES,
+    SPHINX_DATA,
+    TRAIN_VOICES,
+    VOICES,
+    Utterance,
+    build_ood_corpus,
+    build_tts_corpus,
+    license_sentences,
+    read_manifest,
+    real_utterances,
+    sentences,
+    varied_sentences,
+    write_manifest,
+)
 
 
 def test_manifest_round_trip_and_relative_paths(tmp_path):

@@ -173,7 +173,7 @@ def test_cross_window_attends_to_each_rows_audio_frames_only(tiny_hf, tiny_decod
     q8, cut = draft.decoder_model(tiny_decoder, quantized=True), tiny_decoder.encode(x, PROMPT, seconds)
     q8.step(q8.prefill(cut, 4), ids)
     assert len(cut.windows) == 2
-    for key, (k, v, mask) in cut.windows.items():
+    for key, (k, v, _mask) in cut.windows.items():
         assert torch.equal(k, inputs.windows[key][0]) and k.dtype == v.dtype == inputs.encoder_states.dtype
     # without audio lengths, or with a window past the end, the draft attends to the whole window
     whole = draft.decoder_model(tiny_decoder)
@@ -260,8 +260,9 @@ def test_rows_that_end_in_the_prefill_block_wait_while_the_others_decode(tiny_hf
     same = new_draft(tiny_hf, (0, 1, 2, 3))
     resources = Resources(tiny_decoder, draft=same.decoder_model(tiny_decoder))
     x = features(4, seed=0)
-    run = lambda name, **kw: build_asr_method(name, **kw).run(resources, tiny_decoder.encode(x, PROMPT),
-                                                              max_new_tokens=12, eos_token_id=17)
+    def run(name, **kw):
+        return build_asr_method(name, **kw).run(resources, tiny_decoder.encode(x, PROMPT),
+                                                                  max_new_tokens=12, eos_token_id=17)
     greedy, fast = run("greedy"), run("speculative", k=4)
     lengths = [len(t) for t in greedy.tokens]
     assert max(lengths[2:]) <= 5 < min(lengths[:2])           # rows 2, 3 end within the first block (5 tokens)
@@ -284,8 +285,9 @@ def test_finished_rows_and_filler_drafts_are_skipped_and_output_equals_greedy(ti
         return step(state, tokens, positions, tree_mask, valid)
 
     monkeypatch.setattr(tiny_decoder, "step", spy)
-    run = lambda name, **kw: build_asr_method(name, **kw).run(resources, tiny_decoder.encode(x, PROMPT),
-                                                              max_new_tokens=16, eos_token_id=17)
+    def run(name, **kw):
+        return build_asr_method(name, **kw).run(resources, tiny_decoder.encode(x, PROMPT),
+                                                                  max_new_tokens=16, eos_token_id=17)
     greedy = run("greedy")
     assert any(0 in valid for _, valid in seen)                   # greedy skips finished rows too
     seen.clear()
@@ -322,8 +324,9 @@ def test_runner_up_siblings_of_unsure_drafts_are_verified_and_output_equals_gree
 
     monkeypatch.setattr(loop, "verify_tree_greedy", spy_verify)
     monkeypatch.setattr(tiny_decoder, "step", spy_step)
-    run = lambda name, **kw: build_asr_method(name, **kw).run(resources, tiny_decoder.encode(x, PROMPT),
-                                                              max_new_tokens=16, eos_token_id=17)
+    def run(name, **kw):
+        return build_asr_method(name, **kw).run(resources, tiny_decoder.encode(x, PROMPT),
+                                                                  max_new_tokens=16, eos_token_id=17)
     greedy = run("greedy")
     chain = run("speculative", k=5, stop_below=0.033)
     fast = run("speculative", k=5, stop_below=0.033, siblings=3)

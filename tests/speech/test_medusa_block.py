@@ -8,10 +8,10 @@ from torch import nn
 from mmaccel.core.methods import Resources
 from mmaccel.errors import InputError
 from mmaccel.speech.decoder import EncodedAudio
+from mmaccel.speech.draft import trainable
 from mmaccel.speech.heads import WhisperHeads, load_heads, new_medusa_heads, save_heads
 from mmaccel.speech.medusa_block import block_forward, new_medusa_block
 from mmaccel.speech.methods import build_asr_method
-from mmaccel.speech.draft import trainable
 from tests.speech.conftest import EOT, PROMPT, features
 
 SHORTLIST = torch.tensor([0, 5, 12, 17, 23, 33, 40, 41, 50, EOT])

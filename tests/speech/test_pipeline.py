@@ -6,12 +6,12 @@ import torch
 
 from mmaccel.errors import InputError, ModelNotFoundError
 from mmaccel.speech.audio import load_audio
+from mmaccel.speech.decoder import WhisperDecoderModel
 from mmaccel.speech.heads import WhisperHeads, load_heads, new_exit_heads, new_medusa_heads, save_heads
 from mmaccel.speech.methods import build_asr_method
 from mmaccel.speech.pipeline import ASRPipeline
 from tests.speech.conftest import tiny_whisper
 from tests.speech.test_whisper import CLIPS, LIBRIVOX, TINY_EN
-from mmaccel.speech.decoder import WhisperDecoderModel
 
 FILES = [str(LIBRIVOX / f"sense_and_sensibility_01_austen_64kb-{c}.wav") for c in CLIPS]
 

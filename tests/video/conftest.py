@@ -9,8 +9,7 @@ VOCAB, VS, VE, VIDEO, IMAGE = 96, 90, 91, 92, 93
 def tiny_qwen_vl(kind: str = "qwen2_5_vl", seed: int = 0, num_layers: int = 2):
     """A 2-layer (`num_layers`) Qwen2.5-VL (or Qwen2-VL) with a 2-block vision tower: 28-pixel merged tokens,
     frames in pairs."""
-    from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLConfig,
-                              Qwen2VLForConditionalGeneration)
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
     text = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=num_layers, num_attention_heads=4,
                 num_key_value_heads=2, intermediate_size=128, max_position_embeddings=4096,

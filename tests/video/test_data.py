@@ -9,8 +9,7 @@ import torch
 
 from mmaccel.errors import InputError
 from mmaccel.image.data import FASHION_MNIST_ROOT, load_fashion_mnist
-from mmaccel.video.data import (CLASSES, DIRECTIONS, KINDS, VOCAB, Question, Stream, Track, ask, make_stream,
-                                questions)
+from mmaccel.video.data import CLASSES, DIRECTIONS, KINDS, VOCAB, Question, Stream, Track, ask, make_stream, questions
 
 pytestmark = pytest.mark.skipif(not FASHION_MNIST_ROOT.is_dir(), reason="Debian dataset-fashion-mnist not installed")
 

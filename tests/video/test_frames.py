@@ -108,7 +108,7 @@ def test_close_stops_the_decoder_thread(clip):
 
 
 def test_breaking_out_and_dropping_the_stream_stops_the_thread(clip):
-    for frame in open_frames(clip[0], queue_size=1):
+    for _frame in open_frames(clip[0], queue_size=1):
         break
     assert wait_until(lambda: not decoder_threads())
 

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from mmaccel.errors import InputError
-from mmaccel.video.kv_reduce import (Question, QuestionPrune, RoundDecay, capture_attention_inputs, key_norms,
-                                     vision_tokens)
+from mmaccel.video.kv_reduce import Question, QuestionPrune, RoundDecay, capture_attention_inputs, key_norms, vision_tokens
 from mmaccel.video.memory import KVBudget, evict, evict_entries, segment_runs
 from mmaccel.video.qwen_vl import QwenVLStream
 from mmaccel.video.reduce import TemporalDrop

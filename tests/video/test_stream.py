@@ -73,7 +73,8 @@ def test_lossless_methods_answer_like_greedy(hf, method, params):
         pipe = VideoStreamPipeline(QwenVLStream(hf), Digits(), system_prompt=[5, 6])
         for f in clip(4, 3):
             pipe.feed(f)
-        answers[name] = [pipe.ask("11 12", name, max_new_tokens=12, **kw).tokens, pipe.ask("9", name, max_new_tokens=8, **kw).tokens]
+        answers[name] = [pipe.ask("11 12", name, max_new_tokens=12, **kw).tokens,
+                         pipe.ask("9", name, max_new_tokens=8, **kw).tokens]
     assert answers[method] == answers["ar"]
 
 
@@ -147,7 +148,8 @@ def test_bad_input_is_a_clear_error(hf):
         KVBudget(vision=0)
     small = VideoStreamPipeline(QwenVLStream(hf), Digits(), budget=KVBudget(sink=0, vision=5, text=8))
     with pytest.raises(InputError, match="more than the KV budget keeps"):
-        small.feed(clip(2, 0)[0]); small.feed(clip(2, 0)[1])
+        small.feed(clip(2, 0)[0])
+        small.feed(clip(2, 0)[1])
 
 
 def test_a_local_directory_loads_with_its_word_vocabulary_or_hf_tokenizer(tmp_path):
@@ -157,7 +159,6 @@ def test_a_local_directory_loads_with_its_word_vocabulary_or_hf_tokenizer(tmp_pa
     from transformers import PreTrainedTokenizerFast
 
     from mmaccel.errors import ModelNotFoundError
-
     from mmaccel.video.train import build_model
     from mmaccel.video.words import WordTokenizer
 

@@ -182,8 +182,7 @@ def test_a_short_training_run_lowers_the_loss_and_live_evaluation_equals_replay(
     from mmaccel.video.data import CLASSES, VOCAB
     from mmaccel.video.reduce import TemporalDrop
     from mmaccel.video.train import build_model
-    from mmaccel.video.train_trigger import (dev_requests, pick_threshold, record_streams, segment_probabilities,
-                                             train_head)
+    from mmaccel.video.train_trigger import dev_requests, pick_threshold, record_streams, segment_probabilities, train_head
     from mmaccel.video.words import WordTokenizer
 
     tok = WordTokenizer(VOCAB)

@@ -31,10 +31,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mmaccel.image.data import load_fashion_mnist, to_model_images
-from mmaccel.image.train.common import (batch_indices, cosine_lr, read_checkpoint, restore, save_checkpoint, set_lr,
-                                       start_run)
-from mmaccel.metrics.domain import (ClassifierConfig, FashionClassifier, load_classifier, save_classifier,
-                                    to_classifier_input)
+from mmaccel.image.train.common import batch_indices, cosine_lr, read_checkpoint, restore, save_checkpoint, set_lr, start_run
+from mmaccel.metrics.domain import ClassifierConfig, FashionClassifier, load_classifier, save_classifier, to_classifier_input
 from mmaccel.progress import progress
 
 logger = logging.getLogger("mmaccel.image.train.train_classifier")

@@ -30,8 +30,18 @@ from torch import Tensor
 
 from mmaccel.image.models.var import VAR, load_var, save_var
 from mmaccel.image.tokenizers.msvq import MSVQModel, load_msvq
-from mmaccel.image.train.common import (batch_indices, cosine_lr, dropped_labels, optimizer_step, read_checkpoint,
-                                        restore, run_arguments, save_checkpoint, set_lr, start_run)
+from mmaccel.image.train.common import (
+    batch_indices,
+    cosine_lr,
+    dropped_labels,
+    optimizer_step,
+    read_checkpoint,
+    restore,
+    run_arguments,
+    save_checkpoint,
+    set_lr,
+    start_run,
+)
 from mmaccel.image.train.train_var import DEFAULT_MSVQ, load_pyramids, split_scales
 from mmaccel.progress import progress
 

@@ -33,8 +33,17 @@ from torch import Tensor
 from mmaccel.image.data import to_model_images
 from mmaccel.image.models.gpt import GPTConfig, LlamaGenGPT, gpt_config, load_gpt, save_gpt
 from mmaccel.image.tokenizers.vq import VQModel, load_vq
-from mmaccel.image.train.common import (batch_indices, cached_codes, cosine_lr, optimizer_step, read_checkpoint,
-                                        restore, save_checkpoint, set_lr, start_run)
+from mmaccel.image.train.common import (
+    batch_indices,
+    cached_codes,
+    cosine_lr,
+    optimizer_step,
+    read_checkpoint,
+    restore,
+    save_checkpoint,
+    set_lr,
+    start_run,
+)
 from mmaccel.paths import assets_dir
 from mmaccel.progress import progress
 

@@ -32,8 +32,19 @@ from torch import Tensor
 from mmaccel.image.data import to_model_images
 from mmaccel.image.models.mar import MAR, MARConfig, save_mar
 from mmaccel.image.tokenizers.kl import KLTokenizer, load_kl
-from mmaccel.image.train.common import (batch_indices, cached_codes, cosine_lr, dropped_labels, optimizer_step,
-                                        read_checkpoint, restore, run_arguments, save_checkpoint, set_lr, start_run)
+from mmaccel.image.train.common import (
+    batch_indices,
+    cached_codes,
+    cosine_lr,
+    dropped_labels,
+    optimizer_step,
+    read_checkpoint,
+    restore,
+    run_arguments,
+    save_checkpoint,
+    set_lr,
+    start_run,
+)
 from mmaccel.paths import assets_dir
 from mmaccel.progress import progress
 

@@ -9,8 +9,9 @@ of random length s; the next `w` inputs (1 <= w <= --window) are perturbed as
 x = (1 - t) e + t sigma eps (`mmaccel.image.sjd2.noisy_embeddings`, sigma the spread of the embedding
 table) with levels t rising along the window (sorted uniform draws), and every later input is pure noise
 (t = 1). The target at every position stays the next *clean* token; scored are the outputs up to two
-past the window (the decoder reads predictions behind pure noise too), not the rest. A fraction --clean of the rows stays fully clean (plain next-token loss), so the fine-tuned model
-remains a good AR model: its own AR quality is what SJD2 reproduces losslessly, and the benchmark reports it.
+past the window (the decoder reads predictions behind pure noise too), not the rest. A fraction --clean
+of the rows stays fully clean (plain next-token loss), so the fine-tuned model remains a good AR model:
+its own AR quality is what SJD2 reproduces losslessly, and the benchmark reports it.
 
 Starts from the shipped GPT (--init) and its tokenised Fashion-MNIST train split; label dropout as in
 the original training. Resumable (`<out>/ckpt.pt`); held-out losses (clean AR loss and the loss behind
@@ -32,8 +33,17 @@ from torch import Tensor
 
 from mmaccel.image.models.gpt import LlamaGenGPT, load_gpt, save_gpt
 from mmaccel.image.sjd2 import embedding_scale, noisy_embeddings
-from mmaccel.image.train.common import (batch_indices, cosine_lr, optimizer_step, read_checkpoint, restore,
-                                        run_arguments, save_checkpoint, set_lr, start_run)
+from mmaccel.image.train.common import (
+    batch_indices,
+    cosine_lr,
+    optimizer_step,
+    read_checkpoint,
+    restore,
+    run_arguments,
+    save_checkpoint,
+    set_lr,
+    start_run,
+)
 from mmaccel.image.train.train_gpt import DEFAULT_VQ, held_out_loss, load_tokens
 from mmaccel.paths import assets_dir
 from mmaccel.progress import progress

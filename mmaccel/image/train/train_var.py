@@ -31,8 +31,19 @@ from torch import Tensor
 from mmaccel.image.data import to_model_images
 from mmaccel.image.models.var import VAR, VARConfig, block_offsets, save_var
 from mmaccel.image.tokenizers.msvq import MSVQModel, load_msvq
-from mmaccel.image.train.common import (batch_indices, cached_codes, cosine_lr, dropped_labels, optimizer_step,
-                                        read_checkpoint, restore, run_arguments, save_checkpoint, set_lr, start_run)
+from mmaccel.image.train.common import (
+    batch_indices,
+    cached_codes,
+    cosine_lr,
+    dropped_labels,
+    optimizer_step,
+    read_checkpoint,
+    restore,
+    run_arguments,
+    save_checkpoint,
+    set_lr,
+    start_run,
+)
 from mmaccel.paths import assets_dir
 from mmaccel.progress import progress
 

@@ -32,8 +32,17 @@ from torch import Tensor
 
 from mmaccel.image.data import load_fashion_mnist, to_model_images
 from mmaccel.image.tokenizers.vq import VQConfig, VQModel, load_vq, save_vq
-from mmaccel.image.train.common import (batch_indices, cosine_lr, optimizer_step, read_checkpoint, restore,
-                                        run_arguments, save_checkpoint, set_lr, start_run)
+from mmaccel.image.train.common import (
+    batch_indices,
+    cosine_lr,
+    optimizer_step,
+    read_checkpoint,
+    restore,
+    run_arguments,
+    save_checkpoint,
+    set_lr,
+    start_run,
+)
 from mmaccel.progress import progress
 
 logger = logging.getLogger("mmaccel.image.train.train_vq")

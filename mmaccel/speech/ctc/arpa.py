@@ -31,7 +31,7 @@ import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Union
+from typing import IO
 
 from mmaccel.errors import InputError, ModelNotFoundError
 
@@ -39,7 +39,7 @@ BOS, EOS, UNK = "<s>", "</s>", "<unk>"
 PROB_EPS = 1e-6          # log10 probabilities up to this far above 0 are float noise from the writer, not errors
 SHOW_CHARS = 80          # an offending line is quoted up to this many characters in an error
 
-ArpaSource = Union[str, os.PathLike, IO[str], IO[bytes]]
+ArpaSource = str | os.PathLike | IO[str] | IO[bytes]
 NGramTable = dict[tuple[str, ...], tuple[float, float]]
 
 _NGRAM_COUNT = re.compile(r"ngram\s+(\d+)\s*=\s*(\d+)")
@@ -166,7 +166,7 @@ def _parse(lines: Iterable[str], name: str) -> NGramModel:
 
     # Anything before \data\ is a preamble (SRILM and some toolkits write comments there).
     lineno, seen_text = 0, False
-    for lineno, raw in numbered:
+    for lineno, raw in numbered:  # noqa: B007 (the next loop resumes from this line)
         line = raw.strip().lstrip("\ufeff")
         seen_text = seen_text or bool(line)
         if line == "\\data\\":
@@ -210,7 +210,7 @@ def _parse(lines: Iterable[str], name: str) -> NGramModel:
                 raise fail(lineno, f"the \\data\\ header declares {declared[n - 1]} {n}-grams (ngram {n}="
                                    f"{declared[n - 1]}) but {where}")
 
-    for lineno, raw in _chain_first((lineno, raw), numbered):
+    for lineno, raw in _chain_first((lineno, raw), numbered):  # noqa: B020 (re-reads the line the loop above stopped at)
         line = raw.strip()
         if not line:
             continue

@@ -49,7 +49,7 @@ class FusionTable:
     def vocab_size(self) -> int:
         return self.score.shape[1]
 
-    def to(self, device: torch.device | str) -> "FusionTable":
+    def to(self, device: torch.device | str) -> FusionTable:
         return FusionTable(self.next.to(device), self.score.to(device), self.final.to(device), self.start, self.name)
 
 

@@ -50,8 +50,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from mmaccel.errors import InputError, MMAccelError
-from mmaccel.speech.ctc.arpa import BOS, EOS, UNK, NGramModel, NGramTable, write_arpa
 from mmaccel.progress import say
+from mmaccel.speech.ctc.arpa import BOS, EOS, UNK, NGramModel, NGramTable, write_arpa
 
 FIXED_DISCOUNT = 0.75     # Ney, Essen & Kneser (1994)'s usual single discount, for `discounts="fixed"`
 FALLBACK_DISCOUNTS = (0.0, 0.5, 1.0, 1.5)   # lmplz --discount_fallback's defaults (0, D1, D2, D3+)

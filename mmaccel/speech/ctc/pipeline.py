@@ -62,7 +62,7 @@ class CTCPipeline:
         self.lm_weight, self.insertion_bonus = float(lm_weight), float(insertion_bonus)
 
     @classmethod
-    def from_pretrained(cls, source: str = "builtin:ctc-base", **kwargs) -> "CTCPipeline":
+    def from_pretrained(cls, source: str = "builtin:ctc-base", **kwargs) -> CTCPipeline:
         from mmaccel.speech.ctc.wav2vec2 import Wav2Vec2CTC
         from mmaccel.speech.ctc.whisper_ctc import WhisperCTC
 
@@ -119,7 +119,7 @@ class CTCPipeline:
         transcripts = [_join([p for p, o in zip(pieces, owner) if o == i],
                              [s for s, o in zip(offset, owner) if o == i], step) for i in range(len(clips))]
         t2 = time.perf_counter()
-        exit_layers = None if layers is None else [max(l for l, o in zip(layers, owner) if o == i)
+        exit_layers = None if layers is None else [max(layer for layer, o in zip(layers, owner) if o == i)
                                                    for i in range(len(clips))]
         return CTCOutput(transcripts, exit_layers, {"model": t1 - t0, "decode": t2 - t1, "total": t2 - t0},
                          sum(c.duration for c in clips))

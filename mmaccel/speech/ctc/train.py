@@ -23,17 +23,17 @@ Stages (`--stages`, comma-separated, run in this order; default all):
    records the settings the shards were made with; a run with other settings stops with an error.
    A 20 s window keeps 3 x 1000 x 512 fp16 values (3 MB): ~1000 windows per copy of the default
    corpus, so ~6 GB on disk and in memory for 2 copies.
-3. `train`: all shards in memory (this run's and those of `--extra-features` folders); every head trains jointly (sum of the heads' CTC losses, blank 0,
-   `zero_infinity`), AdamW (`--lr` 1.5e-3, betas 0.9/0.98, `--weight-decay` 0.01, gradient norm
-   clipped to 1), linear warm-up over `--warmup` (60) steps then cosine to 10 %, `--steps` (600)
-   steps of `--batch-size` (4) windows drawn at random. Heads: `--width` (256), `--heads` (4),
-   `--layers` (1), `--dropout` (0.1), `--stride` (1; 2 stacks pairs of encoder frames into one 40-ms
-   output frame, half the frames for a frame-synchronous decoder). `--init DIR` starts the heads from a
-   saved model's (a stride-1 head starts a stride-2 one reading the mean of its two frames). (A
-   stride-1 step costs ~2 s on 2 CPU cores alone, ~3.9 s beside another training run; stride 2
-   ~1.5 s on one core beside two other jobs.) A checkpoint (heads, optimiser, schedule, step, RNG states)
-   goes to `<out>/last.pt` every `--checkpoint-every` (100) steps and at the end; a run finding one
-   resumes from it.
+3. `train`: all shards in memory (this run's and those of `--extra-features` folders); every head trains
+   jointly (sum of the heads' CTC losses, blank 0, `zero_infinity`), AdamW (`--lr` 1.5e-3, betas
+   0.9/0.98, `--weight-decay` 0.01, gradient norm clipped to 1), linear warm-up over `--warmup` (60)
+   steps then cosine to 10 %, `--steps` (600) steps of `--batch-size` (4) windows drawn at random.
+   Heads: `--width` (256), `--heads` (4), `--layers` (1), `--dropout` (0.1), `--stride` (1; 2 stacks
+   pairs of encoder frames into one 40-ms output frame, half the frames for a frame-synchronous
+   decoder). `--init DIR` starts the heads from a saved model's (a stride-1 head starts a stride-2 one
+   reading the mean of its two frames). (A stride-1 step costs ~2 s on 2 CPU cores alone, ~3.9 s beside
+   another training run; stride 2 ~1.5 s on one core beside two other jobs.) A checkpoint (heads,
+   optimiser, schedule, step, RNG states) goes to `<out>/last.pt` every `--checkpoint-every` (100) steps
+   and at the end; a run finding one resumes from it.
 4. `eval`: greedy CTC WER (`mmaccel.metrics.wer.corpus_wer`, Whisper's English normaliser on both
    sides) of every exit head on the first `--eval-limit` (200) held-out utterances (held-out
    voices and sentences) and on `real_utterances()` (LibriVox, cards and ALSA clips), in batches of
@@ -63,16 +63,15 @@ from torch import Tensor, nn
 
 from mmaccel.errors import InputError, MMAccelError, check
 from mmaccel.paths import assets_dir, default_cache_dir
-from mmaccel.progress import progress
+from mmaccel.progress import progress, say
 from mmaccel.speech.audio import SAMPLE_RATE, WINDOW_S, Audio, load_audio
 from mmaccel.speech.ctc.augment import augment
 from mmaccel.speech.ctc.beam import ctc_greedy
 from mmaccel.speech.ctc.early_exit import early_exit, encoder_cost, pick_threshold
-from mmaccel.speech.ctc.whisper_ctc import (WhisperCTC, character_vocab, encode_variable, log_mel_variable,
-                                            normalize_text)
+from mmaccel.speech.ctc.whisper_ctc import WhisperCTC, character_vocab, encode_variable, log_mel_variable, normalize_text
 from mmaccel.speech.data import TEXTS, Utterance, build_tts_corpus, read_manifest, real_utterances, write_manifest
-from mmaccel.speech.train.common import log as log_line, optimizer_step, release_freed_memory, warmup_cosine
-from mmaccel.progress import say
+from mmaccel.speech.train.common import log as log_line
+from mmaccel.speech.train.common import optimizer_step, release_freed_memory, warmup_cosine
 
 STAGES = ("corpus", "features", "train", "eval", "export")
 
@@ -350,7 +349,7 @@ def all_log_probs(ctc: WhisperCTC, utterances: Sequence[Utterance], batch: int) 
     lengths = []
     for start in range(0, len(utterances), batch):
         audios = [load_audio(u.audio_filepath) for u in utterances[start:start + batch]]
-        for k, (lp, n) in ctc.log_probs_all(audios).items():
+        for k, (lp, n) in ctc.log_probs_all(audios).items():  # noqa: B007 (every head gives the same lengths)
             parts[k].append(lp)
         lengths.append(n)
     T = max(p.shape[1] for p in parts[ctc.exit_layers[0]])

@@ -41,7 +41,7 @@ class Wav2Vec2CTC:
               f"vocab.json has {len(vocab)}: they must come from the same checkpoint")
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, *, device: str | torch.device = "cpu") -> "Wav2Vec2CTC":
+    def from_pretrained(cls, path: str | Path, *, device: str | torch.device = "cpu") -> Wav2Vec2CTC:
         from transformers import Wav2Vec2ForCTC
 
         root = Path(path).expanduser()

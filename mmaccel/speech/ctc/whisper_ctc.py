@@ -36,8 +36,7 @@ from torch import Tensor, nn
 
 from mmaccel.errors import InputError, ModelNotFoundError, check
 from mmaccel.speech.audio import SAMPLE_RATE, WINDOW_S, Audio, AudioLike, as_audio
-from mmaccel.speech.ctc.early_exit import (CRITERIA, EarlyExitResult, confident, mask_padding,
-                                           utterance_confidence)
+from mmaccel.speech.ctc.early_exit import CRITERIA, EarlyExitResult, confident, mask_padding, utterance_confidence
 from mmaccel.speech.ctc.vocab import CTCVocabulary
 
 CHARACTERS = ("_", "|", *"abcdefghijklmnopqrstuvwxyz", "'")
@@ -256,7 +255,7 @@ class WhisperCTC(nn.Module):
         self.heads.to(encoder.conv1.weight.device)
         self.info: dict = {}
 
-    def train(self, mode: bool = True) -> "WhisperCTC":
+    def train(self, mode: bool = True) -> WhisperCTC:
         super().train(mode)
         self.encoder.eval()                        # frozen: no dropout in the encoder, ever
         return self
@@ -343,7 +342,7 @@ class WhisperCTC(nn.Module):
         return root
 
     @classmethod
-    def load(cls, path: str | os.PathLike, whisper=None) -> "WhisperCTC":
+    def load(cls, path: str | os.PathLike, whisper=None) -> WhisperCTC:
         """A saved model; its Whisper is loaded by the recorded source (`load_whisper`) unless `whisper`
         (a bundle) is given. Raises ModelNotFoundError for missing files, InputError for corrupt ones
         or a Whisper the heads do not fit."""

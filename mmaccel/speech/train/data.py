@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -35,7 +36,7 @@ class Run:
     args: argparse.Namespace
     out: Path
     stages: list[str]
-    asr: "ASRPipeline"
+    asr: ASRPipeline
     train_dir: Path
     eval_dir: Path
     info: dict                   # stored with the trained file: the command and the model

@@ -11,10 +11,10 @@ Stages (`--stages` picks some):
    verification only needs the arg-max to agree) over the shortlist of transcript tokens the draft
    also drafts from, mixed with `--kd` of KL divergence to the target's own distribution over that
    shortlist (soft distillation from the stored final hidden states, which generalises beyond the
-   training sentences better than hard labels alone); AdamW, warm-up then cosine. The draft cross-attends to each utterance's audio
-   frames plus `--cross-window` frames (lengths from the corpus manifest), as it will when decoding.
-   Those cross-attention keys/values are computed once (frozen projections) and kept in memory
-   (fp16; ~1 MB for a 4-s utterance of Whisper base, 6 MB for a whole window). Writes
+   training sentences better than hard labels alone); AdamW, warm-up then cosine. The draft cross-attends
+   to each utterance's audio frames plus `--cross-window` frames (lengths from the corpus manifest), as it
+   will when decoding. Those cross-attention keys/values are computed once (frozen projections) and kept
+   in memory (fp16; ~1 MB for a 4-s utterance of Whisper base, 6 MB for a whole window). Writes
    `<out>/draft.safetensors` (what `ASRPipeline.from_pretrained(draft=...)` loads).
 3. `eval`: teacher-forced top-1 agreement with the target's next token on held-out utterances.
 """

@@ -44,8 +44,14 @@ from mmaccel.speech.eagle import EagleHead, new_eagle_head, with_fusion
 from mmaccel.speech.heads import WhisperHeads, load_heads, save_heads
 from mmaccel.speech.train.common import log, optimizer_step, shortlist_columns, warmup_cosine, write_eval
 from mmaccel.speech.train.data import load_rows, manifest_paths, start_run, training_shortlist
-from mmaccel.speech.train.draft import (cached_rows, cross_cache, distillation_loss, row_frames, training_parameters,
-                                        training_state)
+from mmaccel.speech.train.draft import (
+    cached_rows,
+    cross_cache,
+    distillation_loss,
+    row_frames,
+    training_parameters,
+    training_state,
+)
 
 STAGES = ("data", "train", "eval")
 KEEP = ("id", "tokens", "prompt_len", "final", "encoder")

@@ -167,7 +167,7 @@ class WhisfusionDecoder(nn.Module):
         return path
 
     @classmethod
-    def load(cls, path: str | os.PathLike, whisper) -> "WhisfusionDecoder":
+    def load(cls, path: str | os.PathLike, whisper) -> WhisfusionDecoder:
         """The decoder saved in `path`, on `whisper` (the model it was trained on)."""
         from safetensors import SafetensorError
         from safetensors.torch import load_file

@@ -38,7 +38,7 @@ class WhisfusionPipeline:
 
     @classmethod
     def from_pretrained(cls, source: str = "builtin:whisfusion-tiny.en", cache_dir: str | os.PathLike | None = None,
-                        device: str | torch.device | None = None) -> "WhisfusionPipeline":
+                        device: str | torch.device | None = None) -> WhisfusionPipeline:
         """`source`: the built-in decoder or a directory saved by `WhisfusionDecoder.save`; the Whisper it
         was trained on is loaded from the name recorded there."""
         from mmaccel.devices import resolve_device

@@ -16,13 +16,14 @@ Stages (`--stages`, comma-separated, in this order; default all):
 2. `train`: all shards in memory. `tokens_per_second` is the `--rate-quantile` (0.995) quantile of
    (tokens + 1 - margin) / seconds over the windows, so canvases fit the transcripts they are built
    for. Each step draws `--batch-size` (8) windows of similar length (neighbours by duration from a
-   random start); cross-attention reads each window's audio states plus 50 (`audio_frames`). Each row's canvas (its target tokens, then
-   `<|endoftext|>` to the canvas length) is masked position by position with probability t, t drawn
-   uniformly in (0, 1], and t = 1 (everything masked, as decoding starts) with probability
-   `--full-mask` (0.3). Loss: cross-entropy on the masked positions. AdamW (`--lr` 3e-4, betas
-   0.9/0.98, weight decay 0.01, gradient norm 1), linear warm-up `--warmup` (60) then cosine to 10 %,
-   `--steps` (600; ~2.3 s a step on 2 CPU cores beside another training run). `<out>/last.pt` (model, optimiser, schedule, step, RNG states) every
-   `--checkpoint-every` (100) steps and at the end; a run finding it resumes.
+   random start); cross-attention reads each window's audio states plus 50 (`audio_frames`). Each
+   row's canvas (its target tokens, then `<|endoftext|>` to the canvas length) is masked position by
+   position with probability t, t drawn uniformly in (0, 1], and t = 1 (everything masked, as decoding
+   starts) with probability `--full-mask` (0.3). Loss: cross-entropy on the masked positions. AdamW
+   (`--lr` 3e-4, betas 0.9/0.98, weight decay 0.01, gradient norm 1), linear warm-up `--warmup` (60)
+   then cosine to 10 %, `--steps` (600; ~2.3 s a step on 2 CPU cores beside another training run).
+   `<out>/last.pt` (model, optimiser, schedule, step, RNG states) every `--checkpoint-every` (100)
+   steps and at the end; a run finding it resumes.
 3. `eval`: corpus WER (Whisper's English normaliser) of the first `--eval-limit` (100) held-out TTS
    utterances (held-out sentences and voices) and the real clips (LibriVox, cards, ALSA): Whisfusion
    (K `--candidates` (8), S `--steps-decode` (4), both selections) against Whisper's own greedy
@@ -50,14 +51,14 @@ from torch import Tensor
 
 from mmaccel.errors import InputError, MMAccelError, check
 from mmaccel.paths import assets_dir, default_cache_dir
-from mmaccel.progress import progress
+from mmaccel.progress import progress, say
 from mmaccel.speech.audio import WINDOW_S, Audio, load_audio, log_mel
 from mmaccel.speech.ctc.train import pack, plan_windows
 from mmaccel.speech.data import build_tts_corpus, read_manifest
-from mmaccel.speech.train.common import log as log_line, optimizer_step, release_freed_memory, warmup_cosine
+from mmaccel.speech.train.common import log as log_line
+from mmaccel.speech.train.common import optimizer_step, release_freed_memory, warmup_cosine
 from mmaccel.speech.whisfusion.model import MASK, WhisfusionDecoder
 from mmaccel.speech.whisper import load_whisper
-from mmaccel.progress import say
 
 STAGES = ("features", "train", "eval", "export")
 

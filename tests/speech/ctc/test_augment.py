@@ -3,8 +3,16 @@
 import numpy as np
 import pytest
 
-from mmaccel.speech.ctc.augment import (add_noise, augment, babble_noise, pink_noise, reverberate,
-                                        room_impulse_response, speed_perturb, white_noise)
+from mmaccel.speech.ctc.augment import (
+    add_noise,
+    augment,
+    babble_noise,
+    pink_noise,
+    reverberate,
+    room_impulse_response,
+    speed_perturb,
+    white_noise,
+)
 
 N = 16000
 

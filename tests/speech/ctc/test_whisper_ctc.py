@@ -12,8 +12,16 @@ from transformers import WhisperConfig, WhisperFeatureExtractor, WhisperForCondi
 from mmaccel.errors import InputError, ModelNotFoundError
 from mmaccel.speech.audio import Audio
 from mmaccel.speech.ctc.early_exit import early_exit, utterance_confidence
-from mmaccel.speech.ctc.whisper_ctc import (CHARACTERS, CTCHead, WhisperCTC, character_vocab, default_exit_layers,
-                                            encode_variable, log_mel_variable, normalize_text)
+from mmaccel.speech.ctc.whisper_ctc import (
+    CHARACTERS,
+    CTCHead,
+    WhisperCTC,
+    character_vocab,
+    default_exit_layers,
+    encode_variable,
+    log_mel_variable,
+    normalize_text,
+)
 from tests.speech.conftest import features, tiny_whisper
 
 MELS = 8
@@ -120,7 +128,8 @@ def test_ctc_head_shapes_and_padding(stride):
         alone = head(hidden[1:2, :7], torch.tensor([7]))
         garbage = head(torch.cat([hidden[1:2, :7], 100 * torch.randn(1, 5, 32)], 1), torch.tensor([7]))
     n = -(-7 // stride)
-    assert logits.shape == (3, -(-12 // stride), 29) and head.out_lengths(lengths).tolist() == [-(-x // stride) for x in (12, 7, 9)]
+    assert logits.shape == (3, -(-12 // stride), 29) \
+        and head.out_lengths(lengths).tolist() == [-(-x // stride) for x in (12, 7, 9)]
     torch.testing.assert_close(logits[1, :n], alone[0], atol=1e-5, rtol=0)
     torch.testing.assert_close(garbage[0, :n], alone[0], atol=1e-5, rtol=0)     # frames past the length are not read
     with pytest.raises(InputError, match="stride must be an int >= 1"):
