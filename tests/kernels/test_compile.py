@@ -40,7 +40,7 @@ def _variants():
                 yield pytest.param(name, point_mass, arch, id=f"{name}-{'pm-' if point_mass else ''}sm{arch}")
 
 
-@pytest.mark.parametrize("name, point_mass, arch", _variants())
+@pytest.mark.parametrize("name, point_mass, arch", list(_variants()))
 def test_compiles_to_cubin(name, point_mass, arch):
     import importlib
 
