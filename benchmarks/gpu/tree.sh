@@ -43,7 +43,7 @@ size_mib() {
 
 slim_files() {            # what git would send once slim: tracked and untracked-not-ignored, less NOT_SENT
   { git ls-files; git ls-files --others --exclude-standard; } | grep -v -x -F -f <(printf '%s\n' "${NOT_SENT[@]}") \
-    | grep -v -F -f <(printf '%s/\n' "${NOT_SENT[@]}") | while IFS= read -r f; do [ -f "$f" ] && echo "$f"; done
+    | grep -v -F -f <(printf '%s/\n' "${NOT_SENT[@]}") | while IFS= read -r f; do if [ -f "$f" ]; then echo "$f"; fi; done
 }
 
 drop_block() {
