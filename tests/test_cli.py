@@ -42,10 +42,15 @@ def test_generate_prints_text_and_stats(capsys, tiny_lm_dir):
     assert stats["nfe"] >= 1 and captured.out.strip() != ""
 
 
-def test_methods_table(capsys):
+def test_methods_listing(capsys):
     assert main(["methods"]) == 0
     out = capsys.readouterr().out
-    assert "| speculative | yes |" in out and "| medusa-typical | no (budgeted) |" in out
+    assert all(family in out for family in ("text ", "image ", "speech "))
+    assert "relaxed (budget: epsilon)" in out and "k=4 (int, [1, 64]): draft tokens per verification" in out
+    assert main(["methods", "--pipeline", "image", "--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "### `lantern` (image: `mmaccel image generate --method lantern`)" in out and "speech" not in out
+    assert "| `delta` | float | `0.1` | [0.0, 1.0] |" in out
 
 
 def test_image_generate_writes_pngs(tmp_path, capsys):

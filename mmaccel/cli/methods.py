@@ -1,24 +1,46 @@
-"""`mmaccel methods`: the decoding methods of each pipeline family, read from their registries."""
+"""`mmaccel methods [--pipeline NAME] [--markdown]`: every method of every pipeline family with its exactness,
+needs and parameters (type, default, range, help), read from the registries."""
 
 from __future__ import annotations
 
 import argparse
 
+from mmaccel.registries import FAMILIES
+
+
+def _exactness(plugin) -> str:
+    return f"relaxed (budget: {plugin.budget})" if plugin.exactness == "relaxed" else plugin.exactness
+
+
+def _print_family(family: str, markdown: bool) -> None:
+    from mmaccel.registries import method_registry
+
+    command = FAMILIES[family][2]
+    for name, plugin in method_registry(family).items():
+        needs = ", ".join(plugin.needs) or "target only"
+        if markdown:
+            print(f"\n### `{name}` ({family}: `{command} --method {name}`)\n\n{plugin.summary}. "
+                  f"{_exactness(plugin)}; needs {needs}.\n")
+            rows = plugin.parameters()
+            if rows:
+                print("| parameter | type | default | range | what |\n|---|---|---|---|---|")
+                for r in rows:
+                    print(f"| `{r['name']}` | {r['type']} | `{r['default']}` | {r['range']} | {r['help']} |")
+        else:
+            print(f"{family:7} {name:18} {_exactness(plugin):34} needs {needs}: {plugin.summary}")
+            for r in plugin.parameters():
+                print(f"{'':27}{r['name']}={r['default']!r} ({r['type']}{', ' + r['range'] if r['range'] else ''}): "
+                      f"{r['help']}")
+
 
 def cmd_methods(args: argparse.Namespace) -> int:
-    from mmaccel.core.methods import REGISTRY, build_method
-    from mmaccel.image.methods import IMAGE_REGISTRY
-    from mmaccel.speech.methods import ASR_REGISTRY
-
-    for title, registry in (("text (mmaccel generate)", REGISTRY), ("image (mmaccel image generate)", IMAGE_REGISTRY),
-                            ("speech (mmaccel asr transcribe)", ASR_REGISTRY)):
-        print(f"\n{title}\n\n| method | lossless | needs | what |\n|---|---|---|---|")
-        for name in registry:
-            m = build_method(name, registry)
-            print(f"| {name} | {'yes' if m.lossless else 'no (budgeted)'} | {m.needs or 'target only'} | {m.description} |")
+    for family in [args.pipeline] if args.pipeline else FAMILIES:
+        _print_family(family, args.markdown)
     return 0
 
 
 def add_parser(subparsers) -> None:
-    m = subparsers.add_parser("methods", help="list the decoding methods")
+    m = subparsers.add_parser("methods", help="list the decoding methods, their exactness, needs and parameters")
+    m.add_argument("--pipeline", choices=tuple(FAMILIES), default=None, help="one pipeline family (default: all)")
+    m.add_argument("--markdown", action="store_true", help="Markdown sections with a parameter table per method")
     m.set_defaults(func=cmd_methods)

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from mmaccel.core.jacobi import INITS, JacobiProposer
 from mmaccel.core.model import DecoderModel
+from mmaccel.core.plugin import NEEDS, MethodPlugin, param, registry
 from mmaccel.core.proposers import DraftModelProposer, EarlyExitProposer, HeadsProposer, NGramProposer, Proposer
 from mmaccel.core.sampling import Sampling
 from mmaccel.core.speculative import Generation, LoopConfig, decode
@@ -73,124 +74,154 @@ class Method:
                       sampling=sampling, seed=seed, eos_token_id=eos_token_id, prompt_tokens=prompt_tokens)
 
 
-_NEEDS = {"draft": "a draft model", "heads": "trained Medusa heads", "latents": "token latents (a codebook)",
-          "exit_heads": "trained early-exit heads", "medusa_block": "a trained Medusa block",
-          "eagle": "a trained EAGLE head",
-          "assistant": "an assistant model (another tokenizer)",
-          "embeddings": "a model that reads input embeddings (the LlamaGen GPT)"}
-
-
 def _need(resources: Resources, attr: str, method: str):
     value = getattr(resources, attr) if hasattr(resources, attr) else resources.extras.get(attr)
     if value is None:
-        raise InputError(f"method {method!r} needs {_NEEDS.get(attr, attr)}, and this pipeline has none loaded")
+        raise InputError(f"method {method!r} needs {NEEDS.get(attr, attr)}, and this pipeline has none loaded")
     return value
 
 
-def _int(params: dict, key: str, default: int, low: int = 1, high: int = 64) -> int:
-    value = params.pop(key, default)
-    check(isinstance(value, int) and not isinstance(value, bool) and low <= value <= high,
-          f"{key} must be an integer in [{low}, {high}], got {value!r}")
-    return value
+@dataclass(frozen=True)
+class ARParams:
+    coupled: bool = param(False, "fix the sampling noise per position, as the coupled methods read it "
+                                 "(their token-for-token twin)")
 
 
-def _float(params: dict, key: str, default: float, low: float, high: float) -> float:
-    value = params.pop(key, default)
-    check(isinstance(value, (int, float)) and low <= value <= high, f"{key} must be in [{low}, {high}], got {value!r}")
-    return float(value)
+def _ar(p: ARParams) -> Method:
+    return Method("ar", f"plain autoregressive decoding (the baseline){', coupled noise' if p.coupled else ''}", "",
+                  True, lambda r: None, coupled=p.coupled)
 
 
-def _ar(p):
-    # coupled: the sampling noise fixed per position, as the coupled methods read it (their token-for-token twin)
-    coupled = bool(p.pop("coupled", False))
-    return Method("ar", f"plain autoregressive decoding (the baseline){', coupled noise' if coupled else ''}", "", True,
-                  lambda r: None, coupled=coupled)
+def chain_label(k: int, stop_below: float, siblings: int) -> str:
+    """How a drafter's chain options read in a method's description."""
+    label = f"k={k}" if stop_below == 0 else f"k <= {k}, greedy chains stop below draft probability {stop_below}"
+    return label + (f", {siblings} runner-up siblings of the unsure draft" if siblings else "")
 
 
-def chain_options(p: dict, k: int = 4, stop_below: float = 0.0) -> tuple[int, float, int, str]:
-    """A drafter's chain options from `p` (defaults `k`, `stop_below`; no siblings): k, stop_below,
-    siblings and a description."""
-    k = _int(p, "k", k)
-    stop = _float(p, "stop_below", stop_below, 0.0, 0.999)
-    siblings = _int(p, "siblings", 0, low=0, high=15)
-    check(siblings == 0 or stop > 0, "siblings are the runner-ups of an unsure draft: they need stop_below > 0")
-    label = f"k={k}" if stop == 0 else f"k <= {k}, greedy chains stop below draft probability {stop}"
-    if siblings:
-        label += f", {siblings} runner-up siblings of the unsure draft"
-    return k, stop, siblings, label
+def check_siblings(stop_below: float, siblings: int) -> None:
+    check(siblings == 0 or stop_below > 0,
+          "siblings are the runner-ups of an unsure draft: they need stop_below > 0")
 
 
-def _speculative(p):
-    coupled = bool(p.pop("coupled", False))
-    k, stop, siblings, label = chain_options(p)
-    return Method("speculative", f"chain speculative decoding, draft model, {label}", "draft", True,
-                  lambda r: DraftModelProposer(_need(r, "draft", "speculative"), stop, siblings),
-                  "coupled" if coupled else "speculative", k=k, coupled=coupled)
+@dataclass(frozen=True)
+class SpeculativeParams:
+    k: int = param(4, "draft tokens per verification (the most, with stop_below)", low=1, high=64)
+    stop_below: float = param(0.0, "a greedy draft chain stops below this draft probability (0: never)",
+                              low=0.0, high=0.999)
+    siblings: int = param(0, "runner-up siblings of the unsure draft verified beside it", low=0, high=15)
+    coupled: bool = param(False, "coupled verification (SCD): the sampling noise fixed per position")
+
+    def __post_init__(self):
+        check_siblings(self.stop_below, self.siblings)
 
 
-def _tree(p):
-    depth, width = _int(p, "depth", 4), _int(p, "width", 2, high=16)
-    return Method("tree", f"tree speculative decoding (best-first draft tree, depth {depth} x width {width})", "draft",
-                  True, lambda r: DraftModelProposer(_need(r, "draft", "tree")), tree=(depth, width))
+def _speculative(p: SpeculativeParams) -> Method:
+    return Method("speculative", f"chain speculative decoding, draft model, {chain_label(p.k, p.stop_below, p.siblings)}",
+                  "draft", True, lambda r: DraftModelProposer(_need(r, "draft", "speculative"), p.stop_below, p.siblings),
+                  "coupled" if p.coupled else "speculative", k=p.k, coupled=p.coupled)
 
 
-def _ngram(p):
-    k, n = _int(p, "k", 4), _int(p, "max_ngram", 3, high=16)
-    return Method("ngram", f"prompt-lookup n-gram drafts (n <= {n}), k={k}", "", True,
-                  lambda r: NGramProposer(max_ngram=n), k=k)
+@dataclass(frozen=True)
+class TreeParams:
+    depth: int = param(4, "draft tree depth", low=1, high=64)
+    width: int = param(2, "children kept per node (best-first)", low=1, high=16)
 
 
-def _sjd(p, coupled=False):
-    window = _int(p, "window", 8)
-    init = p.pop("init", "repeat")
-    check(init in INITS, f"unknown Jacobi init {init!r}; choose from {', '.join(INITS)}")
-    stride = _int(p, "stride", 0, low=0, high=1 << 20)      # "above": the row width (0: the pipeline's)
+def _tree(p: TreeParams) -> Method:
+    return Method("tree", f"tree speculative decoding (best-first draft tree, depth {p.depth} x width {p.width})",
+                  "draft", True, lambda r: DraftModelProposer(_need(r, "draft", "tree")), tree=(p.depth, p.width))
+
+
+@dataclass(frozen=True)
+class NGramParams:
+    k: int = param(4, "draft tokens per verification", low=1, high=64)
+    max_ngram: int = param(3, "longest n-gram matched in the prompt and output", low=1, high=16)
+
+
+def _ngram(p: NGramParams) -> Method:
+    return Method("ngram", f"prompt-lookup n-gram drafts (n <= {p.max_ngram}), k={p.k}", "", True,
+                  lambda r: NGramProposer(max_ngram=p.max_ngram), k=p.k)
+
+
+@dataclass(frozen=True)
+class JacobiParams:
+    window: int = param(8, "Jacobi window: tokens guessed and verified per pass", low=1, high=64)
+    init: str = param("repeat", "how fresh window positions are guessed", choices=INITS, what="Jacobi init")
+    stride: int = param(0, "'above' init: the row width (0: the pipeline's grid width)", low=0, high=1 << 20)
+
+
+def _sjd(p: JacobiParams, coupled: bool = False) -> Method:
     name = "sjd-coupled" if coupled else "sjd"
 
     def proposer(r: Resources) -> JacobiProposer:
-        row = stride or r.extras.get("row_stride")
-        check(init != "above" or bool(row), "Jacobi init 'above' takes the token one row up: give stride=<row width> "
-                                            "(image pipelines pass their grid width)")
-        return JacobiProposer(window, "coupled" if coupled else "sample", init, row if init == "above" else None)
+        row = p.stride or r.extras.get("row_stride")
+        check(p.init != "above" or bool(row), "Jacobi init 'above' takes the token one row up: give stride=<row "
+                                              "width> (image pipelines pass their grid width)")
+        return JacobiProposer(p.window, "coupled" if coupled else "sample", p.init, row if p.init == "above" else None)
 
-    guesses = "" if init == "repeat" else f", fresh guesses {'one row up' if init == 'above' else 'at random'}"
-    return Method(name, f"{'coupled ' if coupled else ''}speculative Jacobi decoding, window {window}{guesses} "
+    guesses = "" if p.init == "repeat" else f", fresh guesses {'one row up' if p.init == 'above' else 'at random'}"
+    return Method(name, f"{'coupled ' if coupled else ''}speculative Jacobi decoding, window {p.window}{guesses} "
                   f"(greedy: Jacobi decoding)", "", True, proposer,
-                  "coupled" if coupled else "speculative", k=window, coupled=coupled)
+                  "coupled" if coupled else "speculative", k=p.window, coupled=coupled)
 
 
-def _early_exit(p):
-    k, layer = _int(p, "k", 4), _int(p, "exit_layer", 2, high=1024)
-    return Method("early-exit", f"self-speculative: first {layer} layers draft, k={k}", "", True,
-                  lambda r: EarlyExitProposer(r.model, layer, (r.exit_heads or {}).get(layer)), k=k)
+@dataclass(frozen=True)
+class EarlyExitParams:
+    k: int = param(4, "draft tokens per verification", low=1, high=64)
+    exit_layer: int = param(2, "layers that draft (the first ones, with a trained exit head where there is one)",
+                            low=1, high=1024)
 
 
-def _medusa(p, typical=False):
-    depth, width = _int(p, "depth", 3), _int(p, "width", 2, high=16)
-    rule_params = {"epsilon": _float(p, "epsilon", 0.3, 0, 1), "delta": _float(p, "delta", 0.09, 0, 10)} if typical else {}
-    name = "medusa-typical" if typical else "medusa"
-    return Method(name, f"Medusa heads, tree depth {depth} x width {width}" + (" (typical acceptance)" if typical else ""),
-                  "heads", not typical, lambda r: HeadsProposer(_need(r, "heads", name)),
-                  "typical" if typical else "speculative", k=depth if typical else 0,
-                  tree=None if typical else (depth, width),
-                  rule_params=rule_params, exact_logits=typical)
+def _early_exit(p: EarlyExitParams) -> Method:
+    return Method("early-exit", f"self-speculative: first {p.exit_layer} layers draft, k={p.k}", "", True,
+                  lambda r: EarlyExitProposer(r.model, p.exit_layer, (r.exit_heads or {}).get(p.exit_layer)), k=p.k)
 
 
-REGISTRY: dict[str, Callable[[dict], Method]] = {
-    "ar": _ar,
-    "speculative": _speculative,
-    "tree": _tree,
-    "ngram": _ngram,
-    "sjd": _sjd,
-    "sjd-coupled": lambda p: _sjd(p, coupled=True),
-    "early-exit": _early_exit,
-    "medusa": _medusa,
-    "medusa-typical": lambda p: _medusa(p, typical=True),
-}
+@dataclass(frozen=True)
+class MedusaParams:
+    depth: int = param(3, "draft tree depth (heads used)", low=1, high=64)
+    width: int = param(2, "candidates kept per head", low=1, high=16)
 
 
-def build_method(name: str | Method, registry: dict[str, Callable[[dict], Method]] | None = None,
-                 **params: Any) -> Method:
+@dataclass(frozen=True)
+class TypicalParams:
+    depth: int = param(3, "heads used (chain length)", low=1, high=64)
+    width: int = param(2, "candidates kept per head", low=1, high=16)
+    epsilon: float = param(0.3, "typical acceptance: the posterior threshold (hard floor)", low=0.0, high=1.0)
+    delta: float = param(0.09, "typical acceptance: entropy-scaled floor", low=0.0, high=10.0)
+
+
+def _medusa(p: MedusaParams) -> Method:
+    return Method("medusa", f"Medusa heads, tree depth {p.depth} x width {p.width}", "heads", True,
+                  lambda r: HeadsProposer(_need(r, "heads", "medusa")), tree=(p.depth, p.width))
+
+
+def _medusa_typical(p: TypicalParams) -> Method:
+    return Method("medusa-typical", f"Medusa heads, tree depth {p.depth} x width {p.width} (typical acceptance)",
+                  "heads", False, lambda r: HeadsProposer(_need(r, "heads", "medusa-typical")), "typical", k=p.depth,
+                  rule_params={"epsilon": p.epsilon, "delta": p.delta}, exact_logits=True)
+
+
+AR = MethodPlugin("ar", ARParams, _ar, "law-exact", summary="plain autoregressive decoding (the baseline)")
+SPECULATIVE = MethodPlugin("speculative", SpeculativeParams, _speculative, "law-exact", ("draft",),
+                           summary="chain speculative decoding with a draft model")
+TREE = MethodPlugin("tree", TreeParams, _tree, "law-exact", ("draft",),
+                    summary="tree speculative decoding with a draft model")
+NGRAM = MethodPlugin("ngram", NGramParams, _ngram, "law-exact", summary="prompt-lookup n-gram drafts")
+SJD = MethodPlugin("sjd", JacobiParams, _sjd, "law-exact", summary="speculative Jacobi decoding (SJD)")
+SJD_COUPLED = MethodPlugin("sjd-coupled", JacobiParams, lambda p: _sjd(p, coupled=True), "law-exact",
+                           summary="speculative Jacobi decoding with coupled noise (SCD)")
+EARLY_EXIT = MethodPlugin("early-exit", EarlyExitParams, _early_exit, "law-exact",
+                          summary="self-speculative: the first layers draft")
+MEDUSA = MethodPlugin("medusa", MedusaParams, _medusa, "law-exact", ("heads",), summary="Medusa heads, tree verify")
+MEDUSA_TYPICAL = MethodPlugin("medusa-typical", TypicalParams, _medusa_typical, "relaxed", ("heads",),
+                              budget="epsilon", summary="Medusa heads with typical acceptance")
+
+REGISTRY: dict[str, MethodPlugin] = registry(AR, SPECULATIVE, TREE, NGRAM, SJD, SJD_COUPLED, EARLY_EXIT, MEDUSA,
+                                             MEDUSA_TYPICAL)
+
+
+def build_method(name: str | Method, registry: dict[str, MethodPlugin] | None = None, **params: Any) -> Method:
     """The method called `name` in `registry` (default: the core REGISTRY), configured by `params`
     (k, depth, width, window, ...); a Method object is returned as it is."""
     if isinstance(name, Method):
@@ -200,7 +231,4 @@ def build_method(name: str | Method, registry: dict[str, Callable[[dict], Method
     check(isinstance(name, str), f"method must be a name or a Method, got {type(name).__name__}")
     if name not in registry:
         raise InputError(f"unknown method {name!r}; choose from {', '.join(registry)}")
-    rest = dict(params)
-    method = registry[name](rest)
-    check(not rest, f"method {name!r} does not take parameter(s) {', '.join(sorted(rest))}")
-    return method
+    return registry[name].make(params)

@@ -20,15 +20,16 @@ exact rule.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from mmaccel.core import methods as core
 from mmaccel.core.jacobi import JacobiProposer
-from mmaccel.core.methods import REGISTRY as CORE_REGISTRY
-from mmaccel.core.methods import Method, Resources, _float, _int, _need, build_method
+from mmaccel.core.methods import Method, Resources, _need, build_method
+from mmaccel.core.plugin import MethodPlugin, param, registry
 from mmaccel.core.proposers import DraftModelProposer
 from mmaccel.errors import check
 from mmaccel.image.sjd2 import sjd2_decode
@@ -50,95 +51,122 @@ def latent_sq_distances(latents: Tensor) -> Tensor:
     return torch.cdist(codes, codes).pow(2)
 
 
-def _lantern(p: dict) -> Method:
-    k = _int(p, "k", 4)
-    neighbours = _int(p, "neighbours", 50, high=1 << 20)
-    delta = _float(p, "delta", 0.1, 0.0, 1.0)
+@dataclass(frozen=True)
+class LanternParams:
+    k: int = param(4, "draft tokens per verification", low=1, high=64)
+    neighbours: int = param(50, "latent neighbours a token's probability is pooled over", low=1, high=1 << 20)
+    delta: float = param(0.1, "total-variation budget of the pooling per token (0: exact)", low=0.0, high=1.0)
 
+
+def _lantern(p: LanternParams) -> Method:
     def rule_params(r: Resources) -> dict[str, Any]:
-        return {"neighbours": latent_neighbours(_need(r, "latents", "lantern"), neighbours), "delta": delta}
+        return {"neighbours": latent_neighbours(_need(r, "latents", "lantern"), p.neighbours), "delta": p.delta}
 
-    return Method("lantern", f"LANTERN: draft model k={k}, pool over {neighbours} latent neighbours, TV budget {delta}",
-                  "draft", delta == 0, lambda r: DraftModelProposer(_need(r, "draft", "lantern")), "pooled", k=k,
+    return Method("lantern", f"LANTERN: draft model k={p.k}, pool over {p.neighbours} latent neighbours, TV budget "
+                  f"{p.delta}", "draft", p.delta == 0, lambda r: DraftModelProposer(_need(r, "draft", "lantern")),
+                  "pooled", k=p.k, make_rule_params=rule_params)
+
+
+@dataclass(frozen=True)
+class GroupParams:
+    """GSD's cluster thresholds (defaults of the GSD paper's code)."""
+
+    p_threshold: float = param(0.15, "a token joins the draft's cluster within this probability gap (0: exact)",
+                               low=0.0, high=1.0)
+    d_threshold: float = param(0.5, "... and within this squared latent distance", low=0.0, high=1e9)
+    half_window: int = param(7, "... and within this many probability ranks either side", low=0, high=1 << 20)
+
+    def rule_params(self) -> dict[str, Any]:
+        return {"p_threshold": self.p_threshold, "d_threshold": self.d_threshold, "half_window": self.half_window}
+
+    def label(self) -> str:
+        return f"ranks ±{self.half_window}, |Δp| < {self.p_threshold}, d² < {self.d_threshold}"
+
+
+@dataclass(frozen=True)
+class GSDParams(GroupParams):
+    window: int = param(8, "Jacobi window: tokens guessed and verified per pass", low=1, high=64)
+    coupled: bool = param(False, "coupled: the exact sample must lie in the draft's cluster (swaps reported)")
+
+
+def _gsd(p: GSDParams) -> Method:
+    def rule_params(r: Resources) -> dict[str, Any]:
+        return {"distances": latent_sq_distances(_need(r, "latents", "gsd")), **p.rule_params()}
+
+    return Method("gsd", f"GSD: {'coupled ' if p.coupled else ''}SJD window {p.window}, grouped acceptance "
+                  f"({p.label()})", "", p.p_threshold == 0 or p.d_threshold == 0 or p.half_window == 0,
+                  lambda r: JacobiProposer(p.window, "coupled" if p.coupled else "sample", "repeat"),
+                  "grouped-coupled" if p.coupled else "grouped", k=p.window, coupled=p.coupled,
                   make_rule_params=rule_params)
 
 
-def _group_params(p: dict) -> dict[str, Any]:
-    """GSD's cluster thresholds (defaults of the GSD paper's code) from method params."""
-    return {"p_threshold": _float(p, "p_threshold", 0.15, 0.0, 1.0), "d_threshold": _float(p, "d_threshold", 0.5, 0.0, 1e9),
-            "half_window": _int(p, "half_window", 7, low=0, high=1 << 20)}
+@dataclass(frozen=True)
+class ZipARParams(GroupParams):
+    s: int = param(4, "row window: a row starts once the row above is s tokens ahead", low=1, high=1 << 20)
+    window: int = param(0, "Jacobi window per row (0: one token a row per pass)", low=0, high=64)
+    coupled: bool = param(False, "coupled verification of the per-row Jacobi drafts")
+    grouped: bool = param(False, "GSD grouped acceptance of the per-row Jacobi drafts")
+    stand_in: str = param("vertical", "what stands in for a row's not-yet-decoded start", choices=STAND_INS,
+                          what="ZipAR stand_in")
+
+    def __post_init__(self):
+        check(self.window > 0 or not self.grouped, "ZipAR grouped acceptance verifies Jacobi drafts: give window >= 1")
 
 
-def _gsd(p: dict) -> Method:
-    window = _int(p, "window", 8)
-    group = _group_params(p)
-    coupled = bool(p.pop("coupled", False))
-
-    def rule_params(r: Resources) -> dict[str, Any]:
-        return {"distances": latent_sq_distances(_need(r, "latents", "gsd")), **group}
-
-    return Method("gsd", f"GSD: {'coupled ' if coupled else ''}SJD window {window}, grouped acceptance "
-                  f"(ranks ±{group['half_window']}, |Δp| < {group['p_threshold']}, d² < {group['d_threshold']})", "",
-                  group["p_threshold"] == 0 or group["d_threshold"] == 0 or group["half_window"] == 0,
-                  lambda r: JacobiProposer(window, "coupled" if coupled else "sample", "repeat"),
-                  "grouped-coupled" if coupled else "grouped", k=window, coupled=coupled,
-                  make_rule_params=rule_params)
-
-
-def _zipar(p: dict) -> Method:
-    s = _int(p, "s", 4, high=1 << 20)
-    window = _int(p, "window", 0, low=0)
-    coupled = bool(p.pop("coupled", False))
-    grouped = bool(p.pop("grouped", False))
-    stand_in = p.pop("stand_in", "vertical")
-    check(stand_in in STAND_INS, f"unknown ZipAR stand_in {stand_in!r}; choose from {', '.join(STAND_INS)}")
-    check(window > 0 or not grouped, "ZipAR grouped acceptance verifies Jacobi drafts: give window >= 1")
-    group = _group_params(p) if grouped else {}
+def _zipar(p: ZipARParams) -> Method:
     rule = {(False, False): "speculative", (False, True): "coupled", (True, False): "grouped",
-            (True, True): "grouped-coupled"}[grouped, coupled]
+            (True, True): "grouped-coupled"}[p.grouped, p.coupled]
 
     def run(resources: Resources, inputs: Any, *, max_new_tokens: int, sampling, seed: int, eos_token_id=None):
         grid = math.isqrt(max_new_tokens)
         check(grid * grid == max_new_tokens, f"ZipAR decodes square token grids; {max_new_tokens} tokens is not one")
-        params = {"distances": latent_sq_distances(_need(resources, "latents", "zipar")), **group} if grouped else None
-        return zipar_decode(resources.model, inputs, grid=grid, s=s, jacobi=window, rule=rule, rule_params=params,
-                            sampling=sampling, seed=seed, coupled=coupled, stand_in=stand_in)
+        params = ({"distances": latent_sq_distances(_need(resources, "latents", "zipar")), **p.rule_params()}
+                  if p.grouped else None)
+        return zipar_decode(resources.model, inputs, grid=grid, s=p.s, jacobi=p.window, rule=rule, rule_params=params,
+                            sampling=sampling, seed=seed, coupled=p.coupled, stand_in=p.stand_in)
 
-    extra = f", {stand_in} stand-in" + (f" x {'coupled ' if coupled else ''}SJD window {window} per row" if window else "")
-    extra += f", GSD grouped acceptance (ranks ±{group['half_window']}, |Δp| < {group['p_threshold']}, " \
-             f"d² < {group['d_threshold']})" if grouped else ""
-    return Method("zipar", f"ZipAR next-set decoding, row window s={s}{extra}", "", False, lambda r: None,
+    extra = f", {p.stand_in} stand-in"
+    if p.window:
+        extra += f" x {'coupled ' if p.coupled else ''}SJD window {p.window} per row"
+    if p.grouped:
+        extra += f", GSD grouped acceptance ({p.label()})"
+    return Method("zipar", f"ZipAR next-set decoding, row window s={p.s}{extra}", "", False, lambda r: None,
                   runner=run)
 
 
-def _sjd2(p: dict) -> Method:
-    window = _int(p, "window", 32)       # defaults picked on development seeds (mmaccel.bench.image_tune --sweep sjd2)
-    steps = _int(p, "steps", 2)
-    coupled = bool(p.pop("coupled", False))
-    check(steps <= window, f"SJD2 denoising steps ({steps}) cannot exceed the window ({window})")
+@dataclass(frozen=True)
+class SJD2Params:
+    # defaults picked on development seeds (mmaccel.bench.image_tune --sweep sjd2)
+    window: int = param(32, "Jacobi window of drafts denoised from embedding noise", low=1, high=64)
+    steps: int = param(2, "denoising levels a draft passes through before it is verified", low=1, high=64)
+    coupled: bool = param(False, "coupled verification (SCD) on the clean drafts")
 
+    def __post_init__(self):
+        check(self.steps <= self.window, f"SJD2 denoising steps ({self.steps}) cannot exceed the window ({self.window})")
+
+
+def _sjd2(p: SJD2Params) -> Method:
     def run(resources: Resources, inputs: Any, *, max_new_tokens: int, sampling, seed: int, eos_token_id=None):
         return sjd2_decode(resources.model, inputs, embeddings=_need(resources, "embeddings", "sjd2"),
                            sigma=_need(resources, "embedding_scale", "sjd2"), max_new_tokens=max_new_tokens,
-                           window=window, steps=steps, sampling=sampling, seed=seed, coupled=coupled)
+                           window=p.window, steps=p.steps, sampling=sampling, seed=seed, coupled=p.coupled)
 
-    rule = "coupled verification (SCD)" if coupled else "exact speculative sampling"
-    return Method("sjd2", f"SJD2: Jacobi window of {window} denoised from embedding noise in {steps} levels, "
-                  f"{rule} on the clean drafts", "", True, lambda r: None, runner=run, coupled=coupled)
+    rule = "coupled verification (SCD)" if p.coupled else "exact speculative sampling"
+    return Method("sjd2", f"SJD2: Jacobi window of {p.window} denoised from embedding noise in {p.steps} levels, "
+                  f"{rule} on the clean drafts", "", True, lambda r: None, runner=run, coupled=p.coupled)
 
 
-IMAGE_REGISTRY: dict[str, Callable[[dict], Method]] = {
-    "ar": CORE_REGISTRY["ar"],
-    "speculative": CORE_REGISTRY["speculative"],
-    "tree": CORE_REGISTRY["tree"],
-    "sjd": CORE_REGISTRY["sjd"],
-    "sjd-coupled": CORE_REGISTRY["sjd-coupled"],
-    "early-exit": CORE_REGISTRY["early-exit"],
-    "lantern": _lantern,
-    "gsd": _gsd,
-    "zipar": _zipar,
-    "sjd2": _sjd2,
-}
+IMAGE_REGISTRY: dict[str, MethodPlugin] = registry(
+    core.AR, core.SPECULATIVE, core.TREE, core.SJD, core.SJD_COUPLED, core.EARLY_EXIT,
+    MethodPlugin("lantern", LanternParams, _lantern, "relaxed", ("draft", "latents"), budget="delta",
+                 summary="LANTERN: draft tokens accepted over latent neighbourhoods within a TV budget"),
+    MethodPlugin("gsd", GSDParams, _gsd, "relaxed", ("latents",), budget="p_threshold",
+                 summary="GSD: SJD drafts accepted by dynamic clusters"),
+    MethodPlugin("zipar", ZipARParams, _zipar, "relaxed", budget="s",
+                 summary="ZipAR: rows decoded in parallel once the row above is s tokens ahead"),
+    MethodPlugin("sjd2", SJD2Params, _sjd2, "law-exact", ("embeddings", "embedding_scale"),
+                 summary="SJD2: Jacobi drafts denoised from embedding noise, verified exactly"),
+)
 
 
 def build_image_method(name: str | Method, **params: Any) -> Method:

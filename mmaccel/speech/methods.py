@@ -10,12 +10,13 @@ against the full model greedily, so their transcripts are bit-identical to `gree
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from mmaccel.core import methods as core
 from mmaccel.core.beam import beam_search
-from mmaccel.core.methods import Method, Resources, _float, _int, _need, chain_options
+from mmaccel.core.methods import Method, Resources, _need
+from mmaccel.core.plugin import MethodPlugin, NoParams, param, registry
 from mmaccel.errors import check
 from mmaccel.speech.calm import calm_decode
 from mmaccel.speech.cross_draft import CrossTokenizerProposer
@@ -23,69 +24,93 @@ from mmaccel.speech.eagle import EagleProposer
 from mmaccel.speech.medusa_block import BlockHeadsProposer
 
 
-def _greedy(p: dict) -> Method:
+def _greedy(p: NoParams) -> Method:
     return Method("greedy", "greedy decoding (the baseline)", "", True, lambda r: None)
 
 
-def _beam(p: dict) -> Method:
-    beams = _int(p, "num_beams", 5, high=32)
-    penalty = _float(p, "length_penalty", 1.0, 0.0, 10.0)
+@dataclass(frozen=True)
+class BeamParams:
+    num_beams: int = param(5, "beams kept per step", low=1, high=32)
+    length_penalty: float = param(1.0, "hypotheses ranked by log-probability / length ** length_penalty",
+                                  low=0.0, high=10.0)
 
+
+def _beam(p: BeamParams) -> Method:
     def run(resources: Resources, inputs: Any, *, max_new_tokens: int, sampling, seed: int, eos_token_id=None):
         check(sampling.greedy, "beam search is deterministic; it takes no temperature")
-        return beam_search(resources.model, inputs, num_beams=beams, max_new_tokens=max_new_tokens,
-                           eos_token_id=eos_token_id, length_penalty=penalty)
+        return beam_search(resources.model, inputs, num_beams=p.num_beams, max_new_tokens=max_new_tokens,
+                           eos_token_id=eos_token_id, length_penalty=p.length_penalty)
 
-    return Method("beam", f"beam search, {beams} beams, length penalty {penalty}", "", False, lambda r: None, runner=run,
-                  exact_logits=True)
+    return Method("beam", f"beam search, {p.num_beams} beams, length penalty {p.length_penalty}", "", False,
+                  lambda r: None, runner=run, exact_logits=True)
 
 
-def _calm(p: dict) -> Method:
-    threshold = _float(p, "threshold", 0.9, 0.0, 1.0)
+@dataclass(frozen=True)
+class CALMParams:
+    threshold: float = param(0.9, "leave after the first exit head at least this confident (1: never, exact)",
+                             low=0.0, high=1.0)
 
+
+def _calm(p: CALMParams) -> Method:
     def run(resources: Resources, inputs: Any, *, max_new_tokens: int, sampling, seed: int, eos_token_id=None):
         check(sampling.greedy, "calm decodes greedily; it takes no temperature")
         exits = _need(resources, "exit_heads", "calm")
-        return calm_decode(resources.model, exits, inputs, threshold=threshold, max_new_tokens=max_new_tokens,
+        return calm_decode(resources.model, exits, inputs, threshold=p.threshold, max_new_tokens=max_new_tokens,
                            eos_token_id=eos_token_id)
 
-    return Method("calm", f"confidence-based early exit (CALM), threshold {threshold}", "exit_heads",
-                  threshold >= 1.0, lambda r: None, runner=run)
+    return Method("calm", f"confidence-based early exit (CALM), threshold {p.threshold}", "exit_heads",
+                  p.threshold >= 1.0, lambda r: None, runner=run)
 
 
-def _medusa_block(p: dict) -> Method:
-    depth, width = _int(p, "depth", 3), _int(p, "width", 2, high=16)
-    return Method("medusa-block", f"Medusa-Block heads, tree depth {depth} x width {width}", "medusa_block", True,
-                  lambda r: BlockHeadsProposer(_need(r, "medusa_block", "medusa-block"), r.model), tree=(depth, width))
+def _medusa_block(p: core.MedusaParams) -> Method:
+    return Method("medusa-block", f"Medusa-Block heads, tree depth {p.depth} x width {p.width}", "medusa_block", True,
+                  lambda r: BlockHeadsProposer(_need(r, "medusa_block", "medusa-block"), r.model),
+                  tree=(p.depth, p.width))
 
 
-def _eagle(p: dict) -> Method:
-    k, stop, siblings, label = chain_options(p, k=8, stop_below=0.5)
+@dataclass(frozen=True)
+class EagleParams:
+    k: int = param(8, "draft tokens per verification (the most, with stop_below)", low=1, high=64)
+    stop_below: float = param(0.5, "a draft chain stops below this draft probability (0: never)", low=0.0, high=0.999)
+    siblings: int = param(0, "runner-up siblings of the unsure draft verified beside it", low=0, high=15)
 
-    return Method("eagle", f"EAGLE head on the target's features, {label}", "eagle", True,
-                  lambda r: EagleProposer(_need(r, "eagle", "eagle"), stop, siblings), k=k)
-
-
-def _speculative_cross(p: dict) -> Method:
-    k = _int(p, "k", 4)
-    return Method("speculative-cross", f"chain speculative decoding, assistant of another tokenizer, k={k}",
-                  "assistant", True, lambda r: CrossTokenizerProposer(_need(r, "assistant", "speculative-cross")), k=k)
+    def __post_init__(self):
+        core.check_siblings(self.stop_below, self.siblings)
 
 
-ASR_REGISTRY: dict[str, Callable[[dict], Method]] = {
-    "greedy": _greedy,
-    "beam": _beam,
-    "speculative": core.REGISTRY["speculative"],
-    "speculative-cross": _speculative_cross,
-    "tree": core.REGISTRY["tree"],
-    "medusa": core.REGISTRY["medusa"],
-    "medusa-typical": core.REGISTRY["medusa-typical"],
-    "medusa-block": _medusa_block,
-    "eagle": _eagle,
-    "early-exit": core.REGISTRY["early-exit"],
-    "calm": _calm,
-    "ngram": core.REGISTRY["ngram"],
-}
+def _eagle(p: EagleParams) -> Method:
+    return Method("eagle", f"EAGLE head on the target's features, {core.chain_label(p.k, p.stop_below, p.siblings)}",
+                  "eagle", True, lambda r: EagleProposer(_need(r, "eagle", "eagle"), p.stop_below, p.siblings), k=p.k)
+
+
+@dataclass(frozen=True)
+class CrossParams:
+    k: int = param(4, "draft tokens per verification", low=1, high=64)
+
+
+def _speculative_cross(p: CrossParams) -> Method:
+    return Method("speculative-cross", f"chain speculative decoding, assistant of another tokenizer, k={p.k}",
+                  "assistant", True, lambda r: CrossTokenizerProposer(_need(r, "assistant", "speculative-cross")),
+                  k=p.k)
+
+
+ASR_REGISTRY: dict[str, MethodPlugin] = registry(
+    MethodPlugin("greedy", NoParams, _greedy, "greedy-exact", summary="greedy decoding (the baseline)"),
+    MethodPlugin("beam", BeamParams, _beam, "relaxed", budget="num_beams",
+                 summary="length-normalised beam search (another output than greedy by design)"),
+    core.SPECULATIVE,
+    MethodPlugin("speculative-cross", CrossParams, _speculative_cross, "greedy-exact", ("assistant",),
+                 summary="chain speculative decoding with an assistant of another tokenizer"),
+    core.TREE, core.MEDUSA, core.MEDUSA_TYPICAL,
+    MethodPlugin("medusa-block", core.MedusaParams, _medusa_block, "greedy-exact", ("medusa_block",),
+                 summary="Medusa-Block heads (one block over the target's last state), tree verify"),
+    MethodPlugin("eagle", EagleParams, _eagle, "greedy-exact", ("eagle",),
+                 summary="EAGLE: a head drafting from the target's features"),
+    core.EARLY_EXIT,
+    MethodPlugin("calm", CALMParams, _calm, "relaxed", ("exit_heads",), budget="threshold",
+                 summary="confident adaptive language modelling: leave at the first confident exit head"),
+    core.NGRAM,
+)
 
 
 def build_asr_method(name: str | Method, **params: Any) -> Method:

@@ -1,0 +1,130 @@
+"""Typed method plug-ins: what a decoding method declares, so that pipelines, the CLI (`mmaccel methods`), the app
+and the tests read it without running it.
+
+A plug-in has a name; a frozen dataclass of parameters whose fields are made with `param` (type from the
+default, range or choices, one line of help); its exactness ("greedy-exact": bit-identical to plain greedy;
+"law-exact": also the target's law when sampling; "relaxed": a budget parameter bounds what it changes, and it
+reports the deviation in `DecodeStats.deviation`); the resources it needs (keys of `NEEDS`); and `build`, which
+turns validated parameters into the `Method` that runs. Cross-parameter rules go in the dataclass's
+`__post_init__`. A pipeline family's registry is a dict name -> plug-in (`registry(...)`).
+
+>>> @dataclass(frozen=True)
+... class ChainParams:
+...     k: int = param(4, "draft tokens per verification", low=1, high=64)
+>>> plugin = MethodPlugin("chain", ChainParams, build=lambda p: ..., exactness="law-exact", needs=("draft",))
+>>> plugin.configure({"k": 0})        # InputError: k must be an integer in [1, 64], got 0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
+
+from mmaccel.errors import InputError, check
+
+EXACTNESS = ("greedy-exact", "law-exact", "relaxed")
+# what a method can need besides the target, as a pipeline's `Resources` holds it (attribute or extras key)
+NEEDS = {"draft": "a draft model", "heads": "trained Medusa heads", "latents": "token latents (a codebook)",
+         "exit_heads": "trained early-exit heads", "medusa_block": "a trained Medusa block",
+         "eagle": "a trained EAGLE head", "assistant": "an assistant model (another tokenizer)",
+         "embeddings": "a model that reads input embeddings (the LlamaGen GPT)",
+         "embedding_scale": "the scale of the model's token embeddings"}
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    """How one parameter is checked and documented."""
+
+    help: str
+    low: float | None = None
+    high: float | None = None
+    choices: tuple[str, ...] | None = None
+    what: str | None = None          # how an unknown choice is named in the error ("Jacobi init")
+
+
+def param(default: Any, help: str, *, low: float | None = None, high: float | None = None,
+          choices: Iterable[str] | None = None, what: str | None = None) -> Any:
+    """A parameter field: `default` (its type is the parameter's: bool, int, float or str), `help` one line,
+    an inclusive [low, high] range for numbers or `choices` for strings."""
+    info = ParamInfo(help, low, high, None if choices is None else tuple(choices), what)
+    return field(default=default, metadata={"param": info})
+
+
+def _checked(name: str, info: ParamInfo, default: Any, value: Any) -> Any:
+    if isinstance(default, bool):
+        check(value in (True, False), f"{name} must be true or false, got {value!r}")
+        return bool(value)
+    if isinstance(default, int):
+        check(isinstance(value, int) and not isinstance(value, bool) and info.low <= value <= info.high,
+              f"{name} must be an integer in [{info.low}, {info.high}], got {value!r}")
+        return value
+    if isinstance(default, float):
+        check(isinstance(value, (int, float)) and info.low <= value <= info.high,
+              f"{name} must be in [{info.low}, {info.high}], got {value!r}")
+        return float(value)
+    if info.choices is not None:
+        check(value in info.choices, f"unknown {info.what or name} {value!r}; choose from {', '.join(info.choices)}")
+    return value
+
+
+@dataclass(frozen=True)
+class MethodPlugin:
+    """A named method: its parameters, exactness, needs and the `build` that makes its `Method`."""
+
+    name: str
+    params: type
+    build: Callable[[Any], Any] = field(repr=False)
+    exactness: str = "greedy-exact"
+    needs: tuple[str, ...] = ()
+    budget: str | None = None        # relaxed methods: the parameter that bounds the deviation
+    summary: str = ""
+
+    def __post_init__(self):
+        check(self.exactness in EXACTNESS, f"{self.name}: exactness must be one of {EXACTNESS}")
+        check(all(n in NEEDS for n in self.needs), f"{self.name}: needs must be keys of NEEDS, got {self.needs}")
+        names = {f.name for f in fields(self.params)}
+        check((self.exactness == "relaxed") == (self.budget is not None) and (self.budget is None or self.budget in names),
+              f"{self.name}: a relaxed method names its budget parameter (and only a relaxed one)")
+        check(all("param" in f.metadata and f.default is not MISSING for f in fields(self.params)),
+              f"{self.name}: every parameter is a `param(...)` field with a default")
+
+    def configure(self, raw: dict[str, Any]) -> Any:
+        """Validated parameters from `raw` (names -> values; missing ones take their defaults)."""
+        known = [f.name for f in fields(self.params)]
+        unknown = sorted(set(raw) - set(known))
+        check(not unknown, f"method {self.name!r} does not take parameter(s) {', '.join(unknown)}; "
+                           f"it takes {', '.join(known) if known else 'none'}")
+        values = {f.name: _checked(f.name, f.metadata["param"], f.default, raw[f.name])
+                  for f in fields(self.params) if f.name in raw}
+        return self.params(**values)
+
+    def make(self, raw: dict[str, Any]):
+        """The `Method` for parameters `raw`."""
+        return self.build(self.configure(raw))
+
+    def parameters(self) -> list[dict[str, Any]]:
+        """One row per parameter: name, type, default, range or choices, help."""
+        rows = []
+        for f in fields(self.params):
+            info: ParamInfo = f.metadata["param"]
+            bounds = (f"one of {', '.join(info.choices)}" if info.choices else
+                      f"[{info.low}, {info.high}]" if info.low is not None else "")
+            rows.append({"name": f.name, "type": type(f.default).__name__, "default": f.default, "range": bounds,
+                         "help": info.help})
+        return rows
+
+
+@dataclass(frozen=True)
+class NoParams:
+    """A method without parameters."""
+
+
+def registry(*plugins: MethodPlugin) -> dict[str, MethodPlugin]:
+    """A pipeline family's registry: name -> plug-in, in the order given (names are unique)."""
+    out: dict[str, MethodPlugin] = {}
+    for p in plugins:
+        if p.name in out:
+            raise InputError(f"two methods are called {p.name!r}")
+        out[p.name] = p
+    return out
