@@ -38,14 +38,21 @@ class Resources:
     extras: dict[str, Any] = field(default_factory=dict)   # a domain's own resources by name (a Medusa block)
 
 
+def _no_proposer(resources: Resources) -> None:
+    return None
+
+
 @dataclass
 class Method:
+    """A configured method. Built by its plug-in (`MethodPlugin.make`), which sets `needs` (the resources it
+    declares, checked before it runs) and `lossless` (its declared exactness, or for a relaxed method whether
+    these parameters spend no budget)."""
+
     name: str
     description: str
-    needs: str                      # what the method needs besides the target ("", "draft", "heads", ...)
-    lossless: bool
-    make_proposer: Callable[[Resources], Proposer | None] = field(repr=False)
-    rule: str = "speculative"       # used when sampling; greedy decoding always verifies greedily
+    make_proposer: Callable[[Resources], Proposer | None] = field(default=_no_proposer, repr=False)
+    rule: str | Callable[..., Any] = "speculative"   # when sampling (a name in RULES, or a rule function);
+    #                                                  greedy decoding always verifies greedily
     k: int = 0
     tree: tuple[int, int] | None = None
     coupled: bool = False
@@ -56,6 +63,13 @@ class Method:
     runner: Callable[..., Generation] | None = field(default=None, repr=False)
     # reads the target's logit values (beam scores, typical acceptance), not only each row's arg-max
     exact_logits: bool = False
+    needs: tuple[str, ...] = ()
+    lossless: bool = False
+
+    def check_needs(self, resources: Resources) -> None:
+        """A one-line error when `resources` lack something this method needs."""
+        for need in self.needs:
+            _need(resources, need, self.name)
 
     def loop_config(self, resources: Resources) -> LoopConfig:
         params = dict(self.rule_params)
@@ -67,6 +81,7 @@ class Method:
     def run(self, resources: Resources, inputs: Any, *, max_new_tokens: int, sampling: Sampling = Sampling(),
             seed: int = 0, eos_token_id: int | None = None, prompt_tokens: list[list[int]] | None = None) -> Generation:
         """Decode `inputs` (whatever the target's `prefill` takes) with this method."""
+        self.check_needs(resources)
         if self.runner is not None:
             return self.runner(resources, inputs, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
                                eos_token_id=eos_token_id)
@@ -88,8 +103,8 @@ class ARParams:
 
 
 def _ar(p: ARParams) -> Method:
-    return Method("ar", f"plain autoregressive decoding (the baseline){', coupled noise' if p.coupled else ''}", "",
-                  True, lambda r: None, coupled=p.coupled)
+    return Method("ar", f"plain autoregressive decoding (the baseline){', coupled noise' if p.coupled else ''}",
+                  coupled=p.coupled)
 
 
 def chain_label(k: int, stop_below: float, siblings: int) -> str:
@@ -117,7 +132,7 @@ class SpeculativeParams:
 
 def _speculative(p: SpeculativeParams) -> Method:
     return Method("speculative", f"chain speculative decoding, draft model, {chain_label(p.k, p.stop_below, p.siblings)}",
-                  "draft", True, lambda r: DraftModelProposer(_need(r, "draft", "speculative"), p.stop_below, p.siblings),
+                  lambda r: DraftModelProposer(_need(r, "draft", "speculative"), p.stop_below, p.siblings),
                   "coupled" if p.coupled else "speculative", k=p.k, coupled=p.coupled)
 
 
@@ -129,7 +144,7 @@ class TreeParams:
 
 def _tree(p: TreeParams) -> Method:
     return Method("tree", f"tree speculative decoding (best-first draft tree, depth {p.depth} x width {p.width})",
-                  "draft", True, lambda r: DraftModelProposer(_need(r, "draft", "tree")), tree=(p.depth, p.width))
+                  lambda r: DraftModelProposer(_need(r, "draft", "tree")), tree=(p.depth, p.width))
 
 
 @dataclass(frozen=True)
@@ -139,7 +154,7 @@ class NGramParams:
 
 
 def _ngram(p: NGramParams) -> Method:
-    return Method("ngram", f"prompt-lookup n-gram drafts (n <= {p.max_ngram}), k={p.k}", "", True,
+    return Method("ngram", f"prompt-lookup n-gram drafts (n <= {p.max_ngram}), k={p.k}",
                   lambda r: NGramProposer(max_ngram=p.max_ngram), k=p.k)
 
 
@@ -161,7 +176,7 @@ def _sjd(p: JacobiParams, coupled: bool = False) -> Method:
 
     guesses = "" if p.init == "repeat" else f", fresh guesses {'one row up' if p.init == 'above' else 'at random'}"
     return Method(name, f"{'coupled ' if coupled else ''}speculative Jacobi decoding, window {p.window}{guesses} "
-                  f"(greedy: Jacobi decoding)", "", True, proposer,
+                  f"(greedy: Jacobi decoding)", proposer,
                   "coupled" if coupled else "speculative", k=p.window, coupled=coupled)
 
 
@@ -173,7 +188,7 @@ class EarlyExitParams:
 
 
 def _early_exit(p: EarlyExitParams) -> Method:
-    return Method("early-exit", f"self-speculative: first {p.exit_layer} layers draft, k={p.k}", "", True,
+    return Method("early-exit", f"self-speculative: first {p.exit_layer} layers draft, k={p.k}",
                   lambda r: EarlyExitProposer(r.model, p.exit_layer, (r.exit_heads or {}).get(p.exit_layer)), k=p.k)
 
 
@@ -192,13 +207,13 @@ class TypicalParams:
 
 
 def _medusa(p: MedusaParams) -> Method:
-    return Method("medusa", f"Medusa heads, tree depth {p.depth} x width {p.width}", "heads", True,
+    return Method("medusa", f"Medusa heads, tree depth {p.depth} x width {p.width}",
                   lambda r: HeadsProposer(_need(r, "heads", "medusa")), tree=(p.depth, p.width))
 
 
 def _medusa_typical(p: TypicalParams) -> Method:
     return Method("medusa-typical", f"Medusa heads, tree depth {p.depth} x width {p.width} (typical acceptance)",
-                  "heads", False, lambda r: HeadsProposer(_need(r, "heads", "medusa-typical")), "typical", k=p.depth,
+                  lambda r: HeadsProposer(_need(r, "heads", "medusa-typical")), "typical", k=p.depth,
                   rule_params={"epsilon": p.epsilon, "delta": p.delta}, exact_logits=True)
 
 

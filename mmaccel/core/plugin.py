@@ -79,6 +79,8 @@ class MethodPlugin:
     needs: tuple[str, ...] = ()
     budget: str | None = None        # relaxed methods: the parameter that bounds the deviation
     summary: str = ""
+    # relaxed methods: whether parameters spend no budget, so that the output is exact (LANTERN at delta 0)
+    exact_when: Callable[[Any], bool] | None = field(default=None, repr=False)
 
     def __post_init__(self):
         check(self.exactness in EXACTNESS, f"{self.name}: exactness must be one of {EXACTNESS}")
@@ -86,6 +88,7 @@ class MethodPlugin:
         names = {f.name for f in fields(self.params)}
         check((self.exactness == "relaxed") == (self.budget is not None) and (self.budget is None or self.budget in names),
               f"{self.name}: a relaxed method names its budget parameter (and only a relaxed one)")
+        check(self.exact_when is None or self.exactness == "relaxed", f"{self.name}: only a relaxed method has exact_when")
         check(all("param" in f.metadata and f.default is not MISSING for f in fields(self.params)),
               f"{self.name}: every parameter is a `param(...)` field with a default")
 
@@ -100,8 +103,12 @@ class MethodPlugin:
         return self.params(**values)
 
     def make(self, raw: dict[str, Any]):
-        """The `Method` for parameters `raw`."""
-        return self.build(self.configure(raw))
+        """The `Method` for parameters `raw`, with this plug-in's needs and exactness."""
+        params = self.configure(raw)
+        method = self.build(params)
+        method.needs = self.needs
+        method.lossless = self.exactness != "relaxed" or (self.exact_when is not None and self.exact_when(params))
+        return method
 
     def parameters(self) -> list[dict[str, Any]]:
         """One row per parameter: name, type, default, range or choices, help."""

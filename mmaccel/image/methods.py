@@ -63,7 +63,7 @@ def _lantern(p: LanternParams) -> Method:
         return {"neighbours": latent_neighbours(_need(r, "latents", "lantern"), p.neighbours), "delta": p.delta}
 
     return Method("lantern", f"LANTERN: draft model k={p.k}, pool over {p.neighbours} latent neighbours, TV budget "
-                  f"{p.delta}", "draft", p.delta == 0, lambda r: DraftModelProposer(_need(r, "draft", "lantern")),
+                  f"{p.delta}", lambda r: DraftModelProposer(_need(r, "draft", "lantern")),
                   "pooled", k=p.k, make_rule_params=rule_params)
 
 
@@ -94,7 +94,7 @@ def _gsd(p: GSDParams) -> Method:
         return {"distances": latent_sq_distances(_need(r, "latents", "gsd")), **p.rule_params()}
 
     return Method("gsd", f"GSD: {'coupled ' if p.coupled else ''}SJD window {p.window}, grouped acceptance "
-                  f"({p.label()})", "", p.p_threshold == 0 or p.d_threshold == 0 or p.half_window == 0,
+                  f"({p.label()})",
                   lambda r: JacobiProposer(p.window, "coupled" if p.coupled else "sample", "repeat"),
                   "grouped-coupled" if p.coupled else "grouped", k=p.window, coupled=p.coupled,
                   make_rule_params=rule_params)
@@ -130,7 +130,7 @@ def _zipar(p: ZipARParams) -> Method:
         extra += f" x {'coupled ' if p.coupled else ''}SJD window {p.window} per row"
     if p.grouped:
         extra += f", GSD grouped acceptance ({p.label()})"
-    return Method("zipar", f"ZipAR next-set decoding, row window s={p.s}{extra}", "", False, lambda r: None,
+    return Method("zipar", f"ZipAR next-set decoding, row window s={p.s}{extra}", lambda r: None,
                   runner=run)
 
 
@@ -153,14 +153,16 @@ def _sjd2(p: SJD2Params) -> Method:
 
     rule = "coupled verification (SCD)" if p.coupled else "exact speculative sampling"
     return Method("sjd2", f"SJD2: Jacobi window of {p.window} denoised from embedding noise in {p.steps} levels, "
-                  f"{rule} on the clean drafts", "", True, lambda r: None, runner=run, coupled=p.coupled)
+                  f"{rule} on the clean drafts", runner=run, coupled=p.coupled)
 
 
 IMAGE_REGISTRY: dict[str, MethodPlugin] = registry(
     core.AR, core.SPECULATIVE, core.TREE, core.SJD, core.SJD_COUPLED, core.EARLY_EXIT,
     MethodPlugin("lantern", LanternParams, _lantern, "relaxed", ("draft", "latents"), budget="delta",
+                 exact_when=lambda p: p.delta == 0,
                  summary="LANTERN: draft tokens accepted over latent neighbourhoods within a TV budget"),
     MethodPlugin("gsd", GSDParams, _gsd, "relaxed", ("latents",), budget="p_threshold",
+                 exact_when=lambda p: p.p_threshold == 0 or p.d_threshold == 0 or p.half_window == 0,
                  summary="GSD: SJD drafts accepted by dynamic clusters"),
     MethodPlugin("zipar", ZipARParams, _zipar, "relaxed", budget="s",
                  summary="ZipAR: rows decoded in parallel once the row above is s tokens ahead"),

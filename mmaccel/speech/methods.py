@@ -25,7 +25,7 @@ from mmaccel.speech.medusa_block import BlockHeadsProposer
 
 
 def _greedy(p: NoParams) -> Method:
-    return Method("greedy", "greedy decoding (the baseline)", "", True, lambda r: None)
+    return Method("greedy", "greedy decoding (the baseline)")
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ def _beam(p: BeamParams) -> Method:
         return beam_search(resources.model, inputs, num_beams=p.num_beams, max_new_tokens=max_new_tokens,
                            eos_token_id=eos_token_id, length_penalty=p.length_penalty)
 
-    return Method("beam", f"beam search, {p.num_beams} beams, length penalty {p.length_penalty}", "", False,
+    return Method("beam", f"beam search, {p.num_beams} beams, length penalty {p.length_penalty}",
                   lambda r: None, runner=run, exact_logits=True)
 
 
@@ -58,12 +58,11 @@ def _calm(p: CALMParams) -> Method:
         return calm_decode(resources.model, exits, inputs, threshold=p.threshold, max_new_tokens=max_new_tokens,
                            eos_token_id=eos_token_id)
 
-    return Method("calm", f"confidence-based early exit (CALM), threshold {p.threshold}", "exit_heads",
-                  p.threshold >= 1.0, lambda r: None, runner=run)
+    return Method("calm", f"confidence-based early exit (CALM), threshold {p.threshold}", runner=run)
 
 
 def _medusa_block(p: core.MedusaParams) -> Method:
-    return Method("medusa-block", f"Medusa-Block heads, tree depth {p.depth} x width {p.width}", "medusa_block", True,
+    return Method("medusa-block", f"Medusa-Block heads, tree depth {p.depth} x width {p.width}",
                   lambda r: BlockHeadsProposer(_need(r, "medusa_block", "medusa-block"), r.model),
                   tree=(p.depth, p.width))
 
@@ -80,7 +79,7 @@ class EagleParams:
 
 def _eagle(p: EagleParams) -> Method:
     return Method("eagle", f"EAGLE head on the target's features, {core.chain_label(p.k, p.stop_below, p.siblings)}",
-                  "eagle", True, lambda r: EagleProposer(_need(r, "eagle", "eagle"), p.stop_below, p.siblings), k=p.k)
+                  lambda r: EagleProposer(_need(r, "eagle", "eagle"), p.stop_below, p.siblings), k=p.k)
 
 
 @dataclass(frozen=True)
@@ -90,7 +89,7 @@ class CrossParams:
 
 def _speculative_cross(p: CrossParams) -> Method:
     return Method("speculative-cross", f"chain speculative decoding, assistant of another tokenizer, k={p.k}",
-                  "assistant", True, lambda r: CrossTokenizerProposer(_need(r, "assistant", "speculative-cross")),
+                  lambda r: CrossTokenizerProposer(_need(r, "assistant", "speculative-cross")),
                   k=p.k)
 
 
@@ -108,6 +107,7 @@ ASR_REGISTRY: dict[str, MethodPlugin] = registry(
                  summary="EAGLE: a head drafting from the target's features"),
     core.EARLY_EXIT,
     MethodPlugin("calm", CALMParams, _calm, "relaxed", ("exit_heads",), budget="threshold",
+                 exact_when=lambda p: p.threshold >= 1.0,
                  summary="confident adaptive language modelling: leave at the first confident exit head"),
     core.NGRAM,
 )

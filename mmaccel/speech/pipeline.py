@@ -163,7 +163,7 @@ class ASRPipeline:
         """What methods draw on; the target is the arg-max view unless `method` reads logit values."""
         target = self.model if method is None or method.exact_logits else self.argmax_model
         eagle = self._eagle_decoder()
-        if eagle is not None and eagle.head.feature_layers and method is not None and method.needs == "eagle":
+        if eagle is not None and eagle.head.feature_layers and method is not None and "eagle" in method.needs:
             target = target.feature_view(eagle.head.feature_layers)     # the layer outputs the head fuses
         extras = {"medusa_block": self.heads.block, "eagle": eagle, "assistant": self.assistant}
         extras = {k: v for k, v in extras.items() if v is not None}
