@@ -36,14 +36,16 @@ class LoopConfig:
     """How one decode call runs. `k` drafts per pass (chain) or a `tree` of (depth, width)."""
 
     proposer: Proposer | None = None
-    rule: str = "greedy"
+    # a name in RULES, or a rule function with their signature (a method's own acceptance, outside the core)
+    rule: str | Callable[..., Verdict] = "greedy"
     k: int = 0
     tree: tuple[int, int] | None = None
     coupled: bool = False
     rule_params: dict[str, Any] | None = None
 
     def __post_init__(self):
-        check(self.rule in RULES, f"unknown acceptance rule {self.rule!r}; choose from {', '.join(RULES)}")
+        check(callable(self.rule) or self.rule in RULES,
+              f"unknown acceptance rule {self.rule!r}; choose from {', '.join(RULES)} or pass a rule function")
         check(isinstance(self.k, int) and self.k >= 0, f"k (draft length) must be an int >= 0, got {self.k}")
         check(self.proposer is not None or (self.k == 0 and self.tree is None),
               "drafting (k > 0 or a tree) needs a proposer")
@@ -337,7 +339,7 @@ def _verify(rule_name: str, params, logits: Tensor, drafts: Tensor | None, draft
             tree, sampling: Sampling, sampler: TokenSampler, ctx: DraftContext):
     """Apply the acceptance rule; returns (Verdict, tree path or None, target probs or logits)."""
     B, T, V = logits.shape
-    rule = RULES[rule_name]
+    rule = RULES[rule_name] if isinstance(rule_name, str) else rule_name
     if tree is None:
         if rule_name == "greedy":
             return rule(drafts, None, logits), None, logits
@@ -355,7 +357,7 @@ def _verify(rule_name: str, params, logits: Tensor, drafts: Tensor | None, draft
     if rule_name == "coupled":
         path, n, nxt = verify_tree_greedy(tree, probs / noise)
     else:
-        check(rule_name == "speculative",
-              f"tree verification supports the greedy, speculative and coupled rules, not {rule_name!r}")
+        name = getattr(rule_name, "__name__", rule_name)
+        check(rule_name == "speculative", f"tree verification supports the greedy, speculative and coupled rules, not {name!r}")
         path, n, nxt = verify_tree_sampled(tree, probs, sampler.uniform((B, T)), noise)
     return Verdict(n, nxt), path, probs
