@@ -6,7 +6,7 @@ token), so the baseline and every method share one code path, one sampler and on
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,21 +14,12 @@ import torch
 from torch import Tensor
 
 from mmaccel.core.acceptance import RULES, Verdict
+from mmaccel.core.driver import AcceptedLengths, AllDone, DecodeCall, Emission, Generation, RowLists
 from mmaccel.core.model import DecoderModel, on_host
 from mmaccel.core.proposers import DraftContext, Proposer
 from mmaccel.core.sampling import Sampling, TokenSampler
-from mmaccel.core.stats import DecodeStats, track_peak_memory
 from mmaccel.core.tree import chain_tree, verify_tree_greedy, verify_tree_sampled
 from mmaccel.errors import check
-
-
-@dataclass
-class Generation:
-    tokens: list[list[int]]   # per row, the generated tokens (prompt excluded), cut at EOS / max_new_tokens
-    stats: DecodeStats
-    # per row and token, the target pass that committed it (1 = the prefill): tokens sharing a pass
-    # came from accepted drafts (or a parallel wavefront); plain AR commits one token per pass
-    commit_pass: list[list[int]] | None = None
 
 
 @dataclass
@@ -70,244 +61,171 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
 
     The bookkeeping (emitted tokens, counts, finished rows, acceptance, rollback) is tensors on the
     model's device, so on a GPU a pass never waits for the host: the loop learns that every row is
-    done one pass late (`_AllDone`) and its length is otherwise bounded by counters it keeps itself.
+    done one pass late (`AllDone`) and its length is otherwise bounded by counters it keeps itself.
     Proposers and models that read values on the host say so in their own code.
     """
     check(isinstance(max_new_tokens, int) and max_new_tokens >= 1, f"max_new_tokens must be an int >= 1, got {max_new_tokens}")
-    rule_name = _effective_rule(config, sampling)
-    params = (config.rule_params or {}) if rule_name == config.rule else {}
-    width = config.k if config.tree is None else config.tree[0] * config.tree[1]
-    stats = DecodeStats()
-    device = getattr(model, "device", torch.device("cpu"))
-    # a row may overshoot max_new_tokens by `width` accepted drafts, and finished rows still take one
-    # more fed block (width + 1) before it is rolled back
-    room = max_new_tokens + 2 * (width + 1)
-
-    proposer = config.proposer
-    ahead = _drafts_ahead(model, config, rule_name)
-    skip_filler = rule_name == "greedy" and getattr(model, "skips_filler", False) and on_host(device)
-    with torch.inference_mode(), track_peak_memory(stats, device), stats.timed("total"):
-        block = None            # (drafts, logits) of a prefill that also scored the first drafts
-        if ahead:
-            with stats.timed("draft"):
-                drafts = proposer.start_drafting(inputs, room, config.k)
-            stats.draft_passes += proposer.passes()
-        with stats.timed("prefill"):
-            if ahead:
-                state, logits = model.prefill_with(inputs, room, drafts.clamp(min=0))
-                block = drafts, logits
-            else:
-                state = model.prefill(inputs, room)
-                logits = state.logits
-            stats.nfe += 1
-        B, V = logits.shape[0], logits.shape[-1]
-        dev = logits.device
-        sampler = TokenSampler(seed, B, V, coupled=config.coupled, device=dev, positions=room + 1)
-        out = _Emitted(B, max_new_tokens + width + 1, dev, eos_token_id, prompt_tokens)
-        if ahead:               # nothing is emitted before the first block (pending -1: no token yet)
-            pending = torch.full((B,), -1, device=dev)
-        else:
-            pending = _sample_first(logits, sampling, sampler)
-            out.first(pending, stats.nfe, max_new_tokens)
-        hist = torch.zeros(width + 2, dtype=torch.long, device=dev)          # accepted-length histogram
-        spent = torch.zeros(B, dtype=torch.float64, device=dev)              # relaxed rules' deviation per row
-        hidden = None if state.hidden is None else state.hidden[:, -1]
-        committed = None if state.hidden is None or ahead else (
-            state.hidden, torch.full((B,), state.hidden.shape[1], device=dev))
-
-        def context() -> DraftContext:
-            return DraftContext(pending=pending, history=out.history(), num_generated=out.count,
-                                sampling=sampling, sampler=sampler, target_hidden=hidden, active=~out.done,
-                                committed_hidden=None if committed is None else committed[0],
-                                committed_counts=None if committed is None else committed[1], emitted=out.tokens)
-
-        if proposer is not None and not ahead:
-            with stats.timed("draft"):
-                proposer.start(inputs, room, context())
-            stats.draft_passes += proposer.passes()
-
-        all_done = _AllDone(dev)
+    loop = _Loop(model, config, sampling, max_new_tokens)
+    with DecodeCall(loop.device) as call:
+        loop.start(call, inputs, seed, eos_token_id, prompt_tokens)
+        all_done = AllDone(loop.out.done.device)
         # every pass emits at least one token per unfinished row: the host's own bound on the passes
-        for _ in range(max_new_tokens - (0 if ahead else 1)):
-            if all_done(out.done):
+        for _ in range(max_new_tokens - (0 if loop.ahead else 1)):
+            if all_done(loop.out.done):
                 break
-            ctx = context()
-            lengths = None      # [B] drafts (chain) or nodes (tree) per row before the filler, where known
-            with stats.timed("draft"):
-                if block is not None:
-                    (drafts, logits), draft_probs, tree = block, None, None
-                elif proposer is None:
-                    drafts, draft_probs, tree = pending.new_zeros(B, 0), None, None
-                elif config.tree is None:
-                    d = proposer.propose(ctx, config.k)
-                    drafts, draft_probs, tree, lengths = d.tokens, d.probs, None, d.lengths
-                    if d.alternatives is not None:      # the chain with runner-up siblings: a tree
-                        tree, lengths = chain_tree(pending, d.tokens, d.lengths, d.alternatives)
-                else:
-                    drafts, draft_probs = None, None
-                    tree = proposer.propose_tree(ctx, *config.tree)
-            if proposer is not None:
-                stats.draft_passes += proposer.passes()
+            loop.step(call)
+    call.stats.deviation_per_row = loop.spent.tolist()
+    call.stats.deviation = float(sum(call.stats.deviation_per_row))
+    return call.result(loop.out, max_new_tokens, loop.lengths)
 
-            with stats.timed("verify"):
-                if block is not None:
-                    fed, block = drafts, None                                       # scored by the prefill
-                elif tree is None:
-                    fed = torch.cat([pending[:, None], drafts.clamp(min=0)], 1)           # filler (-1) as any id
-                    if skip_filler:
-                        # finished rows and the filler after a row's own drafts need no logits;
-                        # filler drafts become -1 for verification, so no row can accept them
-                        done = out.done.cpu()
-                        own = torch.full((B,), drafts.shape[1]) if lengths is None else lengths.cpu()
-                        logits = model.step(state, fed, valid=torch.where(done, 0, own + 1))   # [B, K+1, V]
-                        if lengths is not None:
-                            drafts = drafts.masked_fill(torch.arange(drafts.shape[1])[None, :].to(drafts.device)
-                                                        >= own[:, None].to(drafts.device), -1)
-                    else:
-                        logits = model.step(state, fed)                             # [B, K+1, V]
-                    stats.nfe += 1
-                else:
-                    fed = tree.tokens.clamp(min=0)          # filler nodes (-1, never accepted) as any id
-                    if skip_filler:                         # finished rows and filler nodes need no logits
-                        nodes = torch.full((B,), fed.shape[1]) if lengths is None else lengths
-                        logits = model.step(state, fed, tree_mask=tree.mask(), valid=torch.where(out.done.cpu(), 0, nodes))
-                    else:
-                        logits = model.step(state, fed, tree_mask=tree.mask())      # [B, N, V]
-                    stats.nfe += 1
-                verdict, path, target_probs = _verify(rule_name, params, logits, drafts,
-                                                      draft_probs, tree, sampling, sampler, ctx)
 
-            n, nxt = verdict.num_accepted.to(dev), verdict.next_token.to(dev)
-            active = ~out.done
-            if tree is None:
-                state.rollback(torch.where(active, drafts.shape[1] - n, fed.shape[1]))
-                kept = drafts.to(dev)                                               # row b keeps its first n[b]
-                last_node = n
+class _Loop:
+    """One chain/tree decode call between passes: the cache, the pending token of every row, what it
+    emitted, the sampler, and the target features the proposer reads."""
+
+    def __init__(self, model: DecoderModel, config: LoopConfig, sampling: Sampling, max_new: int):
+        self.model, self.config, self.sampling, self.max_new = model, config, sampling, max_new
+        self.rule = _effective_rule(config, sampling)
+        self.params = (config.rule_params or {}) if self.rule == config.rule else {}
+        self.width = config.k if config.tree is None else config.tree[0] * config.tree[1]
+        self.device = getattr(model, "device", torch.device("cpu"))
+        # a row may overshoot max_new_tokens by `width` accepted drafts, and finished rows still take one
+        # more fed block (width + 1) before it is rolled back
+        self.room = max_new + 2 * (self.width + 1)
+        self.proposer = config.proposer
+        self.ahead = _drafts_ahead(model, config, self.rule)
+        self.skip_filler = self.rule == "greedy" and getattr(model, "skips_filler", False) and on_host(self.device)
+        self.block = None       # (drafts, logits) of a prefill that also scored the first drafts
+
+    def start(self, call: DecodeCall, inputs: Any, seed: int, eos: int | None, prompts: list[list[int]] | None) -> None:
+        """The prefill (scoring the first drafts too where they come ahead), the first token and the proposer."""
+        if self.ahead:
+            with call.stats.timed("draft"):
+                drafts = self.proposer.start_drafting(inputs, self.room, self.config.k)
+            call.draft_passes(self.proposer.passes())
+        with call.prefill():
+            if self.ahead:
+                self.state, logits = self.model.prefill_with(inputs, self.room, drafts.clamp(min=0))
+                self.block = drafts, logits
             else:
-                state.keep_appended(path, torch.where(active, n + 1, 0), fed.shape[1])
-                kept = tree.tokens.to(dev).gather(1, path[:, 1:].to(dev).clamp(min=0))
-                last_node = _row_index(path, n)
-            if state.hidden is not None:
-                hidden = torch.where(active[:, None].to(state.hidden.device), _row_index(state.hidden, last_node), hidden)
-                if getattr(proposer, "needs_committed_hidden", False):    # the accepted path, pending's first
-                    picked = state.hidden if tree is None else state.hidden.gather(
-                        1, path.clamp(0, state.hidden.shape[1] - 1).to(state.hidden.device)[:, :, None]
-                        .expand(-1, -1, state.hidden.shape[-1]))
-                    committed = (picked, torch.where(active, n + 1, 0))
+                self.state = self.model.prefill(inputs, self.room)
+                logits = self.state.logits
+        B, V, dev = logits.shape[0], logits.shape[-1], logits.device
+        self.sampler = TokenSampler(seed, B, V, coupled=self.config.coupled, device=dev, positions=self.room + 1)
+        self.out = Emission(B, self.max_new + self.width + 1, dev, eos, prompts)
+        if self.ahead:          # nothing is emitted before the first block (pending -1: no token yet)
+            self.pending = torch.full((B,), -1, device=dev)
+        else:
+            self.pending = _sample_first(logits, self.sampling, self.sampler)
+            self.out.first(self.pending, call.stats.nfe, self.max_new)
+        self.lengths = AcceptedLengths(self.width + 1, dev)
+        self.spent = torch.zeros(B, dtype=torch.float64, device=dev)        # relaxed rules' deviation per row
+        hidden = self.state.hidden
+        self.hidden = None if hidden is None else hidden[:, -1]
+        self.committed = None if hidden is None or self.ahead else (hidden, torch.full((B,), hidden.shape[1], device=dev))
+        if self.proposer is not None and not self.ahead:
+            with call.stats.timed("draft"):
+                self.proposer.start(inputs, self.room, self.context())
+            call.draft_passes(self.proposer.passes())
 
-            if proposer is not None:
-                ctx.target_choices = verdict.choices if tree is None else None
-                with stats.timed("draft"):
-                    proposer.observe(ctx, verdict.num_accepted, nxt, target_probs, RowLists(lambda kept=kept, n=n: [
-                        row[:c] for row, c in zip(kept.tolist(), n.tolist())], padded=kept))
-                stats.draft_passes += proposer.passes()
+    def context(self) -> DraftContext:
+        committed = self.committed
+        return DraftContext(pending=self.pending, history=self.out.history(), num_generated=self.out.count,
+                            sampling=self.sampling, sampler=self.sampler, target_hidden=self.hidden,
+                            active=~self.out.done, committed_hidden=None if committed is None else committed[0],
+                            committed_counts=None if committed is None else committed[1], emitted=self.out.tokens)
 
-            out.emit(kept, n, nxt, active, stats.nfe, max_new_tokens)
-            hist.index_add_(0, (n + 1).clamp(max=width + 1), active.long())
-            if verdict.deviation is not None:
-                spent += torch.where(active, verdict.deviation.to(dev), 0.0).double()
-            # rows that ended keep their last fed token (after the prefill block, that is none yet)
-            pending = torch.where(out.done & (pending >= 0), pending, nxt)
+    def step(self, call: DecodeCall) -> None:
+        """One pass: draft, score on the target, accept, roll back, emit."""
+        ctx = self.context()
+        drafts, draft_probs, tree, lengths = self._draft(call, ctx)
+        with call.stats.timed("verify"):
+            fed, logits, drafts = self._score(call, drafts, tree, lengths)
+            verdict, path, target_probs = _verify(self.rule, self.params, logits, drafts, draft_probs, tree,
+                                                  self.sampling, self.sampler, ctx)
+        self._commit(call, ctx, verdict, path, target_probs, drafts, fed, tree)
 
-    stats.accepted_hist.update({k: v for k, v in enumerate(hist.tolist()) if v})
-    stats.deviation_per_row = spent.tolist()
-    stats.deviation = float(sum(stats.deviation_per_row))
-    tokens, passes = out.rows(max_new_tokens)
-    stats.new_tokens = sum(len(r) for r in tokens)
-    return Generation(tokens, stats, passes)
+    def _draft(self, call: DecodeCall, ctx: DraftContext):
+        """(drafts [B, K] or None, their probs or None, a tree or None, drafts or nodes per row or None)."""
+        lengths = None          # [B] drafts (chain) or nodes (tree) per row before the filler, where known
+        with call.stats.timed("draft"):
+            if self.block is not None:
+                drafts, probs, tree = self.block[0], None, None
+            elif self.proposer is None:
+                drafts, probs, tree = self.pending.new_zeros(self.pending.shape[0], 0), None, None
+            elif self.config.tree is None:
+                d = self.proposer.propose(ctx, self.config.k)
+                drafts, probs, tree, lengths = d.tokens, d.probs, None, d.lengths
+                if d.alternatives is not None:      # the chain with runner-up siblings: a tree
+                    tree, lengths = chain_tree(self.pending, d.tokens, d.lengths, d.alternatives)
+            else:
+                drafts, probs, tree = None, None, self.proposer.propose_tree(ctx, *self.config.tree)
+        if self.proposer is not None:
+            call.draft_passes(self.proposer.passes())
+        return drafts, probs, tree, lengths
 
+    def _score(self, call: DecodeCall, drafts: Tensor | None, tree, lengths: Tensor | None):
+        """The target's logits over the fed block: (fed, logits, drafts as they are verified)."""
+        if self.block is not None:                  # scored by the prefill
+            (_, logits), self.block = self.block, None
+            return drafts, logits, drafts
+        B, step, done = self.pending.shape[0], self.model.step, self.out.done
+        with call.target_pass(None):
+            if tree is not None:
+                fed = tree.tokens.clamp(min=0)      # filler nodes (-1, never accepted) as any id
+                if not self.skip_filler:
+                    return fed, step(self.state, fed, tree_mask=tree.mask()), drafts          # [B, N, V]
+                nodes = torch.full((B,), fed.shape[1]) if lengths is None else lengths     # filler needs no logits
+                return fed, step(self.state, fed, tree_mask=tree.mask(), valid=torch.where(done.cpu(), 0, nodes)), drafts
+            fed = torch.cat([self.pending[:, None], drafts.clamp(min=0)], 1)                # filler (-1) as any id
+            if not self.skip_filler:
+                return fed, step(self.state, fed), drafts                                   # [B, K+1, V]
+            # finished rows and the filler after a row's own drafts need no logits; filler drafts
+            # become -1 for verification, so no row can accept them
+            own = torch.full((B,), drafts.shape[1]) if lengths is None else lengths.cpu()
+            logits = step(self.state, fed, valid=torch.where(done.cpu(), 0, own + 1))
+            if lengths is not None:
+                drafts = drafts.masked_fill(torch.arange(drafts.shape[1])[None, :].to(drafts.device)
+                                            >= own[:, None].to(drafts.device), -1)
+            return fed, logits, drafts
 
-class RowLists(Sequence):
-    """Per-row token lists read back from the device only when a proposer asks for them (a proposer
-    that keeps host-side state pays that read; the loop itself never does). `padded` [B, L], where
-    given, holds the rows on the device, each followed by padding, for proposers that must not wait."""
+    def _commit(self, call: DecodeCall, ctx: DraftContext, verdict: Verdict, path: Tensor | None, target_probs: Tensor,
+                drafts: Tensor | None, fed: Tensor, tree) -> None:
+        """Roll the cache back to the accepted tokens, tell the proposer, emit, count."""
+        dev = self.out.done.device
+        n, nxt = verdict.num_accepted.to(dev), verdict.next_token.to(dev)
+        active = ~self.out.done
+        if tree is None:
+            self.state.rollback(torch.where(active, drafts.shape[1] - n, fed.shape[1]))
+            kept, last_node = drafts.to(dev), n                                 # row b keeps its first n[b]
+        else:
+            self.state.keep_appended(path, torch.where(active, n + 1, 0), fed.shape[1])
+            kept = tree.tokens.to(dev).gather(1, path[:, 1:].to(dev).clamp(min=0))
+            last_node = _row_index(path, n)
+        if self.state.hidden is not None:
+            self._keep_hidden(active, n, path, last_node)
+        if self.proposer is not None:
+            ctx.target_choices = verdict.choices if tree is None else None
+            with call.stats.timed("draft"):
+                self.proposer.observe(ctx, verdict.num_accepted, nxt, target_probs, RowLists(lambda kept=kept, n=n: [
+                    row[:c] for row, c in zip(kept.tolist(), n.tolist())], padded=kept))
+            call.draft_passes(self.proposer.passes())
+        self.out.emit(kept, n, nxt, active, call.stats.nfe, self.max_new)
+        self.lengths.add(n + 1, active)
+        if verdict.deviation is not None:
+            self.spent += torch.where(active, verdict.deviation.to(dev), 0.0).double()
+        # rows that ended keep their last fed token (after the prefill block, that is none yet)
+        self.pending = torch.where(self.out.done & (self.pending >= 0), self.pending, nxt)
 
-    def __init__(self, read: Callable[[], list[list[int]]], padded: Tensor | None = None):
-        self._read, self._rows, self.padded = read, None, padded
-
-    def _get(self) -> list[list[int]]:
-        if self._rows is None:
-            self._rows = self._read()
-        return self._rows
-
-    def __getitem__(self, i):
-        return self._get()[i]
-
-    def __len__(self) -> int:
-        return len(self._get())
-
-
-class _Emitted:
-    """The tokens each row has emitted, the pass that committed each, counts and finished rows, kept
-    as device tensors [B, capacity] (+ one scratch column that takes the writes of no token)."""
-
-    def __init__(self, batch: int, capacity: int, device: torch.device, eos: int | None,
-                 prompts: list[list[int]] | None):
-        self.tokens = torch.full((batch, capacity + 1), -1, dtype=torch.long, device=device)
-        self.passes = torch.zeros(batch, capacity + 1, dtype=torch.long, device=device)
-        self.count = torch.zeros(batch, dtype=torch.long, device=device)
-        self.done = torch.zeros(batch, dtype=torch.bool, device=device)
-        self.capacity, self.eos, self.prompts = capacity, eos, prompts or [[] for _ in range(batch)]
-
-    def first(self, token: Tensor, nfe: int, max_new: int) -> None:
-        """The prefill's token [B]."""
-        self.tokens[:, 0] = token
-        self.passes[:, 0] = nfe
-        self.count += 1
-        self.done = self._is_eos(token) | (max_new <= 1)
-
-    def _is_eos(self, tokens: Tensor) -> Tensor:
-        return torch.zeros_like(tokens, dtype=torch.bool) if self.eos is None else tokens == self.eos
-
-    def emit(self, kept: Tensor, n: Tensor, nxt: Tensor, active: Tensor, nfe: int, max_new: int) -> None:
-        """Active row b emits kept[b, :n[b]] then nxt[b], cut after an EOS or at max_new tokens."""
-        B, L = kept.shape
-        seq = torch.cat([kept, kept.new_zeros(B, 1)], 1).scatter(1, n[:, None], nxt[:, None])   # [B, L+1]
-        j = torch.arange(L + 1, device=seq.device)[None, :]
-        eos = self._is_eos(seq) & (j <= n[:, None])
-        upto_eos = (eos.cumsum(1) == 0).sum(1) + 1                     # through the first EOS (or all)
-        take = torch.minimum(torch.minimum(n + 1, upto_eos), max_new - self.count)
-        take = torch.where(active, take, 0)
-        written = j < take[:, None]
-        slots = torch.where(written, self.count[:, None] + j, self.capacity)
-        self.tokens.scatter_(1, slots, seq)
-        self.passes.scatter_(1, slots, torch.full_like(seq, nfe))
-        self.count += take
-        self.done = self.done | (active & ((eos & written).any(1) | (self.count >= max_new)))
-
-    def history(self) -> RowLists:
-        """Per row: prompt tokens + every emitted token (read on demand)."""
-        return RowLists(lambda: [p + row[:c] for p, row, c in zip(self.prompts, self.tokens.tolist(), self.count.tolist())])
-
-    def rows(self, max_new: int) -> tuple[list[list[int]], list[list[int]]]:
-        counts = self.count.clamp(max=max_new).tolist()
-        return ([row[:c] for row, c in zip(self.tokens.tolist(), counts)],
-                [row[:c] for row, c in zip(self.passes.tolist(), counts)])
-
-
-class _AllDone:
-    """Whether every row is done. On the host a plain read. On a GPU the answer as of the pass before,
-    copied into pinned memory behind the queued work: the host reads it once the pass before is
-    finished while the latest pass runs, so the queue never drains; the loop may run one pass more,
-    on finished rows only (they emit nothing and roll it back)."""
-
-    def __init__(self, device: torch.device):
-        self.host = on_host(device)
-        if not self.host:
-            self.flag = torch.zeros((), dtype=torch.bool, pin_memory=True)
-            self.event = None
-
-    def __call__(self, done: Tensor) -> bool:
-        if self.host:
-            return bool(done.all())
-        answer = False
-        if self.event is not None:
-            self.event.synchronize()
-            answer = bool(self.flag)
-        self.flag.copy_(done.all(), non_blocking=True)
-        self.event = torch.cuda.Event()
-        self.event.record()
-        return answer
+    def _keep_hidden(self, active: Tensor, n: Tensor, path: Tensor | None, last_node: Tensor) -> None:
+        """The target features of each row's last accepted token (and of its accepted path, for proposers
+        that read them)."""
+        hidden = self.state.hidden
+        self.hidden = torch.where(active[:, None].to(hidden.device), _row_index(hidden, last_node), self.hidden)
+        if getattr(self.proposer, "needs_committed_hidden", False):    # the accepted path, pending's first
+            picked = hidden if path is None else hidden.gather(
+                1, path.clamp(0, hidden.shape[1] - 1).to(hidden.device)[:, :, None].expand(-1, -1, hidden.shape[-1]))
+            self.committed = (picked, torch.where(active, n + 1, 0))
 
 
 def _drafts_ahead(model: DecoderModel, config: LoopConfig, rule_name: str) -> bool:

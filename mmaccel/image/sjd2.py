@@ -42,10 +42,9 @@ import torch
 from torch import Tensor
 
 from mmaccel.core.acceptance import accept_greedy, accept_speculative
+from mmaccel.core.driver import AcceptedLengths, AllDone, DecodeCall, Emission, Generation
 from mmaccel.core.model import DecoderModel
 from mmaccel.core.sampling import Sampling, TokenSampler, race
-from mmaccel.core.speculative import Generation
-from mmaccel.core.stats import DecodeStats, track_peak_memory
 from mmaccel.errors import check
 
 
@@ -78,105 +77,108 @@ def sjd2_decode(model: DecoderModel, inputs: Any, *, embeddings: Tensor, sigma: 
     is its token-embedding table and `sigma` the noise scale (`embedding_scale`). `coupled`: every draw
     for image position g (estimates, drafts, the emitted token) uses the noise fixed for g, and drafts are
     kept while they equal the model's own draw (the coupled rule of SCD): the output is then plain AR
-    sampling with that noise token for token (`LoopConfig(coupled=True)`, same seed)."""
+    sampling with that noise token for token (`LoopConfig(coupled=True)`, same seed).
+
+    Emission, statistics and the all-done check are the core driver's (`mmaccel.core.driver`); the loop is
+    its own because what it feeds (noisy embeddings) and how its window moves are SJD2's."""
     check(isinstance(max_new_tokens, int) and max_new_tokens >= 1, f"max_new_tokens must be an int >= 1, got {max_new_tokens}")
     check(isinstance(window, int) and not isinstance(window, bool) and window >= 1,
           f"the SJD2 window must be an int >= 1, got {window!r}")
     check(isinstance(steps, int) and not isinstance(steps, bool) and 1 <= steps <= window,
           f"SJD2 denoising steps must be an int in [1, window={window}], got {steps!r}")
     check(isinstance(embeddings, Tensor) and embeddings.dim() == 2, "embeddings must be the [V, D] token-embedding table")
-    L, S = window, steps
-    stats = DecodeStats()
-    device = getattr(model, "device", torch.device("cpu"))
-    table = embeddings.detach()
-    with torch.inference_mode(), track_peak_memory(stats, device), stats.timed("total"):
-        with stats.timed("prefill"):
-            # a row may overshoot max_new_tokens by L, and finished rows still feed L + 1 before rolling back
-            state = model.prefill(inputs, max_new_tokens + 2 * (L + 1))
-            stats.nfe += 1
-        B, V = state.logits.shape
-        dev = state.logits.device
-        check(table.shape[0] == V, f"the embedding table has {table.shape[0]} rows, the model {V} token ids")
-        sampler = TokenSampler(seed, B, V, coupled=coupled, device=dev, positions=max_new_tokens + 2 * (L + 1))
-        noise_gen = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + 7)
-
-        def draw(probs: Tensor, index: Tensor) -> Tensor:
-            """Tokens [B, T] from probs [B, T, V] for generated indices `index` [B, T]."""
-            return probs.argmax(-1) if sampling.greedy else sampler.sample(probs, index)
-
-        def fresh_noise(n: int) -> Tensor:
-            return torch.randn(B, n, table.shape[1], generator=noise_gen).to(dev, table.dtype)
-
-        pending = draw(sampling.probs(state.logits)[:, None], torch.zeros(B, 1, dtype=torch.long, device=dev))[:, 0]
-        out = torch.zeros(B, max_new_tokens + L + 1, dtype=torch.long, device=dev)
-        passes = torch.zeros_like(out)
-        out[:, 0], passes[:, 0] = pending, stats.nfe
-        count = torch.ones(B, dtype=torch.long, device=dev)
-        stats.record_accepted([1] * B)
-        # the window: x0 estimates, their distributions q, levels, estimate known?, fixed noise
-        x0 = torch.zeros(B, L, dtype=torch.long, device=dev)
-        q = torch.zeros(B, L, V, device=dev)
-        level = initial_levels(L, S).to(dev).expand(B, L).clone()
-        known = torch.zeros(B, L, dtype=torch.bool, device=dev)
-        eps = fresh_noise(L)
-        cols = torch.arange(L + 1, device=dev)
-        rows = torch.arange(B, device=dev)
-
-        while bool((count < max_new_tokens).any()):
-            done = count >= max_new_tokens
-            with stats.timed("verify"):
-                t = (level.to(table.dtype) / S)[..., None]
-                x = torch.where(known[..., None], noisy_embeddings(table[x0], t, eps, sigma), sigma * eps)
-                embeds = torch.cat([table[pending][:, None], x], 1)                  # [B, L + 1, D]
-                fed = torch.cat([pending[:, None], x0], 1)
+    # a row may overshoot max_new_tokens by the window, and finished rows still feed window + 1 before rolling back
+    room = max_new_tokens + 2 * (window + 1)
+    with DecodeCall(getattr(model, "device", torch.device("cpu"))) as call:
+        with call.prefill():
+            state = model.prefill(inputs, room)
+        win = _Window(state.logits, embeddings.detach(), sigma, window, steps, sampling, seed, coupled, room)
+        B, dev = state.logits.shape[0], state.logits.device
+        out = Emission(B, max_new_tokens + window + 1, dev)
+        out.first(win.pending, call.stats.nfe, max_new_tokens)
+        lengths = AcceptedLengths(window + 1, dev)
+        lengths.add(torch.ones(B, dtype=torch.long, device=dev), torch.ones(B, dtype=torch.bool, device=dev))
+        all_done = AllDone(dev)
+        for _ in range(max_new_tokens - 1):      # every pass emits at least one token per unfinished row
+            if all_done(out.done):
+                break
+            active = ~out.done
+            with call.target_pass():
+                embeds, fed = win.fed()
                 logits = model.step(state, fed, embeds=embeds)                      # [B, L + 1, V]
-                stats.nfe += 1
-                probs = sampling.probs(logits)
-                clean = clean_prefix(level)
-                if sampling.greedy or coupled:          # keep drafts equal to the model's own (coupled) draw
-                    own = logits if sampling.greedy else probs / sampler.noise(count[:, None] + cols[None, :])
-                    verdict = accept_greedy(x0, None, own)
-                    n = torch.minimum(verdict.num_accepted, clean)
-                    nxt = own[rows, n].argmax(-1)
-                else:
-                    one_hot = torch.nn.functional.one_hot(x0, V).to(q.dtype)
-                    draft_q = torch.where((level == 0)[..., None], q, one_hot)
-                    exps = sampler.exponential((B, L + 1, V))
-                    verdict = accept_speculative(x0, draft_q, probs, sampler.uniform((B, L)), exps)
-                    n = torch.minimum(verdict.num_accepted, clean)
-                    # past the clean drafts there is nothing to verify: the token after them is the bonus
-                    bonus = race(probs[rows, clean], exps[rows, clean])
-                    nxt = torch.where(verdict.num_accepted >= clean, bonus, verdict.next_token)
-            emitted = torch.where(done, 0, n + 1)
-            state.rollback(L + 1 - torch.where(done, 0, n + 1))
-            # write x0[:, :n] then nxt at count .. count + n
-            new = torch.cat([x0, x0[:, :1]], 1).scatter(1, n[:, None], nxt[:, None])       # [B, L + 1]
-            place = count[:, None] + cols[None, :]
-            write = cols[None, :] < emitted[:, None]
-            out.scatter_(1, place.clamp(max=out.shape[1] - 1), torch.where(write, new, out.gather(
-                1, place.clamp(max=out.shape[1] - 1))))
-            passes.scatter_(1, place.clamp(max=out.shape[1] - 1), torch.where(write, stats.nfe, passes.gather(
-                1, place.clamp(max=out.shape[1] - 1))))
-            stats.record_accepted(emitted[~done].tolist())
-            count = count + emitted
-            pending = torch.where(done, pending, nxt)
-            # the Jacobi-denoising update: entry i of the new window is old entry i + e, predicted by column i + e
-            e = emitted
-            src = (cols[None, :L] + e[:, None])                                      # [B, L] old entry index
-            col = src.clamp(max=L)
-            p_new = probs.gather(1, col[..., None].expand(-1, -1, V))
-            estimate = draw(p_new, count[:, None] + cols[None, :L])
-            survivor = src < L
-            old = src.clamp(max=L - 1)
-            moved = ~done[:, None]
-            new_level = torch.where(survivor, (level.gather(1, old) - 1).clamp(min=0), S)
-            new_eps = torch.where(survivor[..., None], eps.gather(1, old[..., None].expand(-1, -1, eps.shape[-1])),
-                                  fresh_noise(L))
-            level = torch.where(moved, new_level, level)
-            x0 = torch.where(moved, torch.where(src <= L, estimate, 0), x0)
-            q = torch.where(moved[..., None], p_new, q)
-            known = torch.where(moved, src <= L, known)
-            eps = torch.where(moved[..., None], new_eps, eps)
+                n, nxt, probs = win.verify(logits, out.count)
+            state.rollback(window + 1 - torch.where(active, n + 1, 0))
+            out.emit(win.x0, n, nxt, active, call.stats.nfe, max_new_tokens)
+            lengths.add(n + 1, active)
+            win.advance(probs, torch.where(active, n + 1, 0), out.count, active, nxt)
+    return call.result(out, max_new_tokens, lengths)
 
-    stats.new_tokens = B * max_new_tokens
-    return Generation(out[:, :max_new_tokens].tolist(), stats, passes[:, :max_new_tokens].tolist())
+
+class _Window:
+    """SJD2's window per row: clean-token estimates x0, their distributions q, noise levels, whether an
+    estimate is known yet, and the fixed embedding noise of every entry; plus each row's pending token."""
+
+    def __init__(self, logits: Tensor, table: Tensor, sigma: Tensor | float, window: int, steps: int,
+                 sampling: Sampling, seed: int, coupled: bool, room: int):
+        (B, V), dev = logits.shape, logits.device
+        check(table.shape[0] == V, f"the embedding table has {table.shape[0]} rows, the model {V} token ids")
+        self.table, self.sigma, self.L, self.S, self.sampling, self.coupled = table, sigma, window, steps, sampling, coupled
+        self.sampler = TokenSampler(seed, B, V, coupled=coupled, device=dev, positions=room)
+        self.noise_gen = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + 7)
+        self.pending = self.draw(sampling.probs(logits)[:, None], torch.zeros(B, 1, dtype=torch.long, device=dev))[:, 0]
+        self.x0 = torch.zeros(B, window, dtype=torch.long, device=dev)
+        self.q = torch.zeros(B, window, V, device=dev)
+        self.level = initial_levels(window, steps).to(dev).expand(B, window).clone()
+        self.known = torch.zeros(B, window, dtype=torch.bool, device=dev)
+        self.eps = self.fresh_noise(window)
+        self.cols = torch.arange(window + 1, device=dev)
+        self.rows = torch.arange(B, device=dev)
+
+    def draw(self, probs: Tensor, index: Tensor) -> Tensor:
+        """Tokens [B, T] from probs [B, T, V] for generated indices `index` [B, T]."""
+        return probs.argmax(-1) if self.sampling.greedy else self.sampler.sample(probs, index)
+
+    def fresh_noise(self, n: int) -> Tensor:
+        return torch.randn(self.pending.shape[0], n, self.table.shape[1], generator=self.noise_gen).to(self.pending.device, self.table.dtype)
+
+    def fed(self) -> tuple[Tensor, Tensor]:
+        """The pass's input: embeddings [B, L + 1, D] of [pending token, window] and the token ids beside them."""
+        t = (self.level.to(self.table.dtype) / self.S)[..., None]
+        x = torch.where(self.known[..., None], noisy_embeddings(self.table[self.x0], t, self.eps, self.sigma),
+                        self.sigma * self.eps)
+        return torch.cat([self.table[self.pending][:, None], x], 1), torch.cat([self.pending[:, None], self.x0], 1)
+
+    def verify(self, logits: Tensor, count: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(clean drafts accepted [B], the token after them [B], the pass's probabilities [B, L + 1, V])."""
+        probs = self.sampling.probs(logits)
+        clean = clean_prefix(self.level)
+        if self.sampling.greedy or self.coupled:        # keep drafts equal to the model's own (coupled) draw
+            own = logits if self.sampling.greedy else probs / self.sampler.noise(count[:, None] + self.cols[None, :])
+            n = torch.minimum(accept_greedy(self.x0, None, own).num_accepted, clean)
+            return n, own[self.rows, n].argmax(-1), probs
+        V = probs.shape[-1]
+        draft_q = torch.where((self.level == 0)[..., None], self.q, torch.nn.functional.one_hot(self.x0, V).to(self.q.dtype))
+        exps = self.sampler.exponential((self.x0.shape[0], self.L + 1, V))
+        verdict = accept_speculative(self.x0, draft_q, probs, self.sampler.uniform((self.x0.shape[0], self.L)), exps)
+        n = torch.minimum(verdict.num_accepted, clean)
+        # past the clean drafts there is nothing to verify: the token after them is the bonus
+        bonus = race(probs[self.rows, clean], exps[self.rows, clean])
+        return n, torch.where(verdict.num_accepted >= clean, bonus, verdict.next_token), probs
+
+    def advance(self, probs: Tensor, emitted: Tensor, count: Tensor, moved: Tensor, nxt: Tensor) -> None:
+        """The Jacobi-denoising update of the rows that `moved`: entry i of the new window is old entry
+        i + emitted, predicted by column i + emitted, one level lower; fresh noise behind the survivors."""
+        L, V = self.L, probs.shape[-1]
+        self.pending = torch.where(moved, nxt, self.pending)
+        src = self.cols[None, :L] + emitted[:, None]                            # [B, L] old entry index
+        p_new = probs.gather(1, src.clamp(max=L)[..., None].expand(-1, -1, V))
+        estimate = self.draw(p_new, count[:, None] + self.cols[None, :L])
+        survivor, old, moved = src < L, src.clamp(max=L - 1), moved[:, None]
+        new_level = torch.where(survivor, (self.level.gather(1, old) - 1).clamp(min=0), self.S)
+        new_eps = torch.where(survivor[..., None], self.eps.gather(1, old[..., None].expand(-1, -1, self.eps.shape[-1])),
+                              self.fresh_noise(L))
+        self.level = torch.where(moved, new_level, self.level)
+        self.x0 = torch.where(moved, torch.where(src <= L, estimate, 0), self.x0)
+        self.q = torch.where(moved[..., None], p_new, self.q)
+        self.known = torch.where(moved, src <= L, self.known)
+        self.eps = torch.where(moved[..., None], new_eps, self.eps)
