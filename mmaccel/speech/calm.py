@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mmaccel.core.speculative import Generation
-from mmaccel.core.stats import DecodeStats, track_peak_memory
+from mmaccel.core.driver import AcceptedLengths, AllDone, DecodeCall, Emission, Generation
+from mmaccel.core.stats import DecodeStats
 from mmaccel.errors import check
 from mmaccel.speech.decoder import EncodedAudio, WhisperDecoderModel
 
@@ -39,60 +39,63 @@ def _head_logits(model: WhisperDecoderModel, head: nn.Module, h: Tensor) -> Tens
     return logits.float() + model.suppression
 
 
-@torch.inference_mode()
 def calm_decode(model: WhisperDecoderModel, exits: dict[int, nn.Module], inputs: EncodedAudio, *, threshold: float,
                 max_new_tokens: int, eos_token_id: int | None = None) -> Generation:
-    """Greedy decoding of `inputs` with confident early exits after the layers in `exits`."""
+    """Greedy decoding of `inputs` with confident early exits after the layers in `exits`. Emission, the
+    statistics and the all-done check are the core driver's; the step is CALM's own (layer by layer)."""
     check(0.0 <= threshold <= 1.0, f"threshold must be in [0, 1], got {threshold!r}")
     check(isinstance(max_new_tokens, int) and max_new_tokens >= 1, f"max_new_tokens must be an int >= 1, got {max_new_tokens}")
-    L = model.num_layers
-    exits = {k: head for k, head in exits.items() if 1 <= k < L}
-    stats = DecodeStats()
-    with track_peak_memory(stats, model.device), stats.timed("total"):
-        with stats.timed("prefill"):
+    exits = {k: head for k, head in exits.items() if 1 <= k < model.num_layers}
+    with DecodeCall(model.device) as call:
+        with call.prefill():
             state = model.prefill(inputs, max_new_tokens + 1)
-            stats.nfe += 1
         token = state.logits.argmax(-1)
-        B = token.shape[0]
-        out = [[t] for t in token.tolist()]
-        done = torch.tensor([t == eos_token_id or max_new_tokens <= 1 for t in token.tolist()])
-        while not bool(done.all()):
-            with stats.timed("verify"):
-                h, step = model.embed(state, token[:, None].to(model.device))
-                # finished rows run along, as in the greedy loop: at threshold 1 every matmul has the
-                # shapes greedy's has, so the output is bit-identical
-                running = torch.arange(B, device=model.device)
-                chosen = token.clone()
-                exit_at = torch.full((B,), L)
-                for i in range(L):
-                    h = model.layer(i, h, step, rows=None if len(running) == B else running)
-                    head = exits.get(i + 1)
-                    if head is None or len(running) == 0:
-                        continue
-                    confidence, guess = _head_logits(model, head, h.index_select(0, running)[:, -1]).softmax(-1).max(-1)
-                    leave = confidence > threshold
-                    chosen[running[leave]] = guess[leave].to(chosen.device)
-                    exit_at[running[leave].cpu()] = i + 1
-                    running = running[~leave]
-                if len(running):
-                    last = model.decoder.layer_norm(h.index_select(0, running)[:, -1:])
-                    if model.argmax_readout is not None:     # the greedy loop's readout, so threshold 1 is greedy
-                        logits = model.argmax_readout(last)[:, -1]
-                    else:
-                        logits = model.readout(state, last)[:, -1] + model.suppression
-                    chosen[running] = logits.argmax(-1).to(chosen.device)
-                stats.nfe += 1
-            active = ~done
-            stats.record_accepted([1] * int(active.sum()))
-            stats.exit_hist.update(exit_at[active].tolist())
-            for b in active.nonzero()[:, 0].tolist():
-                t = int(chosen[b])
-                out[b].append(t)
-                if t == eos_token_id or len(out[b]) >= max_new_tokens:
-                    done[b] = True
-            token = torch.where(done.to(chosen.device), token, chosen)
-    stats.new_tokens = sum(len(r) for r in out)
-    return Generation(out, stats)
+        B, dev = token.shape[0], token.device
+        out = Emission(B, max_new_tokens, dev, eos_token_id)
+        out.first(token, call.stats.nfe, max_new_tokens)
+        lengths, none = AcceptedLengths(1, dev), token.new_zeros(B, 0)
+        all_done = AllDone(dev)
+        for _ in range(max_new_tokens - 1):      # one token per unfinished row and pass
+            if all_done(out.done):
+                break
+            with call.target_pass():
+                chosen, exit_at = _step(model, exits, state, token, threshold)
+            active = ~out.done
+            call.stats.exit_hist.update(exit_at[active.cpu()].tolist())
+            out.emit(none, torch.zeros_like(token), chosen, active, call.stats.nfe, max_new_tokens)
+            lengths.add(torch.ones_like(token), active)
+            token = torch.where(out.done, token, chosen)
+    return call.result(out, max_new_tokens, lengths)
+
+
+def _step(model: WhisperDecoderModel, exits: dict[int, nn.Module], state, token: Tensor,
+          threshold: float) -> tuple[Tensor, Tensor]:
+    """One token per row: (the tokens [B], the layer each row left at [B] on the host)."""
+    B, L = token.shape[0], model.num_layers
+    h, step = model.embed(state, token[:, None].to(model.device))
+    # finished rows run along, as in the greedy loop: at threshold 1 every matmul has the
+    # shapes greedy's has, so the output is bit-identical
+    running = torch.arange(B, device=model.device)
+    chosen = token.clone()
+    exit_at = torch.full((B,), L)
+    for i in range(L):
+        h = model.layer(i, h, step, rows=None if len(running) == B else running)
+        head = exits.get(i + 1)
+        if head is None or len(running) == 0:
+            continue
+        confidence, guess = _head_logits(model, head, h.index_select(0, running)[:, -1]).softmax(-1).max(-1)
+        leave = confidence > threshold
+        chosen[running[leave]] = guess[leave].to(chosen.device)
+        exit_at[running[leave].cpu()] = i + 1
+        running = running[~leave]
+    if len(running):
+        last = model.decoder.layer_norm(h.index_select(0, running)[:, -1:])
+        if model.argmax_readout is not None:     # the greedy loop's readout, so threshold 1 is greedy
+            logits = model.argmax_readout(last)[:, -1]
+        else:
+            logits = model.readout(state, last)[:, -1] + model.suppression
+        chosen[running] = logits.argmax(-1).to(chosen.device)
+    return chosen, exit_at
 
 
 def token_disagreement(reference: list[list[int]], tokens: list[list[int]]) -> float:
