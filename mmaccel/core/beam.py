@@ -5,7 +5,9 @@ The standard length-normalised search (as in Hugging Face `generate(num_beams=W)
 best 2W candidates, moves candidates ending in EOS (among the best W) to the finished list with score
 `sum(log p) / len ** length_penalty`, and continues the best W others. A row stops when it holds W
 finished hypotheses and its best running beam can no longer beat the worst of them. Beams share the
-cache machinery of every other method: each row of the state is one beam.
+cache machinery of every other method: each row of the state is one beam. It shares the decode driver's
+frame and pass counting (`DecodeCall`) but keeps its own loop: its hypotheses are re-ranked and finished on
+the host every step, so emission is choosing among beams, not appending accepted tokens.
 """
 
 from __future__ import annotations
@@ -14,9 +16,8 @@ from typing import Any
 
 import torch
 
+from mmaccel.core.driver import DecodeCall, Generation
 from mmaccel.core.model import DecoderModel
-from mmaccel.core.speculative import Generation
-from mmaccel.core.stats import DecodeStats, track_peak_memory
 from mmaccel.errors import check
 
 
@@ -27,12 +28,11 @@ def beam_search(model: DecoderModel, inputs: Any, *, num_beams: int, max_new_tok
     check(isinstance(num_beams, int) and num_beams >= 1, f"num_beams must be an int >= 1, got {num_beams!r}")
     check(isinstance(max_new_tokens, int) and max_new_tokens >= 1, f"max_new_tokens must be an int >= 1, got {max_new_tokens}")
     W = num_beams
-    stats = DecodeStats()
     device = getattr(model, "device", torch.device("cpu"))
-    with torch.inference_mode(), track_peak_memory(stats, device), stats.timed("total"):
-        with stats.timed("prefill"):
+    with DecodeCall(device) as call:
+        stats = call.stats
+        with call.prefill():
             state = model.prefill(inputs, max_new_tokens + 1)
-            stats.nfe += 1
         B, V = state.logits.shape
         model.select_rows(state, torch.arange(B).repeat_interleave(W))
         logp = state.logits.float().log_softmax(-1).repeat_interleave(W, 0)          # [B*W, V]
@@ -76,8 +76,8 @@ def beam_search(model: DecoderModel, inputs: Any, *, num_beams: int, max_new_tok
             if all(done) or length == max_new_tokens:
                 break
             model.select_rows(state, origin.view(-1))
-            logits = model.step(state, next_tokens.view(-1, 1).to(device))[:, 0]
-            stats.nfe += 1
+            with call.target_pass():
+                logits = model.step(state, next_tokens.view(-1, 1).to(device))[:, 0]
             logp = logits.float().log_softmax(-1)
         out = []
         for b in range(B):
