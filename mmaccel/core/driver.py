@@ -40,6 +40,15 @@ class Generation:
     commit_pass: list[list[int]] | None = None
 
 
+@contextlib.contextmanager
+def target_pass(stats: DecodeStats, phase: str | None = "verify") -> Iterator[None]:
+    """Count one pass of the target model in `stats` (timed as `phase`; None: timed by the caller). Loops
+    whose caller owns the frame (masked, CSpD, next-scale decoding add to a pipeline's stats) use it directly."""
+    with stats.timed(phase) if phase else contextlib.nullcontext():
+        yield
+    stats.nfe += 1
+
+
 class DecodeCall:
     """The frame of one decode call: inside it autograd is off, peak memory and the total time are tracked
     into `stats`, and every target pass is counted by `target_pass` (the prefill by `prefill`)."""
@@ -58,12 +67,9 @@ class DecodeCall:
     def __exit__(self, *exc) -> bool | None:
         return self._frame.__exit__(*exc)
 
-    @contextlib.contextmanager
-    def target_pass(self, phase: str | None = "verify") -> Iterator[None]:
+    def target_pass(self, phase: str | None = "verify") -> contextlib.AbstractContextManager[None]:
         """One pass of the target model (timed as `phase`; None: timed by the caller)."""
-        with self.stats.timed(phase) if phase else contextlib.nullcontext():
-            yield
-        self.stats.nfe += 1
+        return target_pass(self.stats, phase)
 
     def prefill(self) -> contextlib.AbstractContextManager[None]:
         """The target's prefill: its first pass."""

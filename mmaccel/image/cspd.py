@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from mmaccel.core.driver import target_pass
 from mmaccel.core.gaussian import accept_gaussian, sample_gaussian_residual
 from mmaccel.core.stats import DecodeStats, declare_counter
 from mmaccel.errors import check
@@ -105,11 +106,11 @@ def cspd_decode(target: MAR, draft: MAR, labels: Tensor, sampling: MaskedSamplin
     while step < len(counts):
         if step <= prefill:                     # token pre-filling by the target
             pos = bank.order[:, done:done + counts[step]]
-            x, _, _ = reveal_step(target, tokens, known, labels, pos, bank,
-                                  sampling.guidance(done + counts[step], c.seq_len), sampling)
+            with target_pass(stats, None):
+                x, _, _ = reveal_step(target, tokens, known, labels, pos, bank,
+                                      sampling.guidance(done + counts[step], c.seq_len), sampling)
             write(tokens, known, pos, x)
             done, step = done + counts[step], step + 1
-            stats.nfe += 1
             continue
         start = known.clone()
         block, q_means, weights = [], [], []
@@ -126,10 +127,10 @@ def cspd_decode(target: MAR, draft: MAR, labels: Tensor, sampling: MaskedSamplin
             done, step = done + counts[step], step + 1
             stats.draft_passes += 1
         pos, q_mean, w = torch.cat(block, 1), torch.cat(q_means, 1).flatten(0, 1), torch.cat(weights, 1).flatten()
-        z, z_null = conditions(target, tokens, start, labels, sampling.cfg > 1.0)   # drafts still masked
-        stats.nfe += 1
-        _, p_mean, p_std = sample_head(target, gather_rows(z, pos), None if z_null is None else gather_rows(z_null, pos),
-                                       w, gather_rows(bank.init, pos), gather_rows(bank.steps, pos), sampling)
+        with target_pass(stats, None):
+            z, z_null = conditions(target, tokens, start, labels, sampling.cfg > 1.0)   # drafts still masked
+            _, p_mean, p_std = sample_head(target, gather_rows(z, pos), None if z_null is None else gather_rows(z_null, pos),
+                                           w, gather_rows(bank.init, pos), gather_rows(bank.steps, pos), sampling)
         x = gather_rows(tokens, pos)
         uniforms = torch.rand(len(x), generator=generator, device=device)
         keep = accept_gaussian(x, q_mean, q_std, p_mean, p_std, uniforms, settings.inner_temperature)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from mmaccel.core.driver import target_pass
 from mmaccel.core.stats import DecodeStats
 from mmaccel.errors import check
 from mmaccel.image.models.mar import MAR
@@ -140,6 +141,7 @@ def masked_decode(model: MAR, labels: Tensor, sampling: MaskedSampling, generato
     `bank`, or drawn from `generator`."""
     c = model.config
     sampling.check(c.seq_len, model.diffusion.timesteps)
+    stats = DecodeStats() if stats is None else stats
     B, device = len(labels), labels.device
     bank = bank or NoiseBank(B, c.seq_len, c.token_dim, sampling.diffusion_steps, generator, device)
     tokens = torch.zeros(B, c.seq_len, c.token_dim, device=device, dtype=model.token_proj.weight.dtype)
@@ -147,11 +149,9 @@ def masked_decode(model: MAR, labels: Tensor, sampling: MaskedSampling, generato
     done = 0
     for n in reveal_counts(c.seq_len, sampling.num_iter):
         pos = bank.order[:, done:done + n]
-        x, _, _ = reveal_step(model, tokens, known, labels, pos, bank, sampling.guidance(done + n, c.seq_len), sampling)
+        with target_pass(stats, None):
+            x, _, _ = reveal_step(model, tokens, known, labels, pos, bank, sampling.guidance(done + n, c.seq_len), sampling)
         write(tokens, known, pos, x)
         done += n
-        if stats is not None:
-            stats.nfe += 1
-    if stats is not None:
-        stats.new_tokens += B * c.seq_len
+    stats.new_tokens += B * c.seq_len
     return tokens

@@ -28,6 +28,9 @@ one acceptance rule verifies for every row in the same pass (exact, coupled, or 
 as GSD's groups). A draft's keys are computed when it is fed, one token of the row above earlier than
 plain ZipAR feeds that position, so for s < W the output is close to, not token for token, that of
 plain ZipAR; for s = W it is exactly raster decoding.
+
+ZipAR shares the decode driver's frame and pass counting (`DecodeCall`) but keeps its own loops: its
+tokens land at wavefront positions across the image grid, not at the end of each row's sequence.
 """
 
 from __future__ import annotations
@@ -39,10 +42,9 @@ import torch
 from torch import Tensor
 
 from mmaccel.core.acceptance import RULES
+from mmaccel.core.driver import DecodeCall, Generation
 from mmaccel.core.model import DecoderModel
 from mmaccel.core.sampling import Sampling, TokenSampler, race
-from mmaccel.core.speculative import Generation
-from mmaccel.core.stats import DecodeStats, track_peak_memory
 from mmaccel.errors import check
 
 STAND_INS = ("vertical", "copy")
@@ -92,11 +94,10 @@ def zipar_decode(model: DecoderModel, inputs: Any, *, grid: int, s: int, jacobi:
     return _decode_rows(model, inputs, grid, s, jacobi, rule_name, params, sampling, seed, coupled, stand_in)
 
 
-def _prefill(model: DecoderModel, inputs: Any, N: int, sampling: Sampling, seed: int, coupled: bool, stats: DecodeStats):
+def _prefill(model: DecoderModel, inputs: Any, N: int, sampling: Sampling, seed: int, coupled: bool, call: DecodeCall):
     """The prefill (slot 0: class token, 1..N: image, N + 1: scratch) and the first token [B]."""
-    with stats.timed("prefill"):
+    with call.prefill():
         state = model.prefill(inputs, N + 1)
-        stats.nfe += 1
     B, V = state.logits.shape
     check(state.cache.capacity >= N + 2, f"the model's cache has {state.cache.capacity} slots, ZipAR needs {N + 2}")
     sampler = TokenSampler(seed, B, V, coupled=coupled, device=state.logits.device, positions=N)
@@ -112,10 +113,9 @@ def _decode_plain(model: DecoderModel, inputs: Any, grid: int, s: int, sampling:
     every image and known up front (`plain_schedule`); a pass is a gather, one step and one draw for
     the whole batch, with no per-row bookkeeping on the host."""
     N = grid * grid
-    stats = DecodeStats()
-    device = getattr(model, "device", torch.device("cpu"))
-    with torch.inference_mode(), track_peak_memory(stats, device), stats.timed("total"):
-        state, sampler, first = _prefill(model, inputs, N, sampling, seed, coupled, stats)
+    with DecodeCall(getattr(model, "device", torch.device("cpu"))) as call:
+        stats = call.stats
+        state, sampler, first = _prefill(model, inputs, N, sampling, seed, coupled, call)
         B, dev = first.shape[0], first.device
         stats.deviation_per_row = [0.0] * B
         tokens = torch.full((B, N), -1, dtype=torch.long, device=dev)
@@ -125,9 +125,8 @@ def _decode_plain(model: DecoderModel, inputs: Any, grid: int, s: int, sampling:
         stats.record_accepted([1] * B)
         for slots, pos, fed, decodes, visible in plain_schedule(grid, s, stand_in, state.cache.capacity, dev):
             state.cache.place_next(slots, visible)
-            with stats.timed("verify"):
+            with call.target_pass():
                 logits = model.step(state, tokens[:, fed], pos.expand(B, -1))     # [B, T, V]
-                stats.nfe += 1
                 probs = sampling.probs(logits[:, decodes])
                 index = (pos[0, decodes] + 1).expand(B, -1)                          # the decoded raster indices
                 new = probs.argmax(-1) if sampling.greedy else sampler.sample(probs, index)
@@ -173,10 +172,10 @@ def _decode_rows(model: DecoderModel, inputs: Any, grid: int, s: int, jacobi: in
     the passes are planned on the host, image by image."""
     H = W = grid
     N = H * W
-    stats = DecodeStats()
     device = getattr(model, "device", torch.device("cpu"))
-    with torch.inference_mode(), track_peak_memory(stats, device), stats.timed("total"):
-        state, sampler, first = _prefill(model, inputs, N, sampling, seed, coupled, stats)
+    with DecodeCall(device) as call:
+        stats = call.stats
+        state, sampler, first = _prefill(model, inputs, N, sampling, seed, coupled, call)
         B = first.shape[0]
         stats.deviation_per_row = [0.0] * B
         capacity = state.cache.capacity
@@ -207,9 +206,8 @@ def _decode_rows(model: DecoderModel, inputs: Any, grid: int, s: int, jacobi: in
             pos = pos.clamp_min(0)
             visible = _visibility(filled, slots, pos, stream, real, capacity)
             state.cache.place_next(slots, visible)
-            with stats.timed("verify"):
+            with call.target_pass():
                 logits = model.step(state, feed.to(device), pos.to(device))          # [B, T, V]
-                stats.nfe += 1
                 probs = sampling.probs(logits)
                 noise = sampler.noise((pos + 1).clamp(max=N - 1))
             new_filled = filled.clone()
