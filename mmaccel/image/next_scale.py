@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from mmaccel.core.driver import target_pass
 from mmaccel.core.sampling import Sampling
 from mmaccel.core.stats import DecodeStats
 from mmaccel.errors import check
@@ -111,6 +112,7 @@ def decode_scales(model: VAR, vq: MSVQModel, labels: Tensor, sampling: ScaleSamp
     last = K if last is None else last
     first = 0 if prefix is None else prefix.scales
     check(0 <= first < last <= K, f"scales {first}..{last - 1} are not a range within the {K} scales")
+    stats = DecodeStats() if stats is None else stats
     B = labels.shape[0]
     null = torch.full_like(labels, model.num_classes)
     guided = sampling.cfg != 0
@@ -126,10 +128,9 @@ def decode_scales(model: VAR, vq: MSVQModel, labels: Tensor, sampling: ScaleSamp
         prefix = ScalePrefix(prefix.f_hat, list(prefix.indices), list(prefix.inputs))
         given = torch.cat(prefix.inputs[:first], 1)
         x = model.embed_blocks(cond, given.repeat(2, 1, 1) if guided else given, 0, first + 1)
-    logits = model.forward_blocks(x, cond, cache, 0, first + 1)
+    with target_pass(stats, None):
+        logits = model.forward_blocks(x, cond, cache, 0, first + 1)
     for si in range(first, last):
-        if stats is not None:
-            stats.nfe += 1
         if guided:
             t = sampling.cfg * si / (K - 1)
             logits = (1 + t) * logits[:B] - t * logits[B:]
@@ -142,9 +143,9 @@ def decode_scales(model: VAR, vq: MSVQModel, labels: Tensor, sampling: ScaleSamp
             prefix.inputs.append(nxt)
         if si + 1 < last:
             x = model.embed_blocks(cond, nxt.repeat(2, 1, 1) if guided else nxt, si + 1, si + 2)
-            logits = model.forward_blocks(x, cond, cache, si + 1, si + 2)
-    if stats is not None:
-        stats.new_tokens += B * (model.offsets[last] - model.offsets[first])
+            with target_pass(stats, None):
+                logits = model.forward_blocks(x, cond, cache, si + 1, si + 2)
+    stats.new_tokens += B * (model.offsets[last] - model.offsets[first])
     return prefix, cache.nbytes
 
 
