@@ -33,6 +33,7 @@ from mmaccel.core.plugin import MethodPlugin, param, registry
 from mmaccel.core.proposers import DraftModelProposer
 from mmaccel.errors import check
 from mmaccel.image.sjd2 import sjd2_decode
+from mmaccel.image.sjd_entropy import SJD_ENTROPY
 from mmaccel.image.zipar import STAND_INS, zipar_decode
 
 
@@ -168,6 +169,7 @@ IMAGE_REGISTRY: dict[str, MethodPlugin] = registry(
                  summary="ZipAR: rows decoded in parallel once the row above is s tokens ahead"),
     MethodPlugin("sjd2", SJD2Params, _sjd2, "law-exact", ("embeddings", "embedding_scale"),
                  summary="SJD2: Jacobi drafts denoised from embedding noise, verified exactly"),
+    SJD_ENTROPY,
 )
 
 
