@@ -139,7 +139,8 @@ class _Window:
         return probs.argmax(-1) if self.sampling.greedy else self.sampler.sample(probs, index)
 
     def fresh_noise(self, n: int) -> Tensor:
-        return torch.randn(self.pending.shape[0], n, self.table.shape[1], generator=self.noise_gen).to(self.pending.device, self.table.dtype)
+        noise = torch.randn(self.pending.shape[0], n, self.table.shape[1], generator=self.noise_gen)
+        return noise.to(self.pending.device, self.table.dtype)
 
     def fed(self) -> tuple[Tensor, Tensor]:
         """The pass's input: embeddings [B, L + 1, D] of [pending token, window] and the token ids beside them."""
