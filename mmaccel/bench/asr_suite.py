@@ -151,34 +151,11 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
 
     same_encoder_greedy: dict[str, list] = {}       # encoder precision -> its greedy outputs (listed first)
 
-    def claims_lossless(spec: MethodSpec) -> bool:
-        if spec.name in PEERS:
-            return spec.name.startswith("hf-")
-        params = dict(spec.params)
-        if params.pop("encoder", "fp32") != "fp32":
-            return False
-        return build_asr_method(spec.name, **params).lossless
-
     def warmup(spec: MethodSpec) -> None:
         run_batch(spec, corpus[:1], 0)
 
     def finish(doc: dict) -> None:
-        by_batch = {r["batch"]: r for r in doc["results"] if r["method"] == "greedy"}
-        for r in doc["results"]:
-            base = by_batch[r["batch"]]
-            r["quality"]["rtfx"] = round(audio_s / r["latency_s"], 2) if r["latency_s"] else None
-            if r["mean_accepted"]:        # per sequence: each pass emits mean_accepted tokens per active row
-                r["quality"]["passes_per_token"] = round(1 / r["mean_accepted"], 3)
-            elif r["batch"] == 1 and r["nfe"] and r["new_tokens"]:
-                r["quality"]["passes_per_token"] = round(r["nfe"] / r["new_tokens"], 3)
-            if "mean_exit_layer" in r:
-                r["quality"]["mean_exit_layer"] = r["mean_exit_layer"]
-            dec, base_dec = r["time_s"].get("decode"), base["time_s"].get("decode")
-            if dec and base_dec:
-                r["quality"]["decoder_speedup"] = round(base_dec / dec, 3)
-            pre, base_pre = r["time_s"].get("prefill"), base["time_s"].get("prefill")
-            if dec and base_dec and pre is not None and base_pre is not None:
-                r["quality"]["generation_speedup"] = round((base_dec - base_pre) / (dec - pre), 3)
+        add_speed_columns(doc, audio_s)
 
     audio = f"{len(corpus) - tts} real clips + {tts} held-out TTS utterances" if split == "in-domain" else \
         f"{len(corpus)} out-of-domain utterances (licence sentences, unseen voices, half under noise)"
@@ -191,6 +168,38 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
               "threads": torch.get_num_threads(), "quick": quick}
     return Suite("asr", config, methods, batches, run_batch, quality, claims_lossless, verify_identical=True,
                  primary_quality="wer", warmup=warmup, finish=finish)
+
+
+def claims_lossless(spec: MethodSpec) -> bool:
+    """Whether `spec` claims greedy's transcripts: of the peers only HF's decoders; no method on a cheaper
+    encoder (the claim is against the fp32 model); every other method says so itself (`lossless`)."""
+    if spec.name in PEERS:
+        return spec.name.startswith("hf-")
+    params = dict(spec.params)
+    if params.pop("encoder", "fp32") != "fp32":
+        return False
+    return build_asr_method(spec.name, **params).lossless
+
+
+def add_speed_columns(doc: dict, audio_s: float) -> None:
+    """Add to every result row's quality its RTFx over `audio_s` seconds of audio, decoder passes per token,
+    mean exit layer, and the decoder and token-generation speed-ups over greedy at the same batch size."""
+    by_batch = {r["batch"]: r for r in doc["results"] if r["method"] == "greedy"}
+    for r in doc["results"]:
+        base = by_batch[r["batch"]]
+        r["quality"]["rtfx"] = round(audio_s / r["latency_s"], 2) if r["latency_s"] else None
+        if r["mean_accepted"]:        # per sequence: each pass emits mean_accepted tokens per active row
+            r["quality"]["passes_per_token"] = round(1 / r["mean_accepted"], 3)
+        elif r["batch"] == 1 and r["nfe"] and r["new_tokens"]:
+            r["quality"]["passes_per_token"] = round(r["nfe"] / r["new_tokens"], 3)
+        if "mean_exit_layer" in r:
+            r["quality"]["mean_exit_layer"] = r["mean_exit_layer"]
+        dec, base_dec = r["time_s"].get("decode"), base["time_s"].get("decode")
+        if dec and base_dec:
+            r["quality"]["decoder_speedup"] = round(base_dec / dec, 3)
+        pre, base_pre = r["time_s"].get("prefill"), base["time_s"].get("prefill")
+        if dec and base_dec and pre is not None and base_pre is not None:
+            r["quality"]["generation_speedup"] = round((base_dec - base_pre) / (dec - pre), 3)
 
 
 def _identical(outputs: list, reference: list) -> float:

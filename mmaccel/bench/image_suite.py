@@ -107,32 +107,8 @@ def build_image_suite(quick: bool = False, methods: list[MethodSpec] | None = No
         out = pipe.generate(labels, spec.name, seed=seed, **sampling, **spec.params)
         return [(label, tokens) for label, tokens in zip(labels, out.tokens)], out.stats
 
-    reference: dict[str, Any] = {}
+    score = QualityScore(pipe, inception_samples, domain_reference, inception_reference)
     scored: dict[str, dict] = {}
-
-    def score(outputs: list, inception: torch.Tensor | None = None) -> dict:
-        """Quality of (label, tokens) outputs; `inception` [n, 2048] are cached Inception features of
-        the first n of them (computed here when None)."""
-        from mmaccel.metrics.domain import classify
-        from mmaccel.metrics.fid import bootstrap_std, extract_features, feature_stats, frechet_distance, reference_stats
-
-        labels = torch.tensor([label for label, _ in outputs])
-        tokens = torch.stack([t for _, t in outputs])
-        pixels = torch.cat([pipe.decode_pixels(tokens[i : i + 256]) for i in range(0, len(tokens), 256)])
-        result = {"samples": len(outputs)}
-        if len(outputs) >= 2:
-            reference.setdefault("domain", reference_stats("test", limit=domain_reference, extractor="domain"))
-            feats = extract_features(pixels, "domain")
-            result["fid_domain"] = round(frechet_distance(*feature_stats(feats), *reference["domain"]), 3)
-            result["fid_domain_std"] = round(bootstrap_std(feats, reference["domain"]), 3)
-        result["class_acc"] = round(float((classify(pixels) == labels).float().mean()), 4)
-        n = min(inception_samples, len(outputs))
-        if n >= 2:
-            feats = inception[:n] if inception is not None else extract_features(pixels[:n], "inception")
-            reference.setdefault("inception", reference_stats("test", limit=inception_reference, extractor="inception"))
-            result["fid"] = round(frechet_distance(*feature_stats(feats), *reference["inception"]), 3)
-            result["fid_samples"] = n
-        return result
 
     def quality(spec: MethodSpec, outputs: list, baseline: list) -> dict:
         if samples is None:
@@ -161,6 +137,44 @@ def build_image_suite(quick: bool = False, methods: list[MethodSpec] | None = No
                  warmup=lambda spec: pipe.generate([0], spec.name, **sampling, **spec.params),
                  artifacts=lambda out: [sample_grid(pipe, methods, out.with_name(f"{out.stem}_samples.png"),
                                                     sampling=sampling)])
+
+
+class QualityScore:
+    """Quality of (label, tokens) outputs against the Fashion-MNIST test split: the domain FID (and its
+    bootstrap noise floor) on all of them, the Inception FID on the first `inception_samples`, and the
+    classifier's class accuracy. The reference statistics (`domain_reference` / `inception_reference`
+    test images, None: all) are computed once, at the first score that needs them."""
+
+    def __init__(self, pipe, inception_samples: int, domain_reference: int | None, inception_reference: int | None):
+        self.pipe, self.inception_samples = pipe, inception_samples
+        self.domain_reference, self.inception_reference = domain_reference, inception_reference
+        self.reference: dict[str, Any] = {}
+
+    def __call__(self, outputs: list, inception: torch.Tensor | None = None) -> dict:
+        """Quality of (label, tokens) outputs; `inception` [n, 2048] are cached Inception features of
+        the first n of them (computed here when None)."""
+        from mmaccel.metrics.domain import classify
+        from mmaccel.metrics.fid import bootstrap_std, extract_features, feature_stats, frechet_distance, reference_stats
+
+        reference = self.reference
+        labels = torch.tensor([label for label, _ in outputs])
+        tokens = torch.stack([t for _, t in outputs])
+        pixels = torch.cat([self.pipe.decode_pixels(tokens[i : i + 256]) for i in range(0, len(tokens), 256)])
+        result = {"samples": len(outputs)}
+        if len(outputs) >= 2:
+            reference.setdefault("domain", reference_stats("test", limit=self.domain_reference, extractor="domain"))
+            feats = extract_features(pixels, "domain")
+            result["fid_domain"] = round(frechet_distance(*feature_stats(feats), *reference["domain"]), 3)
+            result["fid_domain_std"] = round(bootstrap_std(feats, reference["domain"]), 3)
+        result["class_acc"] = round(float((classify(pixels) == labels).float().mean()), 4)
+        n = min(self.inception_samples, len(outputs))
+        if n >= 2:
+            feats = inception[:n] if inception is not None else extract_features(pixels[:n], "inception")
+            reference.setdefault("inception", reference_stats("test", limit=self.inception_reference,
+                                                              extractor="inception"))
+            result["fid"] = round(frechet_distance(*feature_stats(feats), *reference["inception"]), 3)
+            result["fid_samples"] = n
+        return result
 
 
 def quality_samples(pipe, spec: MethodSpec, count: int, cache_dir: str | Path | None = None,

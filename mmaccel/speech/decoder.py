@@ -10,223 +10,24 @@ changing cache internals. Cross-attention keys/values are computed once per utte
 Whisper's decoding rules are part of the model here: `suppress_tokens` are masked at every step and
 `begin_suppress_tokens` at the first generated position, exactly as `generate()` applies them, so
 every method decodes under the same rules and greedy equals HF greedy.
+
+Its parts are in `decoder_audio`, `decoder_layers` and `decoder_readout` (their names re-exported here).
 """
 
 from __future__ import annotations
 
 import copy
-import math
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mmaccel.core.model import CacheWrite, DecodeState, KVCache, check_step_args, default_positions, expect, step_key
-from mmaccel.core.quant import Int8Linear
+from mmaccel.core.model import DecodeState, KVCache, check_step_args, default_positions, expect, step_key
 from mmaccel.errors import check
+from mmaccel.speech.decoder_audio import EncodedAudio, audio_frames
+from mmaccel.speech.decoder_layers import LayerOps, LayerStep, _norm
+from mmaccel.speech.decoder_readout import ArgmaxProjection, ExitHead, ShortlistProjection  # noqa: F401  (ExitHead: re-exported)
 from mmaccel.speech.encoder_precision import input_dtype
-
-
-@dataclass
-class EncodedAudio:
-    """What `prefill` takes: encoder states [B, S, d] and the decoder prompt [B, P] (same P per row).
-
-    Cross-attention keys/values are cached here per layer, so a draft that shares the encoder (an
-    early-exit view) does not recompute them.
-    """
-
-    encoder_states: Tensor
-    prompt: Tensor
-    cross_kv: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict, repr=False)
-    features: Tensor | None = field(default=None, repr=False)   # the log-mels (for an assistant's own encoder)
-    # [B] encoder frames that hold audio (the rest of the 30-s window is padding), when known
-    audio_frames: Tensor | None = None
-    windows: dict = field(default_factory=dict, repr=False)      # cached cross-attention windows (see _attended)
-
-    @property
-    def batch_size(self) -> int:
-        return self.encoder_states.shape[0]
-
-
-def audio_frames(seconds: float, window_s: float, encoder_frames: int) -> int:
-    """How many of the `encoder_frames` of a `window_s`-second window hold `seconds` of audio."""
-    return min(encoder_frames, math.ceil(seconds / window_s * encoder_frames))
-
-
-@dataclass
-class LayerStep:
-    """What the layers of one decoder pass share: the cache writer, the attention mask [B, 1, T, S]
-    and the audio (for the cross-attention keys/values). With `keep` (flat indices b * T + t of the
-    positions that need outputs) the products run on those positions only: hidden states are [N, d]
-    between layers and each attention scatters them into [B, H, T, Dh] (zeros elsewhere)."""
-
-    write: CacheWrite
-    mask: Tensor | None     # None: every used slot is visible
-    inputs: EncodedAudio
-    num_heads: int
-    keep: Tensor | None = None
-    shape: tuple[int, int] = (0, 0)     # (B, T) of the pass, when `keep` is set
-
-    def unpack(self, t: Tensor) -> Tensor:
-        """Kept positions [N, e] -> [B, T, e], zeros elsewhere."""
-        B, T = self.shape
-        return t.new_zeros(B * T, t.shape[-1]).index_copy_(0, self.keep, t).view(B, T, -1)
-
-    def heads(self, t: Tensor) -> Tensor:
-        """[B, T, d] (or [N, d] with `keep`) -> [B, H, T, Dh]."""
-        if self.keep is not None:
-            t = self.unpack(t)
-        return t.view(t.shape[0], t.shape[1], self.num_heads, -1).transpose(1, 2)
-
-    def merge(self, x: Tensor) -> Tensor:
-        """[B, H, T, Dh] -> [B, T, d] (or [N, d] with `keep`)."""
-        x = x.transpose(1, 2).reshape(x.shape[0], x.shape[2], -1)
-        return x if self.keep is None else x.reshape(-1, x.shape[-1]).index_select(0, self.keep)
-
-
-def _fp32(linear: nn.Linear):
-    return lambda x: F.linear(x, linear.weight, linear.bias)
-
-
-def _quantized(*linears: nn.Linear):
-    """One int8 product for `linears` side by side (their outputs concatenated)."""
-    weight = torch.cat([m.weight.detach() for m in linears])
-    bias = None
-    if any(m.bias is not None for m in linears):
-        bias = torch.cat([m.bias.detach() if m.bias is not None else m.weight.new_zeros(m.out_features) for m in linears])
-    return Int8Linear.of(weight, bias).forward
-
-
-class LayerOps:
-    """The products of one decoder layer, ready to call on x [B, T, d]: `qkv` -> (q, k, v),
-    `out`, `cross_q`, `cross_out`, `mlp`.
-
-    By default F.linear on the Hugging Face modules' own weights, looked up at every call (training
-    and `.to()` are seen; logits equal HF's). `quantized=True` (drafts) holds int8 copies (a quarter
-    of the bytes, `mmaccel.core.quant`) with the query/key/value products fused into one. Either way
-    these are plain function calls: a draft step is a few dozen small products, where a module
-    call's overhead is a noticeable share of the time.
-    """
-
-    def __init__(self, layer: nn.Module, quantized: bool = False):
-        a, c = layer.self_attn, layer.encoder_attn
-        act = getattr(layer.activation_fn, "act", layer.activation_fn)     # HF's GELUActivation wraps F.gelu
-        if quantized:
-            fused = _quantized(a.q_proj, a.k_proj, a.v_proj)
-            self.qkv = lambda x: fused(x).chunk(3, -1)
-            self.out, self.cross_q, self.cross_out = _quantized(a.out_proj), _quantized(c.q_proj), _quantized(c.out_proj)
-            fc1, fc2 = _quantized(layer.fc1), _quantized(layer.fc2)
-        else:
-            q, k, v = _fp32(a.q_proj), _fp32(a.k_proj), _fp32(a.v_proj)
-            self.qkv = lambda x: (q(x), k(x), v(x))
-            self.out, self.cross_q, self.cross_out = _fp32(a.out_proj), _fp32(c.q_proj), _fp32(c.out_proj)
-            fc1, fc2 = _fp32(layer.fc1), _fp32(layer.fc2)
-        self.mlp = lambda x: fc2(act(fc1(x)))
-
-
-def _norm(ln: nn.LayerNorm, x: Tensor) -> Tensor:
-    return F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
-
-
-class ShortlistProjection:
-    """Logits over the full vocabulary computed from the rows of `vocab` only (-inf elsewhere).
-
-    On a CPU the 51 865-row projection is ~28 % of a Whisper base decoder step; a draft that only
-    proposes tokens of a shortlist (those seen in training transcripts) reads a few thousand rows.
-    Drafts outside the shortlist are impossible, which costs acceptance, never exactness. With
-    `quantized` the rows are stored as int8 (`mmaccel.core.quant`), a quarter of the bytes.
-    """
-
-    def __init__(self, weight: Tensor, vocab: Tensor, quantized: bool = False):
-        # ascending: arg-max ties as over V (sorted where the ids are, on the host for a file's shortlist)
-        self.vocab = vocab.to(torch.long).unique().to(weight.device)
-        rows = weight.detach()[self.vocab]
-        self.int8 = Int8Linear.of(rows) if quantized else None
-        self.weight = rows.clone() if self.int8 is None else None
-        self.vocab_size = weight.shape[0]
-
-    def compact(self, hidden: Tensor) -> Tensor:
-        """Logits of the shortlist tokens only: hidden [..., d] -> [..., len(vocab)]."""
-        return F.linear(hidden, self.weight) if self.int8 is None else self.int8(hidden)
-
-    def __call__(self, hidden: Tensor) -> Tensor:
-        out = hidden.new_full((*hidden.shape[:-1], self.vocab_size), float("-inf"))
-        out[..., self.vocab] = self.compact(hidden)
-        return out
-
-
-class ArgmaxProjection:
-    """Vocabulary logits whose every row has the arg-max of the fp32 projection, at the cost of a
-    bf16 one: for greedy decoding and greedy verification, which read nothing but arg-maxes.
-
-    Stage 1 projects bf16 copies of the hidden states and the embedding (half the bytes of fp32;
-    with native bf16 matrix units a T-token verify pass costs about what one token does). Logit j
-    of a row is off by at most U_j = 2^-7 ‖h‖ ‖w_j‖ (operand rounding) + 2^-8 |y_j| (output
-    rounding). The fp32 arg-max is at least L = max_j (y_j - U_j), so it lies among the tokens with
-    y_j + U_j >= L (a handful: per-token bounds, not the largest row norm). Those all lie within 2U
-    of the row's top value, U being a bound of U_j valid for every such token, so the full-vocabulary
-    work is one bf16 product (suppression bias included), a max and a threshold; the per-token
-    bounds are applied to the short list that passes. Stage 2 recomputes the candidates
-    exactly in fp32 and writes them in. Every other entry stays a bf16 value below the true
-    maximum. The logits are therefore exact at the arg-max and approximate elsewhere: not for
-    sampling, beam scores or typical acceptance, which use the plain projection.
-    """
-
-    SAFETY = 2.0
-
-    def __init__(self, weight: Tensor, bias: Tensor):
-        self.weight = weight.detach()
-        self.weight_bf16 = self.weight.to(torch.bfloat16)
-        self.bias, self.bias_bf16 = bias, bias.to(torch.bfloat16)                           # 0 or -inf
-        self.norms = self.weight.float().norm(dim=-1)                                        # [V]
-        self.max_norm = float(self.norms.max())
-
-    def __call__(self, hidden: Tensor, bias: Tensor | None = None) -> Tensor:
-        """hidden [..., d] -> logits [..., V] (suppression bias included). `bias` (0 or -inf entries,
-        broadcastable to the logits) replaces the constructor's, e.g. one row per position."""
-        shape = hidden.shape[:-1]
-        h = hidden.reshape(-1, hidden.shape[-1]).float()
-        if bias is None:
-            y = F.linear(h.to(torch.bfloat16), self.weight_bf16, self.bias_bf16)             # [N, V]
-            bias = self.bias.expand(h.shape[0], -1)
-        else:
-            bias = bias.expand(*shape, bias.shape[-1]).reshape(h.shape[0], -1)
-            y = F.linear(h.to(torch.bfloat16), self.weight_bf16) + bias.to(torch.bfloat16)
-        top = y.max(-1, keepdim=True).values.float()
-        reach = h.norm(dim=-1, keepdim=True)
-        # U bounds U_j for every token that can be a candidate (those have |y_j| <= |top| + 2U), so the
-        # candidates lie among the tokens within 2U of the top: find those first, then apply U_j to them
-        u = self.SAFETY * (2.0 ** -7 * reach * self.max_norm + 2.0 ** -8 * top.abs()) / (1 - self.SAFETY * 2.0 ** -7)
-        rows, cols = (y >= top - 2 * u).nonzero(as_tuple=True)
-        near = y[rows, cols].float()
-        bound = self.SAFETY * (2.0 ** -7 * reach[rows, 0] * self.norms[cols] + 2.0 ** -8 * near.abs())
-        lower = torch.full((h.shape[0],), float("-inf"), device=h.device).scatter_reduce(0, rows, near - bound, "amax")
-        keep = near + bound >= lower[rows]
-        rows, cols = rows[keep], cols[keep]
-        logits = y.float()
-        logits[rows, cols] = (h[rows] * self.weight[cols].float()).sum(-1) + bias[rows, cols]
-        return logits.view(*shape, -1)
-
-
-class ExitHead(nn.Module):
-    """An early-exit head: a zero-initialised residual SiLU block and a LayerNorm (initialised from
-    the decoder's final norm), read out through the model's tied vocabulary projection, or through
-    `projection` (a `ShortlistProjection`) when one is set."""
-
-    projection: ShortlistProjection | None = None
-
-    def __init__(self, final_norm: nn.LayerNorm):
-        super().__init__()
-        d = final_norm.normalized_shape[0]
-        self.block = nn.Linear(d, d)
-        nn.init.zeros_(self.block.weight)
-        nn.init.zeros_(self.block.bias)
-        self.norm = nn.LayerNorm(d, eps=final_norm.eps)
-        self.norm.load_state_dict(final_norm.state_dict())
-
-    def forward(self, hidden: Tensor) -> Tensor:   # un-normalised layer output -> normalised hidden
-        return self.norm(hidden + F.silu(self.block(hidden)))
 
 
 class WhisperDecoderModel:
@@ -365,15 +166,8 @@ class WhisperDecoderModel:
 
     def _cross(self, inputs: EncodedAudio, i: int) -> tuple[Tensor, Tensor]:
         """Layer i's cross-attention keys/values [B, H, S, Dh] over the whole window (computed once)."""
-        key = self.cross_layers[i]
-        if key not in inputs.cross_kv:
-            attn = self.decoder.layers[i].encoder_attn
-            x = inputs.encoder_states
-            B, S, _ = x.shape
-            k = attn.k_proj(x).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
-            v = attn.v_proj(x).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
-            inputs.cross_kv[key] = (k, v)
-        return inputs.cross_kv[key]
+        attn = self.decoder.layers[i].encoder_attn
+        return inputs.cross_keys_values(self.cross_layers[i], attn, self.num_heads, self.head_dim)
 
     def _attended(self, inputs: EncodedAudio, i: int) -> tuple[Tensor, Tensor, Tensor | None]:
         """What layer i cross-attends to: keys, values and a mask [B, 1, 1, S'] (None: all of them).
@@ -382,17 +176,7 @@ class WhisperDecoderModel:
         k, v = self._cross(inputs, i)
         if self.cross_window is None or inputs.audio_frames is None:
             return k, v, None
-        # kept in the keys' own dtype: on a CPU, torch's attention kernel runs a one-token query over
-        # bf16 keys/values 7x slower than over fp32 ones (0.37 against 0.05 ms for 405 frames)
-        name = (self.cross_layers[i], self.cross_window)
-        if name not in inputs.windows:
-            reach = (inputs.audio_frames + self.cross_window).clamp(max=k.shape[2])
-            n = int(reach.max())
-            mask = None
-            if bool((reach < n).any()):
-                mask = (torch.arange(n)[None, :] < reach[:, None])[:, None, None].to(k.device)
-            inputs.windows[name] = (k[:, :, :n].contiguous(), v[:, :, :n].contiguous(), mask)
-        return inputs.windows[name]
+        return inputs.audio_window(self.cross_layers[i], self.cross_window, k, v)
 
     # ---- decoding -----------------------------------------------------------------------------
 
@@ -611,9 +395,4 @@ class WhisperDecoderModel:
         """Keep rows `index` [B'] of `state` (cache and audio), in that order: beam search."""
         state.cache.select_rows(index)
         inputs: EncodedAudio = state.extras["inputs"]
-        idx = index.to(self.device)
-        state.extras["inputs"] = EncodedAudio(
-            inputs.encoder_states.index_select(0, idx), inputs.prompt.index_select(0, index.cpu()),
-            {i: (k.index_select(0, idx), v.index_select(0, idx)) for i, (k, v) in inputs.cross_kv.items()},
-            None if inputs.features is None else inputs.features.index_select(0, index.to(inputs.features.device)),
-            None if inputs.audio_frames is None else inputs.audio_frames.index_select(0, index.cpu()))
+        state.extras["inputs"] = inputs.select_rows(index, self.device)

@@ -12,235 +12,42 @@ Module and parameter names match the official model exactly, so an official `c2i
 with strict key matching. The official rotary table is a plain attribute, not a buffer, so it is
 not in their state dict; here it is computed from positions on the fly (same float32 ops), which
 also lets speculative loops feed a few draft positions past the last grid cell harmlessly.
+
+The config and size presets are in `gpt_presets`, the blocks and the 2-D rotary embedding in
+`gpt_layers`; their public names are re-exported here.
 """
 
 from __future__ import annotations
 
-import functools
 import numbers
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmaccel.checkpoints import check_layout, read_configured, unwrap_state_dict, write_state_dict
 from mmaccel.core.model import CachePool, DecodeState, KVCache, check_step_args, default_positions, expect, on_host, step_key
 from mmaccel.errors import InputError, check
-
-
-def find_multiple(n: int, k: int) -> int:
-    """The smallest multiple of k that is >= n (the official SwiGLU width rounding)."""
-    return n if n % k == 0 else n + k - n % k
-
-
-@dataclass(frozen=True)
-class GPTConfig:
-    """Field names follow the official `ModelArgs`; defaults are GPT-B, 256x256 images (16x16 tokens).
-
-    Dropouts only act in training mode. `drop_path_rate` of the official trainer is not supported.
-    """
-
-    dim: int = 768
-    n_layer: int = 12
-    n_head: int = 12
-    n_kv_head: int | None = None
-    multiple_of: int = 256
-    ffn_dim_multiplier: float | None = None
-    rope_base: float = 10000
-    norm_eps: float = 1e-5
-    initializer_range: float = 0.02
-    token_dropout_p: float = 0.1
-    attn_dropout_p: float = 0.0
-    resid_dropout_p: float = 0.1
-    ffn_dropout_p: float = 0.1
-    num_classes: int = 1000
-    class_dropout_prob: float = 0.1
-    vocab_size: int = 16384
-    cls_token_num: int = 1
-    block_size: int = 256
-
-    def __post_init__(self):
-        check(self.n_layer >= 1 and self.dim >= 1 and self.n_head >= 1,
-              f"n_layer, dim and n_head must be >= 1, got {self.n_layer}, {self.dim}, {self.n_head}")
-        check(self.dim % self.n_head == 0, f"dim {self.dim} must be divisible by n_head {self.n_head}")
-        check(self.head_dim % 4 == 0, f"the 2-D rotary embedding needs head_dim divisible by 4, got {self.head_dim}")
-        check(self.n_head % self.kv_heads == 0, f"n_head {self.n_head} must be a multiple of n_kv_head {self.kv_heads}")
-        check(self.vocab_size >= 1 and self.num_classes >= 1,
-              f"vocab_size and num_classes must be >= 1, got {self.vocab_size}, {self.num_classes}")
-        grid = int(round(self.block_size ** 0.5))
-        check(self.block_size >= 1 and grid * grid == self.block_size,
-              f"block_size must be a square number of image tokens (16*16=256, 24*24=576), got {self.block_size}")
-        check(self.cls_token_num == 1, f"class-conditional LlamaGen uses one class token; cls_token_num must be 1, "
-              f"got {self.cls_token_num}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_head
-
-    @property
-    def kv_heads(self) -> int:
-        return self.n_head if self.n_kv_head is None else self.n_kv_head
-
-    @property
-    def grid_size(self) -> int:
-        return int(round(self.block_size ** 0.5))
-
-    @property
-    def ffn_hidden_dim(self) -> int:
-        hidden = int(2 * (4 * self.dim) / 3)
-        if self.ffn_dim_multiplier is not None:
-            hidden = int(self.ffn_dim_multiplier * hidden)
-        return find_multiple(hidden, self.multiple_of)
-
-    @property
-    def has_null_class(self) -> bool:
-        """Whether the class table has the CFG row `num_classes` (trained with label dropout)."""
-        return self.class_dropout_prob > 0
-
-
-# (n_layer, n_head, dim). Official c2i sizes (GPT-B/L/XL/XXL/XXXL; 1B/3B are listed there as t2i sizes but
-# c2i_3B_384.pt exists) and small sizes for the models this project trains itself.
-GPT_PRESETS: dict[str, tuple[int, int, int]] = {
-    "GPT-B": (12, 12, 768),        # 111M
-    "GPT-L": (24, 16, 1024),       # 343M
-    "GPT-XL": (36, 20, 1280),      # 775M
-    "GPT-XXL": (48, 24, 1536),     # 1.4B
-    "GPT-XXXL": (48, 40, 2560),    # 3.9B
-    "GPT-1B": (22, 32, 2048),
-    "GPT-3B": (24, 32, 3200),
-    "GPT-nano": (2, 4, 64),        # drafts and tests
-    "GPT-micro": (4, 4, 128),
-    "GPT-mini": (6, 8, 256),
-}
-
-
-def _check_fields(overrides: dict[str, Any]) -> None:
-    unknown = sorted(set(overrides) - {f.name for f in fields(GPTConfig)})
-    check(not unknown, f"unknown GPTConfig field(s) {', '.join(unknown)}; see GPTConfig for the official names")
-
-
-def gpt_config(name: str, **overrides: Any) -> GPTConfig:
-    """The preset `name` (e.g. "GPT-B") with `overrides` (block_size=576 for 384px, vocab_size, ...)."""
-    if name not in GPT_PRESETS:
-        raise InputError(f"unknown GPT preset {name!r}; choose from {', '.join(GPT_PRESETS)}")
-    n_layer, n_head, dim = GPT_PRESETS[name]
-    _check_fields(overrides)
-    return GPTConfig(**{"n_layer": n_layer, "n_head": n_head, "dim": dim, **overrides})
-
-
-@functools.lru_cache(maxsize=16)
-def _rope_freqs(half: int, base: float, device: torch.device) -> Tensor:
-    """f_j computed on the CPU (as the official code precomputes them) and moved once per device:
-    a decode step uploads nothing."""
-    return (1.0 / (base ** (torch.arange(0, half, 2)[: half // 2].float() / half))).to(device)
-
-
-def rope_2d(positions: Tensor, config: GPTConfig) -> Tensor:
-    """Rotary (cos, sin) [..., head_dim // 2, 2] for image-token indices `positions` [...] (raster order).
-
-    Pair j < head_dim/4 rotates by row * f_j, the rest by col * f_j, f_j = base^(-2j / (head_dim/2)),
-    the same float32 ops as the official `precompute_freqs_cis_2d`. Indices past the grid continue
-    the raster (extra rows).
-    """
-    freqs = _rope_freqs(config.head_dim // 2, config.rope_base, positions.device)
-    row = (positions // config.grid_size).float()[..., None] * freqs
-    col = (positions % config.grid_size).float()[..., None] * freqs
-    angles = torch.cat([row, col], dim=-1)
-    return torch.stack([torch.cos(angles), torch.sin(angles)], dim=-1)
-
-
-def apply_rope(x: Tensor, rope: Tensor) -> Tensor:
-    # x: [B, T, H, D], rope: [B, T, D/2, 2]; pairs are adjacent channels (2j, 2j+1)
-    pairs = x.float().reshape(*x.shape[:-1], -1, 2)
-    cos, sin = rope[:, :, None, :, 0], rope[:, :, None, :, 1]
-    out = torch.stack([pairs[..., 0] * cos - pairs[..., 1] * sin,
-                       pairs[..., 1] * cos + pairs[..., 0] * sin], dim=-1)
-    return out.flatten(3).type_as(x)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
-
-
-class LabelEmbedder(nn.Module):
-    """Class embedding table; row `num_classes` is the null class that label dropout trains for CFG."""
-
-    def __init__(self, config: GPTConfig):
-        super().__init__()
-        self.num_classes, self.dropout_prob = config.num_classes, config.class_dropout_prob
-        self.embedding_table = nn.Embedding(config.num_classes + int(config.has_null_class), config.dim)
-
-    def forward(self, labels: Tensor) -> Tensor:
-        # labels: [B] -> [B, 1, dim]
-        if self.training and self.dropout_prob > 0:
-            drop = torch.rand(labels.shape[0], device=labels.device) < self.dropout_prob
-            labels = torch.where(drop, torch.full_like(labels, self.num_classes), labels)
-        return self.embedding_table(labels)[:, None]
-
-
-class Attention(nn.Module):
-    def __init__(self, config: GPTConfig):
-        super().__init__()
-        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.kv_heads, config.head_dim
-        self.wqkv = nn.Linear(config.dim, (config.n_head + 2 * config.kv_heads) * config.head_dim, bias=False)
-        self.wo = nn.Linear(config.dim, config.dim, bias=False)
-        self.attn_dropout_p = config.attn_dropout_p
-        self.resid_dropout = nn.Dropout(config.resid_dropout_p)
-
-    def forward(self, x: Tensor, rope: Tensor, mask: Tensor | None, cache: Any, layer_idx: int) -> Tensor:
-        # x: [B, T, dim]; mask: [B, 1, T, S] bool or None (= causal over x alone)
-        B, T, dim = x.shape
-        kv = self.n_kv_head * self.head_dim
-        q, k, v = self.wqkv(x).split([dim, kv, kv], dim=-1)
-        q = apply_rope(q.view(B, T, self.n_head, self.head_dim), rope).transpose(1, 2)
-        k = apply_rope(k.view(B, T, self.n_kv_head, self.head_dim), rope).transpose(1, 2)
-        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-        if cache is not None:
-            k, v = cache.update(k, v, layer_idx)
-        if self.n_kv_head != self.n_head:
-            k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
-            v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
-                                             dropout_p=self.attn_dropout_p if self.training else 0.0)
-        return self.resid_dropout(self.wo(out.transpose(1, 2).reshape(B, T, dim)))
-
-
-class FeedForward(nn.Module):
-    def __init__(self, config: GPTConfig):
-        super().__init__()
-        hidden = config.ffn_hidden_dim
-        self.w1 = nn.Linear(config.dim, hidden, bias=False)
-        self.w3 = nn.Linear(config.dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, config.dim, bias=False)
-        self.ffn_dropout = nn.Dropout(config.ffn_dropout_p)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.ffn_dropout(self.w2(F.silu(self.w1(x)) * self.w3(x)))
-
-
-class TransformerBlock(nn.Module):
-    def __init__(self, config: GPTConfig):
-        super().__init__()
-        self.attention = Attention(config)
-        self.feed_forward = FeedForward(config)
-        self.attention_norm = RMSNorm(config.dim, config.norm_eps)
-        self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
-
-    def forward(self, x: Tensor, rope: Tensor, mask: Tensor | None, cache: Any, layer_idx: int) -> Tensor:
-        h = x + self.attention(self.attention_norm(x), rope, mask, cache, layer_idx)
-        return h + self.feed_forward(self.ffn_norm(h))
+from mmaccel.image.models.gpt_layers import (  # noqa: F401  (apply_rope, Attention, FeedForward: re-exported)
+    Attention,
+    FeedForward,
+    LabelEmbedder,
+    RMSNorm,
+    TransformerBlock,
+    apply_rope,
+    rope_2d,
+)
+from mmaccel.image.models.gpt_presets import (  # noqa: F401  (find_multiple, gpt_config: re-exported)
+    GPT_PRESETS,
+    GPTConfig,
+    _check_fields,
+    find_multiple,
+    gpt_config,
+)
 
 
 class LlamaGenGPT(nn.Module):
@@ -253,7 +60,7 @@ class LlamaGenGPT(nn.Module):
 
     cuda_graphs = False     # replay fixed-shape steps as CUDA graphs on a GPU (mmaccel.core.graphs)
 
-    def __init__(self, config: GPTConfig = GPTConfig()):
+    def __init__(self, config: GPTConfig = GPTConfig()):       # noqa: B008 (a frozen dataclass)
         super().__init__()
         check(isinstance(config, GPTConfig), f"config must be a GPTConfig, got {type(config).__name__}")
         self.config = config

@@ -160,23 +160,32 @@ def _number(text: str) -> float | None:
 
 def _parse(lines: Iterable[str], name: str) -> NGramModel:
     numbered: Iterator[tuple[int, str]] = enumerate(lines, 1)
+    lineno = _skip_preamble(numbered, name)
+    declared, lineno, raw = _read_header(numbered, name, lineno)
+    return _read_sections(_chain_first((lineno, raw), numbered), name, declared)
 
-    def fail(lineno: int, message: str) -> InputError:
-        return InputError(f"{name} line {lineno}: {message}")
 
-    # Anything before \data\ is a preamble (SRILM and some toolkits write comments there).
+def _error(name: str, lineno: int, message: str) -> InputError:
+    return InputError(f"{name} line {lineno}: {message}")
+
+
+def _skip_preamble(numbered: Iterator[tuple[int, str]], name: str) -> int:
+    """Read up to the `\\data\\` header (SRILM and some toolkits write comments before it); its line number."""
     lineno, seen_text = 0, False
-    for lineno, raw in numbered:  # noqa: B007 (the next loop resumes from this line)
+    for lineno, raw in numbered:
         line = raw.strip().lstrip("\ufeff")
         seen_text = seen_text or bool(line)
         if line == "\\data\\":
-            break
-    else:
-        if not seen_text:
-            raise InputError(f"{name} is empty; an ARPA file starts with a '\\data\\' header")
-        raise fail(lineno, "reached the end of the file without a '\\data\\' header; is this an ARPA file?")
+            return lineno
+    if not seen_text:
+        raise InputError(f"{name} is empty; an ARPA file starts with a '\\data\\' header")
+    raise _error(name, lineno, "reached the end of the file without a '\\data\\' header; is this an ARPA file?")
 
-    declared: list[int] = []                 # declared[n - 1]: the header's count of n-grams
+
+def _read_header(numbered: Iterator[tuple[int, str]], name: str, lineno: int) -> tuple[list[int], int, str]:
+    """The `ngram N=count` lines after `\\data\\` (at `lineno`) -> (declared[n - 1]: the count of n-grams,
+    and the number and text of the line that ends the header, the first section's)."""
+    declared: list[int] = []
     for lineno, raw in numbered:
         line = raw.strip()
         if not line:
@@ -185,21 +194,28 @@ def _parse(lines: Iterable[str], name: str) -> NGramModel:
             break
         match = _NGRAM_COUNT.fullmatch(line)
         if match is None:
-            raise fail(lineno, f"expected 'ngram N=count' in the \\data\\ header, got {_show(raw)}")
+            raise _error(name, lineno, f"expected 'ngram N=count' in the \\data\\ header, got {_show(raw)}")
         if int(match[1]) != len(declared) + 1:
-            raise fail(lineno, f"expected 'ngram {len(declared) + 1}=count' next (orders are listed 1, 2, 3, ...), "
-                               f"got {_show(raw)}")
+            raise _error(name, lineno, f"expected 'ngram {len(declared) + 1}=count' next (orders are listed 1, 2, 3, "
+                                       f"...), got {_show(raw)}")
         declared.append(int(match[2]))
     else:
-        raise fail(lineno, "the file ends inside the \\data\\ header, before any n-gram section and '\\end\\'")
+        raise _error(name, lineno, "the file ends inside the \\data\\ header, before any n-gram section and '\\end\\'")
     if not declared:
-        raise fail(lineno, f"the \\data\\ header lists no 'ngram N=count' lines before {_show(raw)}")
+        raise _error(name, lineno, f"the \\data\\ header lists no 'ngram N=count' lines before {_show(raw)}")
+    return declared, lineno, raw
 
+
+def _read_sections(numbered: Iterator[tuple[int, str]], name: str, declared: list[int]) -> NGramModel:
+    """The `\\N-grams:` sections up to `\\end\\`, checked against the header's counts `declared`."""
     order = len(declared)
     ngrams: list[NGramTable] = [{} for _ in range(order)]
     current = 0                              # the order of the section being read
     template = ""                            # its line layout, for errors
     sizes: tuple[int, ...] = ()              # its allowed numbers of fields
+
+    def fail(lineno: int, message: str) -> InputError:
+        return _error(name, lineno, message)
 
     def close_sections(upto: int, lineno: int) -> None:
         # Called at a section header or \end\: the sections up to `upto` are now complete.
@@ -210,7 +226,7 @@ def _parse(lines: Iterable[str], name: str) -> NGramModel:
                 raise fail(lineno, f"the \\data\\ header declares {declared[n - 1]} {n}-grams (ngram {n}="
                                    f"{declared[n - 1]}) but {where}")
 
-    for lineno, raw in _chain_first((lineno, raw), numbered):  # noqa: B020 (re-reads the line the loop above stopped at)
+    for lineno, raw in numbered:
         line = raw.strip()
         if not line:
             continue

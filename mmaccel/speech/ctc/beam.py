@@ -105,32 +105,14 @@ def ctc_beam_search(log_probs: Tensor, vocab: CTCVocabulary, lengths: Tensor | N
     (log-sum-exp), so a hypothesis scores its transcript over all the alignments the beam kept, as
     prefix beam search does (pyctcdecode); at the end the ones ending in blank and in a label merge too."""
     lengths = _check_inputs(log_probs, lengths, vocab)
-    check(isinstance(beam, int) and beam >= 1, f"beam must be an int >= 1, got {beam!r}")
-    check(isinstance(threshold, (int, float)) and threshold > 0, f"threshold must be > 0, got {threshold!r}")
-    check(blank_skip is None or (isinstance(blank_skip, float) and 0.0 < blank_skip < 1.0),
-          f"blank_skip must be a probability in (0, 1) or None, got {blank_skip!r}")
-    check(math.isfinite(insertion_bonus), f"insertion_bonus must be finite, got {insertion_bonus!r}")
-    check(recombine in RECOMBINE, f"recombine must be one of {', '.join(RECOMBINE)}, got {recombine!r}")
-    tables = []
-    for table, weight in fusion:
-        check(isinstance(table, FusionTable), f"fusion entries are (FusionTable, weight), got {type(table).__name__}")
-        check(table.vocab_size == len(vocab), f"{table.name} covers {table.vocab_size} labels, the model {len(vocab)}: "
-              "build it for this vocabulary")
-        check(isinstance(weight, (int, float)) and math.isfinite(weight), f"{table.name} weight must be finite")
-        tables.append((table.to(log_probs.device), float(weight)))
+    _check_settings(beam, threshold, blank_skip, insertion_bonus, recombine)
+    tables = _fusion_tables(fusion, vocab, log_probs.device)
 
     device, (B, _, V), K = log_probs.device, log_probs.shape, beam
     frames, count, before_lp, before_any, tail = _frame_plan(log_probs, lengths, vocab.blank, blank_skip)
     J = frames.shape[1]
     NEG = float("-inf")
-    # Each searched frame's log-probs [B, J, V], the skipped blank frames just before it added; a row's frames
-    # past its count become a "hold" frame (blank 0, the rest -inf, the last label forgotten), which keeps
-    # every hypothesis and its score, so no per-frame mask of the rows still searching is needed.
-    lp_all = log_probs.gather(1, frames[..., None].expand(B, J, V)).float() + before_lp[..., None]
-    done = torch.arange(J, device=device)[None] >= count[:, None]
-    hold = torch.full((V,), NEG, device=device)
-    hold[vocab.blank] = 0.0
-    lp_all[done] = hold
+    lp_all, done = _searched_log_probs(log_probs, frames, count, before_lp, vocab.blank)
     forget = before_any | done                                                      # the last label resets to blank
     total = torch.full((B, K), NEG, device=device)
     total[:, 0] = 0.0
@@ -170,15 +152,7 @@ def ctc_beam_search(log_probs: Tensor, vocab: CTCVocabulary, lengths: Tensor | N
                   for (table, _), before in ((t, s.gather(1, src)) for t, s in zip(tables, states))]
         parent = digest.gather(1, src)
         digest = torch.where(emitted, parent * HASH_BASE + label + 1, parent)
-        # recombination: of equal transcripts (hashes) with equal last labels only the first (best) stays, with its
-        # own score ("max", Viterbi) or the group's log-sum-exp ("sum")
-        key = digest * HASH_BASE + label
-        equal = key[:, :, None] == key[:, None, :]                                     # [B, K, K]
-        same = equal & lower & (top > NEG)[:, None, :]
-        if recombine == "sum":                       # each group's first takes its sum (relative to the row's best)
-            best_k = top[:, :1].clamp(min=-1e30)                                   # a row of -inf stays -inf, not NaN
-            top = torch.bmm(equal.to(top.dtype), (top - best_k).exp()[..., None])[..., 0].log() + best_k
-        total = top.masked_fill(same.any(-1), NEG)
+        total = _recombine(top, digest, label, lower, recombine)
         last = label
         back_src[j] = src
         back_label[j] = torch.where(emitted, label, none)
@@ -188,6 +162,65 @@ def ctc_beam_search(log_probs: Tensor, vocab: CTCVocabulary, lengths: Tensor | N
         total = torch.where(total > NEG, summed, NEG)
     for (table, weight), state in zip(tables, states):
         total = total + weight * table.final[state]
+    return _best_hypotheses(total, back_src, back_label, frames, vocab, frame_seconds)
+
+
+def _check_settings(beam: int, threshold: float, blank_skip: float | None, insertion_bonus: float,
+                    recombine: str) -> None:
+    check(isinstance(beam, int) and beam >= 1, f"beam must be an int >= 1, got {beam!r}")
+    check(isinstance(threshold, (int, float)) and threshold > 0, f"threshold must be > 0, got {threshold!r}")
+    check(blank_skip is None or (isinstance(blank_skip, float) and 0.0 < blank_skip < 1.0),
+          f"blank_skip must be a probability in (0, 1) or None, got {blank_skip!r}")
+    check(math.isfinite(insertion_bonus), f"insertion_bonus must be finite, got {insertion_bonus!r}")
+    check(recombine in RECOMBINE, f"recombine must be one of {', '.join(RECOMBINE)}, got {recombine!r}")
+
+
+def _fusion_tables(fusion: Sequence[tuple[FusionTable, float]], vocab: CTCVocabulary,
+                   device: torch.device) -> list[tuple[FusionTable, float]]:
+    """The (table, weight) pairs of `fusion`, checked against the vocabulary and moved to `device`."""
+    tables = []
+    for table, weight in fusion:
+        check(isinstance(table, FusionTable), f"fusion entries are (FusionTable, weight), got {type(table).__name__}")
+        check(table.vocab_size == len(vocab), f"{table.name} covers {table.vocab_size} labels, the model {len(vocab)}: "
+              "build it for this vocabulary")
+        check(isinstance(weight, (int, float)) and math.isfinite(weight), f"{table.name} weight must be finite")
+        tables.append((table.to(device), float(weight)))
+    return tables
+
+
+def _searched_log_probs(log_probs: Tensor, frames: Tensor, count: Tensor, before_lp: Tensor,
+                        blank: int) -> tuple[Tensor, Tensor]:
+    """Each searched frame's log-probs [B, J, V], the skipped blank frames just before it added, and
+    `done` [B, J]: the columns past a row's count. Those become a "hold" frame (blank 0, the rest -inf,
+    the last label forgotten), which keeps every hypothesis and its score, so no per-frame mask of the
+    rows still searching is needed."""
+    device, (B, _, V), J = log_probs.device, log_probs.shape, frames.shape[1]
+    lp_all = log_probs.gather(1, frames[..., None].expand(B, J, V)).float() + before_lp[..., None]
+    done = torch.arange(J, device=device)[None] >= count[:, None]
+    hold = torch.full((V,), float("-inf"), device=device)
+    hold[blank] = 0.0
+    lp_all[done] = hold
+    return lp_all, done
+
+
+def _recombine(top: Tensor, digest: Tensor, label: Tensor, lower: Tensor, recombine: str) -> Tensor:
+    """Scores [B, K] after recombination: of equal transcripts (`digest` hashes) with equal last labels only
+    the first (best) stays, with its own score ("max", Viterbi) or the group's log-sum-exp ("sum");
+    `lower` [K, K] is k' < k."""
+    NEG = float("-inf")
+    key = digest * HASH_BASE + label
+    equal = key[:, :, None] == key[:, None, :]                                     # [B, K, K]
+    same = equal & lower & (top > NEG)[:, None, :]
+    if recombine == "sum":                       # each group's first takes its sum (relative to the row's best)
+        best_k = top[:, :1].clamp(min=-1e30)                                   # a row of -inf stays -inf, not NaN
+        top = torch.bmm(equal.to(top.dtype), (top - best_k).exp()[..., None])[..., 0].log() + best_k
+    return top.masked_fill(same.any(-1), NEG)
+
+
+def _best_hypotheses(total: Tensor, back_src: Tensor, back_label: Tensor, frames: Tensor, vocab: CTCVocabulary,
+                     frame_seconds: float) -> list[CTCHypothesis]:
+    """Each row's best-scoring hypothesis of `total` [B, K], read back through the back pointers."""
+    B = total.shape[0]
     best = total.argmax(1)
     path, frames = torch.stack([_backtrack(back_src, back_label, best), frames]).tolist()   # [B, J] each
     scores = total.gather(1, best[:, None])[:, 0].tolist()

@@ -53,65 +53,35 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from mmaccel.errors import InputError, MMAccelError, check
 from mmaccel.paths import assets_dir, default_cache_dir
 from mmaccel.progress import progress, say
-from mmaccel.speech.audio import SAMPLE_RATE, WINDOW_S, Audio, load_audio
+from mmaccel.speech.audio import SAMPLE_RATE, WINDOW_S, load_audio
 from mmaccel.speech.ctc.augment import augment
 from mmaccel.speech.ctc.beam import ctc_greedy
 from mmaccel.speech.ctc.early_exit import early_exit, encoder_cost, pick_threshold
-from mmaccel.speech.ctc.whisper_ctc import WhisperCTC, character_vocab, encode_variable, log_mel_variable, normalize_text
+from mmaccel.speech.ctc.train_loop import collate, ctc_losses, init_heads, train_heads  # noqa: F401  (re-exported)
+from mmaccel.speech.ctc.train_windows import (  # noqa: F401  (plan_windows: re-exported)
+    encode_windows,
+    load_windows,
+    pack,
+    plan_windows,
+    window_plan,
+)
+from mmaccel.speech.ctc.whisper_ctc import WhisperCTC, character_vocab, normalize_text
 from mmaccel.speech.data import TEXTS, Utterance, build_tts_corpus, read_manifest, real_utterances, write_manifest
 from mmaccel.speech.train.common import log as log_line
-from mmaccel.speech.train.common import optimizer_step, release_freed_memory, warmup_cosine
+from mmaccel.speech.train.common import release_freed_memory
 
 STAGES = ("corpus", "features", "train", "eval", "export")
-
-
-# ---- windows ------------------------------------------------------------------------------------
-
-
-def plan_windows(durations: Sequence[float], window_s: float, gap_s: float) -> list[list[int]]:
-    """Pack consecutive utterances (by index, in the given order) into windows of at most `window_s`
-    seconds including `gap_s` between neighbours; an utterance longer than a window gets its own."""
-    windows, current, length = [], [], 0.0
-    for i, d in enumerate(durations):
-        extra = d + (gap_s if current else 0.0)
-        if current and length + extra > window_s:
-            windows.append(current)
-            current, length, extra = [], 0.0, d
-        current.append(i)
-        length += extra
-    if current:
-        windows.append(current)
-    return windows
-
-
-def pack(samples: Sequence[np.ndarray], gap_s: float) -> np.ndarray:
-    """The clips one after another with `gap_s` seconds of silence between them."""
-    gap = np.zeros(int(round(gap_s * SAMPLE_RATE)), dtype=np.float32)
-    parts = [p for i, s in enumerate(samples) for p in ((gap, s) if i else (s,))]
-    return np.concatenate(parts).astype(np.float32)
-
-
-def window_plan(utterances: Sequence[Utterance], copies: int, window_s: float, gap_s: float,
-                seed: int) -> list[tuple[int, list[int]]]:
-    """(copy, utterance indices) of every window: copy 0 in corpus order, later copies shuffled."""
-    out = []
-    for copy in range(copies):
-        order = np.arange(len(utterances)) if copy == 0 else \
-            np.random.default_rng([seed, copy]).permutation(len(utterances))
-        for window in plan_windows([utterances[i].duration for i in order], window_s, gap_s):
-            out.append((copy, [int(order[i]) for i in window]))
-    return out
 
 
 # ---- stages: corpus and features --------------------------------------------------------------------
@@ -190,109 +160,7 @@ def stage_features(args, out: Path, ctc: WhisperCTC) -> None:
                       f"{seconds / len(shard):.2f} s/window; {done}/{len(todo)} done in {time.time() - t_start:.0f} s")
 
 
-@torch.inference_mode()
-def encode_windows(ctc: WhisperCTC, items: list[dict], batch: int) -> list[dict]:
-    """{"hidden": {layer: fp16 [T, d]}} of each window (`items[i]["samples"]`), encoded `batch` at a time
-    (longest first, so a batch pads little)."""
-    order = sorted(range(len(items)), key=lambda i: -len(items[i]["samples"]))
-    rows: list[dict] = [{} for _ in items]
-    for start in range(0, len(order), batch):
-        idx = order[start:start + batch]
-        features, frames = log_mel_variable(ctc.feature_extractor, [Audio(items[i]["samples"]) for i in idx])
-        hidden, lengths = encode_variable(ctc.encoder, features, frames, ctc.exit_layers)
-        for b, i in enumerate(idx):
-            n = int(lengths[b])
-            rows[i]["hidden"] = {k: hidden[k][b, :n].to("cpu", torch.float16).clone() for k in ctc.exit_layers}
-    return rows
-
-
-def load_windows(folders: Sequence[Path], exit_layers: Sequence[int]) -> list[dict]:
-    """Every window of every shard in `folders` (hidden states of `exit_layers`, labels), folder by folder."""
-    windows = []
-    for folder in folders:
-        paths = sorted(Path(folder).glob("shard_*.pt"))
-        check(len(paths) > 0, f"no feature shards in {folder}: run the features stage first")
-        for path in paths:
-            shard = torch.load(path)
-            check(sorted(shard["exit_layers"]) == sorted(exit_layers), f"{path} holds layers "
-                  f"{shard['exit_layers']}, the heads are at {list(exit_layers)}")
-            windows += [{"hidden": w["hidden"], "labels": w["labels"]} for w in shard["windows"]]
-    return windows
-
-
 # ---- training ------------------------------------------------------------------------------------
-
-
-def collate(windows: Sequence[dict], layers: Sequence[int]) -> tuple[dict[int, Tensor], Tensor, Tensor, Tensor]:
-    """hidden {layer: [B, T, d] fp32, zero-padded}, lengths [B], targets [sum L] (concatenated labels),
-    target lengths [B]."""
-    lengths = torch.tensor([w["hidden"][layers[0]].shape[0] for w in windows])
-    T = int(lengths.max())
-    hidden = {k: torch.stack([F.pad(w["hidden"][k].float(), (0, 0, 0, T - w["hidden"][k].shape[0])) for w in windows])
-              for k in layers}
-    targets = torch.cat([w["labels"].long() for w in windows])
-    return hidden, lengths, targets, torch.tensor([len(w["labels"]) for w in windows])
-
-
-def ctc_losses(heads: nn.ModuleDict, batch: tuple[dict[int, Tensor], Tensor, Tensor, Tensor]) -> dict[int, Tensor]:
-    """{layer: mean CTC loss (per target label, as `reduction="mean"`) of the head at that layer}."""
-    hidden, lengths, targets, target_lengths = batch
-    out = {}
-    for key, head in heads.items():
-        k = int(key)
-        log_probs = head(hidden[k], lengths).float().log_softmax(-1).transpose(0, 1)          # [T', B, V]
-        out[k] = F.ctc_loss(log_probs, targets, head.out_lengths(lengths), target_lengths, blank=0, zero_infinity=True)
-    return out
-
-
-def train_heads(heads: nn.ModuleDict, windows: Sequence[dict], *, steps: int, batch_size: int = 8, lr: float = 1e-3,
-                warmup: int = 200, weight_decay: float = 0.01, seed: int = 0, checkpoint: Path | None = None,
-                checkpoint_every: int = 200, log_every: int = 20,
-                log: Callable[[str], None] = print) -> list[dict[int, float]]:
-    """Train every head jointly on `windows` ({"hidden": {layer: [T, d]}, "labels": [L]}) with the sum of
-    their CTC losses; returns each step's loss per head. With `checkpoint`, the state is saved there
-    every `checkpoint_every` steps and at the end, and training resumes from it when it exists."""
-    check(len(windows) > 0 and steps >= 1 and batch_size >= 1,
-          "train_heads needs windows, steps >= 1 and batch_size >= 1")
-    layers = sorted(int(k) for k in heads)
-    params = list(heads.parameters())
-    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.98), weight_decay=weight_decay)
-    sched = warmup_cosine(opt, steps, max(warmup, 1))
-    gen = torch.Generator().manual_seed(seed)
-    history: list[dict[int, float]] = []
-    start = 0
-    if checkpoint is not None and checkpoint.is_file():
-        state = torch.load(checkpoint)
-        heads.load_state_dict(state["heads"])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["schedule"])
-        gen.set_state(state["sampler_rng"])
-        torch.set_rng_state(state["torch_rng"])
-        start, history = state["step"], state["history"]
-        log(f"train: resumed from {checkpoint} at step {start}/{steps}")
-        if state.get("steps", steps) != steps:
-            log(f"train: the checkpoint was made for {state['steps']} steps; the cosine schedule now ends at {steps}")
-    heads.train()
-    t0 = time.time()
-    for step in range(start, steps):
-        pick = torch.randint(len(windows), (batch_size,), generator=gen).tolist()
-        losses = ctc_losses(heads, collate([windows[i] for i in pick], layers))
-        optimizer_step(opt, sched, sum(losses.values()), params)
-        history.append({k: float(v.detach()) for k, v in losses.items()})
-        if checkpoint is not None and ((step + 1) % checkpoint_every == 0 or step + 1 == steps):
-            state = {"heads": heads.state_dict(), "optimizer": opt.state_dict(), "schedule": sched.state_dict(),
-                     "sampler_rng": gen.get_state(), "torch_rng": torch.get_rng_state(), "step": step + 1,
-                     "steps": steps, "history": history}
-            tmp = checkpoint.with_suffix(".tmp")
-            torch.save(state, tmp)
-            tmp.replace(checkpoint)
-        if log_every and ((step + 1) % log_every == 0 or step + 1 == steps):
-            recent = history[-log_every:]
-            means = "  ".join(f"L{k} {np.mean([h[k] for h in recent]):.3f}" for k in layers)
-            log(f"train: step {step + 1}/{steps}  ctc {means}  lr {sched.get_last_lr()[0]:.2e}  "
-                f"{(time.time() - t0) / (step + 1 - start):.2f} s/step")
-    heads.eval()
-    return history
 
 
 def stage_train(args, out: Path, ctc: WhisperCTC) -> None:
@@ -305,31 +173,6 @@ def stage_train(args, out: Path, ctc: WhisperCTC) -> None:
     train_heads(ctc.heads, windows, steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
                 weight_decay=args.weight_decay, seed=args.seed, checkpoint=out / "last.pt",
                 checkpoint_every=args.checkpoint_every, log_every=args.log_every, log=lambda m: log_line(out, m))
-
-
-def init_heads(ctc: WhisperCTC, path: Path) -> None:
-    """Load the heads of the saved model at `path` into `ctc` (the same exit layers and sizes). A head
-    with stride s > 1 starting from a stride-1 one gets the input projection tiled s times over 1 / s:
-    at first it reads the mean of its s frames."""
-    from safetensors.torch import load_file
-
-    from mmaccel.speech.ctc.whisper_ctc import HEADS_FILE
-
-    file = path / HEADS_FILE
-    if not file.is_file():
-        raise InputError(f"--init {path}: no {HEADS_FILE} there")
-    tensors = {k: v.float() for k, v in load_file(str(file)).items()}
-    own = ctc.heads.state_dict()
-    for name, value in tensors.items():
-        want = own.get(name)
-        if name.endswith(".proj.weight") and want is not None and want.shape != value.shape \
-                and want.shape[1] % value.shape[1] == 0:
-            stride = want.shape[1] // value.shape[1]
-            tensors[name] = value.repeat(1, stride) / stride
-    try:
-        ctc.heads.load_state_dict(tensors)
-    except RuntimeError as err:
-        raise InputError(f"--init {path} does not fit these heads: {str(err).splitlines()[0]}") from None
 
 
 def load_trained(ctc: WhisperCTC, out: Path) -> None:
