@@ -4,7 +4,7 @@ GPT fine-tuned for it. Every world samples with its built-in recipe (mmaccel/ass
 
 from __future__ import annotations
 
-import math
+import operator
 import time
 from pathlib import Path
 
@@ -12,25 +12,31 @@ import gradio as gr
 import torch
 
 from demos.image_tab import MAX_BATCH, MIXED, class_labels, png_zip, shown
-from demos.shared import SharedModel, choice, number, ratio, reported_rows, shown_on_page
-from mmaccel.image.continuous_pipeline import BUILTIN_CONTINUOUS, MAR_TOKENS_PER_STEP, ContinuousPipeline
+from demos.method_controls import Control, MethodControls
+from demos.shared import SharedModel, choice, method_menu, number, ratio, reported_rows, shown_on_page
+from mmaccel.image.continuous_methods import MAR_TOKENS_PER_STEP
+from mmaccel.image.continuous_pipeline import BUILTIN_CONTINUOUS, ContinuousPipeline
 from mmaccel.image.pipeline import BUILTIN_SJD2, FASHION_CLASSES, ImagePipeline
 from mmaccel.image.scale_pipeline import BUILTIN_SCALE, ScalePipeline
 
-# method -> (world, what it is, lossless against that world's AR)
-METHODS = {
-    "code": ("var", "CoDe: the large VAR draws the first N scales, the small one the rest", "no (the refiner's scales)"),
-    "ar-small": ("var", "the small VAR alone", "no (another model)"),
-    "cspd": ("mar", "CSpD: the draft MAR proposes, the target accepts by the diffusion heads' density ratio",
-             "no (the reference's inner temperature 42 relaxes the density ratio; README)"),
-    "mar": ("mar", "MAR's multi-token mode: several tokens per target step", "no (another sampling order)"),
-    "ar-draft": ("mar", "the draft MAR alone", "no (another model)"),
-    "sjd2": ("gpt", "SJD2: a Jacobi window denoised from embedding noise, verified by the fine-tuned GPT", "yes"),
-}
-WORLDS = {"var": "large VAR, next scale", "mar": "target MAR, one token a step", "gpt": "GPT fine-tuned for SJD2"}
-# the controls each method reads; the others are hidden while it is selected
-CONTROLS = {"code": ("draft_steps", "specialised"), "ar-small": (), "cspd": ("num_draft",),
-            "mar": ("tokens_per_step",), "ar-draft": (), "sjd2": ("window", "steps", "coupled")}
+BASELINE = "ar"                  # every method runs next to its own world's AR
+# world -> (its AR, its pipeline family, the methods offered); the GPT world offers the method it was fine-tuned for
+WORLDS = {"var": ("large VAR, next scale", "image-scale", method_menu(ScalePipeline.methods(), skip=(BASELINE,))),
+          "mar": ("target MAR, one token a step", "image-continuous",
+                  method_menu(ContinuousPipeline.methods(), skip=(BASELINE,))),
+          "gpt": ("GPT fine-tuned for SJD2", "image", ("sjd2",))}
+WORLD_OF = {method: world for world, (_, _, methods) in WORLDS.items() for method in methods}
+# the parameters the page has a control for (the others keep their defaults); each shows its parameter's help
+CONTROLS = {"draft_steps": Control("N (scales from the large VAR)", 7, 1, 9),
+            "specialised": Control("refiner trained for this N (shipped for N = 6, 7; N = 8, 9 use N = 7's)", True),
+            "num_draft": Control("draft tokens per target pass", 8, 1, 32),
+            "tokens_per_step": Control("tokens per target step", MAR_TOKENS_PER_STEP, 1, 32),
+            "window": Control("window (Jacobi drafts per pass)", 16, 1, 64),
+            "steps": Control("denoising levels", 1, 1, 8),
+            "coupled": Control("coupled noise (the same tokens as AR, not only the same law)", True)}
+# the checkbox says "specialised": CoDe's training_free=False
+METHOD_CONTROLS = MethodControls({m: WORLDS[w][1] for m, w in WORLD_OF.items()}, CONTROLS,
+                                 bound={("code", "training_free"): ("specialised", operator.not_)})
 
 
 def image2_models(device: str | None = None) -> dict[str, SharedModel]:
@@ -54,22 +60,10 @@ def image2_models(device: str | None = None) -> dict[str, SharedModel]:
             "gpt": SharedModel("SJD2 GPT", gpt)}
 
 
-def method_params(method: str, draft_steps, specialised, num_draft, tokens_per_step, window, steps, coupled,
-                  seq_len: int) -> dict:
+def method_params(method: str, draft_steps, specialised, num_draft, tokens_per_step, window, steps, coupled) -> dict:
     """The method's own settings from the tab's controls (range-checked as the API may send anything)."""
-    values = {"draft_steps": lambda: number(draft_steps, "N (scales from the large VAR)", 1, 9, integer=True),
-              "specialised": lambda: bool(specialised),
-              "num_draft": lambda: number(num_draft, "draft tokens", 1, 32, integer=True),
-              "tokens_per_step": lambda: number(tokens_per_step, "tokens per step", 1, 32, integer=True),
-              "window": lambda: number(window, "window", 1, 64, integer=True),
-              "steps": lambda: number(steps, "denoising levels", 1, 8, integer=True),
-              "coupled": lambda: bool(coupled)}
-    params = {key: values[key]() for key in CONTROLS[method]}
-    if "specialised" in params:                   # the refiner trained for this N, else the plain small VAR
-        params["training_free"] = not params.pop("specialised")
-    if "tokens_per_step" in params:
-        params["num_iter"] = math.ceil(seq_len / params.pop("tokens_per_step"))
-    return params
+    values = dict(zip(CONTROLS, (draft_steps, specialised, num_draft, tokens_per_step, window, steps, coupled)))
+    return METHOD_CONTROLS.params(method, values)
 
 
 def _identical(world: str, base, fast) -> tuple[str, str]:
@@ -83,8 +77,8 @@ def _identical(world: str, base, fast) -> tuple[str, str]:
     return "images identical to AR", f"{same} of {len(base.labels)}"
 
 
-def _stats_table(method: str, base, fast, base_s: float, fast_s: float) -> str:
-    world, _, lossless = METHODS[method]
+def _stats_table(method: str, params: dict, base, fast, base_s: float, fast_s: float) -> str:
+    world = WORLD_OF[method]
     rows = [("target passes (NFE)", base.stats.nfe, fast.stats.nfe),
             ("draft passes" if world != "var" else "small VAR passes", base.stats.draft_passes, fast.stats.draft_passes),
             ("NFE ratio (AR / method)", "1.00×",
@@ -94,8 +88,8 @@ def _stats_table(method: str, base, fast, base_s: float, fast_s: float) -> str:
             ("peak memory (MB)", f"{base.stats.peak_mem_mb:.0f}", f"{fast.stats.peak_mem_mb:.0f}")]
     rows += reported_rows(base.stats, fast.stats)           # KV cache, CSpD's fallbacks, ...
     what, same = _identical(world, base, fast)
-    rows += [(what, "–", same), ("lossless", "–", lossless)]
-    lines = [f"| | AR ({WORLDS[world]}) | {method} |", "|---|---|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in rows]
+    rows += [(what, "–", same), ("lossless", "–", METHOD_CONTROLS.lossless(method, params))]
+    lines = [f"| | AR ({WORLDS[world][0]}) | {method} |", "|---|---|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in rows]
     return "\n".join(lines)
 
 
@@ -104,24 +98,16 @@ def build(models: dict[str, SharedModel], workdir: Path) -> None:
     with gr.Row():
         with gr.Column(scale=1):
             class_name = gr.Dropdown([MIXED, *FASHION_CLASSES], value="Trouser", label="class", elem_id="image2-class")
-            method = gr.Dropdown(list(METHODS), value="code", label="method", elem_id="image2-method",
-                                 info="code, ar-small: next-scale VAR; cspd, mar, ar-draft: continuous tokens; "
-                                      "sjd2: the fine-tuned GPT")
+            method = gr.Dropdown(list(WORLD_OF), value="code", label="method", elem_id="image2-method",
+                                 info="; ".join(f"{', '.join(methods)}: {family}"
+                                                for _, family, methods in WORLDS.values()))
             with gr.Group():
-                draft_steps = gr.Slider(1, 9, value=7, step=1, label="N: scales drawn by the large VAR")
-                specialised = gr.Checkbox(True, label="refiner trained for this N (shipped for N = 6, 7; N = 8, 9 use N = 7's)")
-                num_draft = gr.Slider(1, 32, value=8, step=1, label="draft tokens per target pass", visible=False)
-                tokens_per_step = gr.Slider(1, 32, value=MAR_TOKENS_PER_STEP, step=1, label="tokens per target step",
-                                            visible=False)
-                window = gr.Slider(1, 64, value=16, step=1, label="window (Jacobi drafts per pass)", visible=False)
-                steps = gr.Slider(1, 8, value=1, step=1, label="denoising levels", visible=False)
-                coupled = gr.Checkbox(True, label="coupled noise (the same tokens as AR, not only the same law)",
-                                      visible=False)
+                controls = METHOD_CONTROLS.components("code")
             seed = gr.Number(0, precision=0, label="seed", minimum=0)
             batch = gr.Slider(1, MAX_BATCH, value=4, step=1, label="batch (images)", elem_id="image2-batch")
             run = gr.Button("Generate", variant="primary", elem_id="image2-run")
         with gr.Column(scale=2):
-            about = gr.Markdown(METHODS["code"][1], elem_id="image2-about")
+            about = gr.Markdown(METHOD_CONTROLS.plugin("code").summary, elem_id="image2-about")
             ar_gallery = gr.Gallery(label="AR", columns=MAX_BATCH // 2, format="png", elem_id="image2-ar",
                                     height=260, object_fit="contain")
             fast_gallery = gr.Gallery(label="method", columns=MAX_BATCH // 2, format="png", elem_id="image2-fast",
@@ -129,23 +115,20 @@ def build(models: dict[str, SharedModel], workdir: Path) -> None:
             stats = gr.Markdown(elem_id="image2-stats")
             files = gr.File(label="download the PNGs", elem_id="image2-files")
 
-    controls = {"draft_steps": draft_steps, "specialised": specialised, "num_draft": num_draft,
-                "tokens_per_step": tokens_per_step, "window": window, "steps": steps, "coupled": coupled}
-    method.change(lambda name: [gr.update(visible=c in CONTROLS.get(name, ())) for c in controls]
-                  + [METHODS[name][1] if name in METHODS else ""], method, [*controls.values(), about], queue=False)
+    method.change(lambda name: [*METHOD_CONTROLS.updates(name),
+                                 METHOD_CONTROLS.plugin(name).summary if name in WORLD_OF else ""],
+                  method, [*controls.values(), about], queue=False)
 
     @shown_on_page
     def generate(class_name, method, draft_steps, specialised, num_draft, tokens_per_step, window, steps, coupled,
                  seed, batch, request: gr.Request, progress=gr.Progress()):
-        method = choice(method, "method", METHODS)
-        world = METHODS[method][0]
+        method = choice(method, "method", WORLD_OF)
+        world = WORLD_OF[method]
         batch = number(batch, "batch", 1, MAX_BATCH, integer=True)
         seed = number(seed, "seed", 0, 2**31 - 1, integer=True)
         progress(0.0, desc=f"loading the {models[world].name} model")
         with models[world].use() as pipe:
-            seq_len = pipe.model.config.seq_len if world == "mar" else 0
-            params = method_params(method, draft_steps, specialised, num_draft, tokens_per_step, window, steps,
-                                   coupled, seq_len)
+            params = method_params(method, draft_steps, specialised, num_draft, tokens_per_step, window, steps, coupled)
             num_classes = pipe.model.config.num_classes if world == "mar" else pipe.model.num_classes
             labels = class_labels(class_name, batch, num_classes, pipe.class_names)
             names = [pipe.class_names[i] if pipe.class_names else str(i) for i in labels]
@@ -153,7 +136,7 @@ def build(models: dict[str, SharedModel], workdir: Path) -> None:
             base_params = {"coupled": params["coupled"]} if world == "gpt" else {}
             progress(0.1, desc="AR")
             t0 = time.perf_counter()
-            base = pipe.generate(labels, "ar", seed=seed, **base_params)
+            base = pipe.generate(labels, BASELINE, seed=seed, **base_params)
             base_s = time.perf_counter() - t0
             progress(0.5, desc=method)
             t0 = time.perf_counter()
@@ -161,8 +144,9 @@ def build(models: dict[str, SharedModel], workdir: Path) -> None:
             fast_s = time.perf_counter() - t0
         archive = png_zip(workdir, request, {"ar": base, method: fast}, names)
         captions = lambda out: [(shown(im), n) for im, n in zip(out.images, names)]  # noqa: E731
-        return (gr.update(value=captions(base), label=f"AR: {WORLDS[world]}"),
-                gr.update(value=captions(fast), label=method), _stats_table(method, base, fast, base_s, fast_s), archive)
+        return (gr.update(value=captions(base), label=f"AR: {WORLDS[world][0]}"),
+                gr.update(value=captions(fast), label=method), _stats_table(method, params, base, fast, base_s, fast_s),
+                archive)
 
-    run.click(generate, [class_name, method, draft_steps, specialised, num_draft, tokens_per_step, window, steps, coupled,
-                         seed, batch], [ar_gallery, fast_gallery, stats, files], api_name="image2")
+    run.click(generate, [class_name, method, *controls.values(), seed, batch], [ar_gallery, fast_gallery, stats, files],
+              api_name="image2")

@@ -10,15 +10,28 @@ from pathlib import Path
 import gradio as gr
 import numpy as np
 
+from demos.method_controls import Control, MethodControls
 from demos.render import pass_heatmap
-from demos.shared import SharedModel, choice, number, ratio, reported_rows, shown_on_page
+from demos.shared import SharedModel, choice, method_help, method_menu, number, ratio, reported_rows, shown_on_page
 from mmaccel.image.methods import build_image_method
 from mmaccel.image.pipeline import FASHION_CLASSES, ImagePipeline, check_labels
 
-METHODS = ("zipar", "sjd-coupled", "gsd", "sjd", "lantern", "speculative")
-# the controls each method reads; the others are hidden while it is selected
-CONTROLS = {"speculative": ("k",), "lantern": ("k", "delta"), "sjd": ("window",), "sjd-coupled": ("window",),
-            "gsd": ("window", "coupled"), "zipar": ("s", "row_window", "coupled", "grouped")}
+BASELINE = "ar"                  # every method runs next to AR with the same seed
+# what the built-in GPT's pipeline offers methods (`ImagePipeline.resources`); sjd2 is on the Image II tab, with
+# the GPT fine-tuned for it
+LOADED = ("draft", "latents", "embeddings", "embedding_scale")
+METHODS = method_menu(ImagePipeline.methods(), LOADED, skip=(BASELINE, "sjd2"))
+# the parameters the page has a control for (the others keep their defaults); each shows its parameter's help
+CONTROLS = {"window": Control("window (Jacobi drafts per pass)", 8, 1, 32),
+            "row_window": Control("Jacobi window per image row (0 = none)", 0, 0, 15),
+            "k": Control("k (drafts per pass)", 4, 1, 8),
+            "delta": Control("δ (LANTERN's TV budget)", 0.1, 0, 0.5, 0.01),
+            "s": Control("s (ZipAR: a row starts s tokens behind the one above)", 4, 1, 16),
+            "coupled": Control("coupled noise", False),
+            "grouped": Control("grouped acceptance (GSD clusters; ZipAR needs window ≥ 1)", False)}
+# ZipAR's window is per image row, where 0 (none) is allowed: a slider of its own
+METHOD_CONTROLS = MethodControls({m: "image" for m in METHODS}, CONTROLS,
+                                 bound={("zipar", "window"): "row_window"})
 MIXED = "all classes, in turn"
 MAX_BATCH = 8
 DISPLAY_SCALE = 3                      # the 64-px samples are shown 3x larger (nearest neighbour)
@@ -35,15 +48,8 @@ def image_model(source: str, device: str | None = None) -> SharedModel:
 
 def method_params(method: str, window, row_window, k, delta, s, coupled, grouped) -> dict:
     """The method's own settings from the tab's controls (range-checked as the API may send anything)."""
-    values = {"window": lambda: number(window, "window", 1, 64, integer=True),
-              "row_window": lambda: number(row_window, "row window", 0, 64, integer=True),
-              "k": lambda: number(k, "k", 1, 16, integer=True), "delta": lambda: number(delta, "δ", 0, 1),
-              "s": lambda: number(s, "s", 1, 64, integer=True), "coupled": lambda: bool(coupled),
-              "grouped": lambda: bool(grouped)}
-    params = {key: values[key]() for key in CONTROLS[method]}
-    if "row_window" in params:                 # ZipAR's Jacobi window per image row (0: none)
-        params["window"] = params.pop("row_window")
-    return params
+    values = dict(zip(CONTROLS, (window, row_window, k, delta, s, coupled, grouped)))
+    return METHOD_CONTROLS.params(method, values)
 
 
 def class_labels(class_name, batch: int, num_classes: int, names) -> list[int]:
@@ -105,13 +111,8 @@ def build(model: SharedModel, workdir: Path) -> None:
             class_name = gr.Dropdown([MIXED, *FASHION_CLASSES], value="Sneaker", label="class", elem_id="image-class")
             method = gr.Dropdown(list(METHODS), value="zipar", label="method", elem_id="image-method")
             with gr.Group():
-                window = gr.Slider(1, 32, value=8, step=1, label="window (Jacobi drafts per pass)", visible=False)
-                row_window = gr.Slider(0, 15, value=0, step=1, label="Jacobi window per image row (0 = none)")
-                k = gr.Slider(1, 8, value=4, step=1, label="k (drafts per pass)", visible=False)
-                delta = gr.Slider(0, 0.5, value=0.1, step=0.01, label="δ (LANTERN's TV budget)", visible=False)
-                s = gr.Slider(1, 16, value=4, step=1, label="s (ZipAR: a row starts s tokens behind the one above)")
-                coupled = gr.Checkbox(False, label="coupled noise")
-                grouped = gr.Checkbox(False, label="grouped acceptance (GSD clusters; ZipAR needs window ≥ 1)")
+                controls = METHOD_CONTROLS.components("zipar")
+            about = gr.Markdown(method_help(ImagePipeline.methods()["zipar"]), elem_id="image-method-help")
             cfg_scale = gr.Slider(1, 5, value=2, step=0.25, label="CFG scale")
             temperature = gr.Slider(0, 1.5, value=1.0, step=0.05, label="temperature (0 = greedy)")
             seed = gr.Number(0, precision=0, label="seed", minimum=0)
@@ -128,10 +129,9 @@ def build(model: SharedModel, workdir: Path) -> None:
                 fast_heat = gr.Image(label="method: pass per token (first image)", format="png", elem_id="image-heat")
             files = gr.File(label="download the PNGs", elem_id="image-files")
 
-    controls = {"window": window, "row_window": row_window, "k": k, "delta": delta, "s": s, "coupled": coupled,
-                "grouped": grouped}
-    method.change(lambda name: [gr.update(visible=c in CONTROLS.get(name, ())) for c in controls], method,
-                  list(controls.values()), queue=False)
+    method.change(lambda name: [*METHOD_CONTROLS.updates(name),
+                                 method_help(ImagePipeline.methods()[name]) if name in METHODS else ""],
+                  method, [*controls.values(), about], queue=False)
 
     @shown_on_page
     def generate(class_name, method, window, row_window, k, delta, s, coupled, grouped, cfg_scale, temperature, seed, batch,
@@ -146,7 +146,7 @@ def build(model: SharedModel, workdir: Path) -> None:
             labels = class_labels(class_name, batch, pipe.model.num_classes, pipe.class_names)
             progress(0.1, desc="AR")
             t0 = time.perf_counter()
-            base = pipe.generate(labels, "ar", **sampling)
+            base = pipe.generate(labels, BASELINE, **sampling)
             base_s = time.perf_counter() - t0
             progress(0.5, desc=method)
             t0 = time.perf_counter()
@@ -155,7 +155,7 @@ def build(model: SharedModel, workdir: Path) -> None:
             lossless = build_image_method(method, **params).lossless
             names = [pipe.class_names[i] if pipe.class_names else str(i) for i in labels]
         progress(0.9, desc="drawing")
-        heat = [pass_heatmap(out.commit_pass[0].numpy(), f"{name}: {out.stats.nfe} passes")
+        heat = [None if out.commit_pass is None else pass_heatmap(out.commit_pass[0].numpy(), f"{name}: {out.stats.nfe} passes")
                 for name, out in (("AR", base), (method, fast))]
         archive = png_zip(workdir, request, {"ar": base, method: fast}, names)
         captions = lambda out: [(shown(im), n) for im, n in zip(out.images, names)]  # noqa: E731
@@ -163,7 +163,6 @@ def build(model: SharedModel, workdir: Path) -> None:
                 _stats_table(method, params, base, fast, base_s, fast_s, lossless), heat[0],
                 gr.update(value=heat[1], label=f"{method}: pass per token (first image)"), archive)
 
-    run.click(generate, [class_name, method, window, row_window, k, delta, s, coupled, grouped, cfg_scale, temperature,
-                         seed, batch],
+    run.click(generate, [class_name, method, *controls.values(), cfg_scale, temperature, seed, batch],
               [ar_gallery, fast_gallery, stats, ar_heat, fast_heat, files], api_name="image")
 

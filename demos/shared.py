@@ -1,5 +1,5 @@
 """What every tab shares: models loaded once per process, lazily, behind a lock; errors shown on the page;
-method parameters typed as text."""
+method menus and parameter help read from the method registries; method parameters typed as text."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ import json
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import gradio as gr
 
+from mmaccel.core.plugin import MethodPlugin
 from mmaccel.core.stats import DecodeStats, counters
 from mmaccel.errors import InputError, MMAccelError, ModelNotFoundError
 
@@ -80,6 +81,24 @@ def shown_on_page(fn: Callable) -> Callable:
             raise page_error(err) from None
 
     return wrapper
+
+
+def method_menu(registry: dict[str, MethodPlugin], loaded: Iterable[str] | None = None,
+                skip: Iterable[str] = ()) -> tuple[str, ...]:
+    """The methods of `registry` a tab offers, in its order: those whose needs are all in `loaded` (what the tab's
+    model has; None: every method), less `skip` (the baseline shown beside them)."""
+    return tuple(name for name, plugin in registry.items()
+                 if name not in set(skip) and (loaded is None or set(plugin.needs) <= set(loaded)))
+
+
+def method_help(plugin: MethodPlugin) -> str:
+    """A method's summary, exactness and parameters (type, default, range, one line of help) as Markdown."""
+    exact = f"relaxed (budget: `{plugin.budget}`)" if plugin.exactness == "relaxed" else plugin.exactness
+    lines = [f"**{plugin.name}**: {plugin.summary}; {exact}."]
+    for row in plugin.parameters():
+        bounds = f", {row['range']}" if row["range"] else ""
+        lines.append(f"- `{row['name']}` ({row['type']}, default `{row['default']}`{bounds}): {row['help']}")
+    return "\n".join(lines)
 
 
 def parse_params(text: str | None) -> dict[str, Any]:

@@ -8,17 +8,23 @@ from pathlib import Path
 import gradio as gr
 
 from demos.render import word_diff
-from demos.shared import SharedModel, choice, parse_params, ratio, reported_rows, shown_on_page
+from demos.shared import SharedModel, choice, method_help, method_menu, parse_params, ratio, reported_rows, shown_on_page
 from mmaccel.errors import InputError
 from mmaccel.speech.audio import is_silent, load_audio
 from mmaccel.speech.data import real_utterances
 from mmaccel.speech.pipeline import ASRPipeline
 
-# each method with its best lossless (or stated) setting in benchmarks/asr_base.json, editable on the page
+REGISTRY = ASRPipeline.methods()
+BASELINE = "greedy"             # every transcript is shown next to the baseline's
+# what the app's Whisper loads (`from_pretrained`: the shipped heads, EAGLE head and draft decoder); a method that
+# needs anything else (speculative-cross: an assistant Whisper) is not offered
+LOADED = ("draft", "heads", "exit_heads", "medusa_block", "eagle")
+METHODS = method_menu(REGISTRY, LOADED, skip=(BASELINE,))
+# the best lossless (or stated) setting in benchmarks/asr_base.json, editable on the page; other methods start
+# from their defaults
 DEFAULT_PARAMS = {"eagle": "k=8 stop_below=0.5", "speculative": "k=8 stop_below=0.8 siblings=2",
                   "medusa": "depth=1 width=1", "medusa-block": "depth=2 width=1", "early-exit": "k=2 exit_layer=5",
                   "calm": "threshold=0.9", "beam": "num_beams=5", "ngram": "k=3", "tree": "depth=4 width=2"}
-METHODS = tuple(DEFAULT_PARAMS)
 MAX_AUDIO_S = 600.0             # longer uploads are refused with a message (the app is a demo, not a batch job)
 
 
@@ -28,7 +34,7 @@ def speech_model(source: str, device: str | None = None) -> SharedModel:
         clips = bundled_clips()
         if clips:                 # warm-up: first-call costs (int8 draft weights, allocator) stay out of the speed-up
             first = min(clips.values(), key=len)
-            for method in ("greedy", "eagle" if asr.heads.eagle is not None else "ngram"):
+            for method in (BASELINE, "eagle" if asr.heads.eagle is not None else "ngram"):
                 asr.transcribe(first, method, batch_size=1)
         return asr
 
@@ -49,7 +55,7 @@ def _stats_table(method: str, base, fast) -> str:
             ("RTFx (audio s / compute s)", f"{base.rtfx:.1f}", f"{fast.rtfx:.1f}"),
             *reported_rows(base.stats, fast.stats),
             ("identical to greedy", "–", "yes" if fast.texts == base.texts else "no")]
-    lines = [f"| | greedy | {method} |", "|---|---|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in rows]
+    lines = [f"| | {BASELINE} | {method} |", "|---|---|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in rows]
     return "\n".join(lines)
 
 
@@ -63,6 +69,7 @@ def build(model: SharedModel) -> None:
             clip = gr.Dropdown(list(clips), value=None, label="or a bundled real clip", elem_id="speech-clip")
             method = gr.Dropdown(list(METHODS), value="eagle", label="method", elem_id="speech-method")
             params = gr.Textbox(DEFAULT_PARAMS["eagle"], label="method parameters (KEY=VALUE)")
+            about = gr.Markdown(method_help(REGISTRY["eagle"]), elem_id="speech-method-help")
             run = gr.Button("Transcribe", variant="primary", elem_id="speech-run")
         with gr.Column(scale=2):
             with gr.Row():
@@ -73,7 +80,8 @@ def build(model: SharedModel) -> None:
             stats = gr.Markdown(elem_id="speech-stats")
 
     clip.change(lambda label: clips.get(label), clip, audio, queue=False)
-    method.change(lambda m: DEFAULT_PARAMS.get(m, ""), method, params, queue=False)
+    method.change(lambda m: (DEFAULT_PARAMS.get(m, ""), method_help(REGISTRY[m]) if m in REGISTRY else ""), method,
+                  [params, about], queue=False)
 
     @shown_on_page
     def transcribe(path, method, params_text, progress=gr.Progress()):
@@ -93,11 +101,11 @@ def build(model: SharedModel) -> None:
         progress(0.0, desc="loading Whisper")
         with model.use() as asr:
             runs = {}
-            for i, (name, kw) in enumerate((("greedy", {}), (method, params))):
+            for i, (name, kw) in enumerate(((BASELINE, {}), (method, params))):
                 report = lambda done, total, i=i, name=name: progress(  # noqa: E731
                     (i + done / total) / 2, desc=f"{name}: {done}/{total} 30-s windows")
                 runs[name] = asr.transcribe(audio, name, batch_size=1, progress=report, **kw)
-        base, fast = runs["greedy"], runs[method]
+        base, fast = runs[BASELINE], runs[method]
         return (base.texts[0], gr.update(value=fast.texts[0], label=method), word_diff(base.texts[0], fast.texts[0]),
                 _stats_table(method, base, fast))
 

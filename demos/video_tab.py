@@ -13,7 +13,8 @@ import gradio as gr
 import numpy as np
 from PIL import Image
 
-from demos.shared import SharedModel, choice, number, parse_params, shown_on_page
+from demos.shared import SharedModel, choice, method_help, method_menu, number, parse_params, shown_on_page
+from demos.video_tables import answer_table, history_table, notices, stream_table
 from mmaccel.errors import InputError
 from mmaccel.video.data import CLASSES, TEMPLATES, Stream, ask, make_stream
 from mmaccel.video.frames import open_frames
@@ -32,10 +33,12 @@ DISPLAY_SCALE = 3               # the 112-px frame is shown 3x larger (nearest n
 REDUCTIONS = {"none": lambda: None, "TemporalDrop (pixel)": lambda: [TemporalDrop("pixel")],
               "TemporalDrop + SpatialMerge": lambda: [TemporalDrop("pixel"), SpatialMerge(0.9)]}
 KV_REDUCTIONS = {"QuestionPrune 25%": lambda: QuestionPrune(0.25), "RoundDecay 50%": lambda: RoundDecay(0.5)}
-# answer methods with the settings of `mmaccel bench video`, editable on the page; speculative drafts with the
-# model itself seeing only `draft keep` of each segment's vision tokens (SpecVLM)
+# every answer method of the pipeline; the settings of `mmaccel bench video` where it has them, editable on the page
+# (the others start from their defaults). Methods that draft with the pipeline's draft get one that watches the
+# stream: the model itself seeing only `draft keep` of each segment's vision tokens (SpecVLM), or its first layers.
+REGISTRY = VideoStreamPipeline.methods()
+METHODS = method_menu(REGISTRY)
 DEFAULT_PARAMS = {"ar": "", "speculative": "k=2", "ngram": "k=2 max_ngram=2"}
-METHODS = tuple(DEFAULT_PARAMS)
 DRAFT_KEEP = 0.1
 # the speculative draft: the model itself (SpecVLM: it sees `draft keep` of the vision tokens) or its first
 # layers (an early exit: LayerSkip-style self-speculation, as the `self-draft` rows of `mmaccel bench video`)
@@ -44,7 +47,6 @@ DRAFT = "the model itself"
 MAX_PLAY = 240                  # frames per press of Play
 UPDATE_EVERY = 4                # frames between live updates of a play (two temporal patches)
 MAX_NEW_TOKENS = 12             # the task's longest answer is eight words ("bag up and coat left and shirt down")
-MAX_HISTORY = 10                # questions listed under the answer
 WHEN = "when"                   # "tell me when a … appears ?": a proactive request, not a decoded answer
 UPLOAD_NOTE = (f"Uploads are centre-cropped to a square and resized to {FRAME_SIDE}×{FRAME_SIDE}, the built-in "
                "model's frame size. Changing the source, a reduction, the draft or the file starts the stream over.")
@@ -79,13 +81,18 @@ class Settings:
     draft_exit: int | None = None   # the draft's early-exit layer count; None: the whole model
 
 
+def drafted(method: str) -> bool:
+    """Whether answer method `method` drafts with the pipeline's draft (its plug-in needs one)."""
+    return method in REGISTRY and "draft" in REGISTRY[method].needs
+
+
 def settings(source, seed, upload, fps, reduction, kv_reduction, method, draft_keep, draft=DRAFT) -> Settings:
     """The tab's controls, checked as the API may send anything."""
     source = choice(source, "source", SOURCES)
     kv_reduction = tuple(choice(k, "KV reduction", tuple(KV_REDUCTIONS)) for k in (kv_reduction or ()))
     method = choice(method, "method", METHODS)
-    keep = number(draft_keep, "draft keep", 0, 1) if method == "speculative" else None
-    draft_exit = DRAFTS[choice(draft, "draft", tuple(DRAFTS))] if method == "speculative" else None
+    keep = number(draft_keep, "draft keep", 0, 1) if drafted(method) else None
+    draft_exit = DRAFTS[choice(draft, "draft", tuple(DRAFTS))] if drafted(method) else None
     if source == TASK:
         task = number(seed, "seed", 0, 2**31 - 1, integer=True), None, None
     else:
@@ -231,54 +238,6 @@ def suggest(template: str | None, session: Session | None) -> str:
     return template.format(options[0] if options else "bag")
 
 
-def stream_table(session: Session) -> str:
-    pipe, budget = session.pipe, session.pipe.budget
-    s = session.settings
-    where = f"task stream, seed {s.seed}" if s.source == TASK else f"{Path(s.upload).name} at ≤ {s.fps:g} fps"
-    seen = session.frames_seen
-    kept = f"{session.kept} of {session.encoded}" + (f" ({session.kept / session.encoded:.0%} kept)"
-                                                     if session.encoded else "")
-    last = session.last
-    segment = f"{last.vision_tokens} of {last.tokens_in}" if last is not None and last.appended else "–"
-    ingest = (f"last {last.ingest_s * 1e3:.1f} ms, mean {session.ingest_s / seen * 1e3:.1f} ms "
-              f"(the frame that completes a temporal patch of {pipe.model.temporal_patch} pays its encoding)"
-              if last is not None else "–")
-    rows = [("frames seen", f"{seen} ({where}){' — the source has ended' if session.ended else ''}"),
-            ("vision tokens kept / encoded", f"{kept}; last segment {segment}"),
-            ("KV entries", f"{pipe.kv_entries} of {pipe.capacity} (budget: {budget.sink} sinks + {budget.vision} "
-                           f"vision + {budget.text} text, + room for an answer)"),
-            ("ingest latency per frame", ingest)]
-    return "\n".join(["| stream | |", "|---|---|"] + [f"| {a} | {b} |" for a, b in rows])
-
-
-def answer_table(answer: VideoAnswer, method: str, truth: str) -> str:
-    stats = answer.stats
-    text = answer.text or "(nothing: the model ended its answer at once)"
-    mark = "" if truth.startswith("–") else " ✓" if answer.text == truth else " ✗"
-    rows = [("answer", f"**{text}**{mark}"), ("ground truth", truth),
-            ("latency", f"{answer.latency_s * 1e3:.1f} ms (question appended + answer decoded)"),
-            ("target passes (NFE)", f"{stats.nfe} for {stats.new_tokens} tokens "
-                                    f"({stats.mean_accepted:.2f} tokens per pass, {method})"),
-            ("draft passes", stats.draft_passes),
-            ("vision tokens in the cache", f"{answer.vision_entries_before} → {answer.vision_entries_after} "
-                                           "(KV reduction at this question)"),
-            ("frames seen", answer.frames_seen)]
-    return "\n".join(["| answer | |", "|---|---|"] + [f"| {a} | {b} |" for a, b in rows])
-
-
-def history_table(session: Session) -> str:
-    cell = lambda text: text.replace("|", "\\|")  # noqa: E731 - a typed "|" must not split the table row
-    rows = [f"| {a.frames_seen} | {cell(a.question)} | {a.text} | {truth} | {a.stats.nfe} | {a.latency_s * 1e3:.1f} |"
-            for a, truth in reversed(session.history[-MAX_HISTORY:])]
-    return "\n".join(["| frames | question | answer | truth | NFE | ms |", "|---|---|---|---|---|---|", *rows])
-
-
-def notices(session: Session | None) -> str:
-    if session is None or not session.notices:
-        return ""
-    return "**Requests that fired**\n\n" + "\n".join(f"- {n}" for n in session.notices)
-
-
 def request_notice(session: Session, subject: str | None) -> str:
     """ "tell me when a … appears ?" registers a proactive request on the model's trigger head."""
     if getattr(session.pipe, "trigger", None) is None or not hasattr(session.pipe, "request"):
@@ -314,6 +273,7 @@ def build(model: SharedModel) -> None:
                                             elem_id="video-kv")
             method = gr.Dropdown(list(METHODS), value="speculative", label="answer method", elem_id="video-method")
             params = gr.Textbox(DEFAULT_PARAMS["speculative"], label="method parameters (KEY=VALUE)")
+            about = gr.Markdown(method_help(REGISTRY["speculative"]), elem_id="video-method-help")
             draft_keep = gr.Slider(0, 1, value=DRAFT_KEEP, step=0.05, elem_id="video-draft-keep",
                                    label="draft keep (share of vision tokens the draft sees; 0 = text only)")
             draft = gr.Dropdown(list(DRAFTS), value=DRAFT, label="draft", elem_id="video-draft")
@@ -386,8 +346,8 @@ def build(model: SharedModel) -> None:
             raise InputError("the question is empty: type one, or pick a template")
         if current is None or current.frames_seen == 0:
             raise InputError("no frame has been played yet: press Play, then ask about what the model has seen")
-        if method == "speculative" and current.pipe.draft is None:
-            raise InputError("speculative answers need a draft that has watched the stream: choose the method "
+        if drafted(method) and current.pipe.draft is None:
+            raise InputError(f"{method} answers need a draft that has watched the stream: choose the method "
                              "before playing (changing it restarts the stream)")
         progress(0.0, desc="answering")
         parsed = _question_kind(question)
@@ -403,8 +363,9 @@ def build(model: SharedModel) -> None:
           queue=False, api_visibility="private")
     source.change(lambda s: [gr.update(visible=s == TASK)] + [gr.update(visible=s == UPLOAD)] * 2, source,
                   [seed, upload, fps], queue=False)
-    method.change(lambda m: [DEFAULT_PARAMS.get(m, ""), *[gr.update(visible=m == "speculative")] * 2], method,
-                  [params, draft_keep, draft], queue=False)
+    method.change(lambda m: [DEFAULT_PARAMS.get(m, ""), method_help(REGISTRY[m]) if m in REGISTRY else "",
+                             *[gr.update(visible=drafted(m))] * 2], method, [params, about, draft_keep, draft],
+                  queue=False)
     template.change(suggest, [template, session], question, queue=False)
     restart.click(restart_stream, session, [session, *views], queue=False)
     play.click(play_frames, [session, *options, play_n], [session, frame, stats, fired], api_name="video_play")

@@ -89,7 +89,8 @@ def test_image_generate_scale_writes_pngs_with_code(tmp_path, capsys):
     (["--labels", "1", "--method", "code", "--draft-steps", "10"], "draft_steps must be an int in [1, 9]"),
     (["--labels", "1", "--draft-steps", "3"], "draft_steps"),
     (["--labels", "1", "--method", "code", "--specialised", "--draft-steps", "2"], "no refiner specialised"),
-    (["--labels", "1", "--refiner-cfg", "1.5"], "refiner_temperature are parameters of method='code'"),
+    (["--labels", "1", "--refiner-cfg", "1.5"], "method 'ar' does not take parameter(s) refiner_cfg"),
+    (["--labels", "1", "--method", "code", "--param", "refiner_cfg=-3"], "refiner_cfg must be in [-1.0, 1000.0]"),
     (["--labels", "1", "--model", "/nowhere/var_d16.pth", "--vq", "/nowhere/vae.pth"], "not found"),
     (["--labels", "1", "--top-p", "0"], "top_p"),
 ])
@@ -112,7 +113,11 @@ def test_image_generate_continuous_writes_pngs_with_cspd(tmp_path, capsys):
     assert main(["image", "generate-continuous", "--model", str(model), "--method", "mar", "--num-draft", "4",
                  "--labels", "1", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("mmaccel: error:") and "num_draft is a parameter of method='cspd'" in err and "\n" not in err
+    assert err.startswith("mmaccel: error:") and "method 'mar' does not take parameter(s) num_draft" in err
+    assert "\n" not in err
+    assert main(["image", "generate-continuous", "--model", str(model), "--method", "mar", "--param", "tokens_per_step=8",
+                 "--diffusion-steps", "3", "--labels", "1", "--out", str(out)]) == 0
+    assert json.loads(capsys.readouterr().err.strip().splitlines()[-1])["nfe"] == 2          # 16 tokens, 8 a step
 
 
 def test_asr_transcribe_prints_transcripts_and_reports_bad_files(capsys, tmp_path):

@@ -8,7 +8,7 @@ from dataclasses import fields
 import pytest
 
 from mmaccel.core.methods import Method, build_method
-from mmaccel.core.plugin import EXACTNESS, NEEDS
+from mmaccel.core.plugin import EXACT, EXACTNESS, NEEDS
 from mmaccel.errors import InputError
 from mmaccel.registries import FAMILIES, method_registry
 
@@ -22,8 +22,10 @@ def test_builds_from_defaults_and_declares_itself(family, name):
     assert isinstance(method, Method) and method.name == name
     assert plugin.exactness in EXACTNESS and set(plugin.needs) <= set(NEEDS) and plugin.summary
     assert (plugin.budget is not None) == (plugin.exactness == "relaxed")
-    if plugin.exactness != "relaxed":
+    if plugin.exactness in EXACT:
         assert method.lossless, f"{name} is declared exact but its default Method says it is not lossless"
+    if plugin.exactness == "another-model":
+        assert not method.lossless and plugin.exact_when is None, f"{name} runs another model: it is never lossless"
     for row in plugin.parameters():
         assert row["help"] and row["type"] in ("bool", "int", "float", "str")
 
@@ -57,6 +59,20 @@ def test_refuses_out_of_range_values_in_one_line(family, name):
 
 
 def test_one_function_reaches_every_family():
-    assert set(FAMILIES) == {"text", "image", "speech"}
-    with pytest.raises(InputError, match="unknown pipeline family 'audio'; choose from text, image, speech"):
+    assert set(FAMILIES) == {"text", "image", "image-scale", "image-continuous", "speech", "ctc", "whisfusion", "video"}
+    with pytest.raises(InputError, match="unknown pipeline family 'audio'; choose from text, image, image-scale, "
+                                         "image-continuous, speech"):
         method_registry("audio")
+
+
+def test_each_pipeline_offers_its_family_registry():
+    """`Pipeline.methods()` is the registry its family is listed under, so what a pipeline runs is what the CLI,
+    the app and these cases read."""
+    from mmaccel.speech.ctc.pipeline import CTCPipeline
+    from mmaccel.speech.pipeline import ASRPipeline
+    from mmaccel.speech.whisfusion.pipeline import WhisfusionPipeline
+    from mmaccel.video.stream import VideoStreamPipeline
+
+    for family, pipeline in (("speech", ASRPipeline), ("ctc", CTCPipeline), ("whisfusion", WhisfusionPipeline),
+                             ("video", VideoStreamPipeline)):
+        assert pipeline.methods() is method_registry(family), family

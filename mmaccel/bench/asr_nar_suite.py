@@ -69,13 +69,16 @@ def build_asr_nar_suite(quick: bool = False, methods: list[MethodSpec] | None = 
                         long_count: int | None = None, pipeline=None, split: str = "in-domain") -> Suite:
     from mmaccel.bench.asr_suite import OOD_UTTERANCES, load_corpus
     from mmaccel.speech.pipeline import ASRPipeline
+    from mmaccel.speech.whisfusion.methods import build_whisfusion_method
     from mmaccel.speech.whisfusion.pipeline import WhisfusionPipeline
 
     methods = methods or DEFAULT_METHODS
     if methods[0].name != "greedy":
         methods = [MethodSpec("greedy")] + [m for m in methods if m.name not in ("greedy", "ar")]
-    for m in methods[1:]:
-        check(m.name == "whisfusion", f"unknown method {m.name!r} for bench asr-nar; choose greedy or whisfusion")
+    for m in methods[1:]:            # checked, parameters too, before anything loads
+        check(m.name in WhisfusionPipeline.methods(), f"unknown method {m.name!r} for bench asr-nar; choose greedy or "
+              f"{', '.join(WhisfusionPipeline.methods())}")
+        build_whisfusion_method(m.name, **m.params)
     fusion = pipeline or WhisfusionPipeline.from_pretrained(model)
     ar = ASRPipeline(fusion.bundle)                              # the same Whisper: the same encoder states
     tts = tts_utterances if tts_utterances is not None else (QUICK_TTS if quick else FULL_TTS)
@@ -102,7 +105,7 @@ def build_asr_nar_suite(quick: bool = False, methods: list[MethodSpec] | None = 
         if spec.name == "greedy":
             out = ar.transcribe(audios, "greedy", batch_size=len(audios))
         else:
-            out = fusion.transcribe(audios, batch_size=len(audios), seed=seed, **spec.params)
+            out = fusion.transcribe(audios, spec.name, batch_size=len(audios), seed=seed, **spec.params)
         stats = out.stats
         stats.time_s["total"] = out.wall_s
         stats.time_s[name] = out.wall_s

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from mmaccel.bench.harness import MethodSpec, Suite
+from mmaccel.core.methods import Resources
 from mmaccel.core.stats import DecodeStats
 from mmaccel.errors import check
 from mmaccel.metrics.wer import corpus_wer, normalizer_version
@@ -41,6 +42,7 @@ from mmaccel.speech.ctc.beam import ctc_beam_search, ctc_greedy
 from mmaccel.speech.ctc.boosting import phrase_table
 from mmaccel.speech.ctc.kneser_ney import char_tokens, estimate_kneser_ney
 from mmaccel.speech.ctc.lm import ngram_table
+from mmaccel.speech.ctc.methods import CTC_REGISTRY, Posteriors, build_ctc_method
 from mmaccel.speech.ctc.whisper_ctc import normalize_text
 
 DEFAULT_METHODS = [
@@ -55,6 +57,8 @@ DEFAULT_METHODS = [
     MethodSpec("flashlight", {"beam": 16}, label="flashlight-16"),
     MethodSpec("flashlight", {"beam": 16, "lm": True}, label="flashlight-16+lm"),
 ]
+SUITE_PARAMS = ("lm", "boost")      # what the suite fuses (its dev-picked LM and boost list), not a method's parameters
+PEERS = ("pyctcdecode", "flashlight")
 FULL_TTS, QUICK_TTS = 100, 6
 LM_WEIGHTS, BONUSES, BOOST_WEIGHTS = (0.2, 0.4, 0.7, 1.0), (0.0, 0.5, 1.5), (0.5, 1.0, 2.0)
 EXIT_BUDGETS = (0.5, 0.75)
@@ -104,23 +108,13 @@ def boosted_recall(references: list[str], hypotheses: list[str], boosted: list[s
 
 def build_ctc_suite(quick: bool = False, methods: list[MethodSpec] | None = None, model: str = "builtin:ctc-base",
                     tts_utterances: int | None = None, order: int | None = None, split: str = "in-domain") -> Suite:
-    from mmaccel.bench.asr_suite import OOD_UTTERANCES, load_corpus
     from mmaccel.speech.ctc.peers import flashlight_beam, pyctcdecode_beam
     from mmaccel.speech.ctc.pipeline import CTCPipeline
 
-    methods = methods or DEFAULT_METHODS
-    if methods[0].name != "greedy":
-        methods = [MethodSpec("greedy")] + [m for m in methods if m.name not in ("greedy", "ar")]
+    methods = checked_methods(methods)
     pipe = CTCPipeline.from_pretrained(model)
     ctc, vocab, step = pipe.model, pipe.vocab, pipe.model.frame_seconds
-    tts = tts_utterances if tts_utterances is not None else (QUICK_TTS if quick else FULL_TTS)
-    everything = load_corpus(2 * tts)
-    real = len(everything) - 2 * tts
-    test, dev = everything[: real + tts], everything[real + tts:]
-    if split != "in-domain":         # settings are still picked on the in-domain dev set
-        test = load_corpus(OOD_UTTERANCES if tts_utterances is None and not quick else tts, split)
-    # a sorted manifest, as batched CTC decoders are run: a batch's frame loop is as long as its longest row
-    test = sorted(test, key=lambda item: item[1].duration)
+    test, dev, real, tts = held_out_sets(quick, tts_utterances, split)
     order = order or (4 if quick else 6)
     sentences_cap = 300 if quick else None
     arpa = char_lm_arpa(order, sentences_cap)
@@ -128,41 +122,8 @@ def build_ctc_suite(quick: bool = False, methods: list[MethodSpec] | None = None
     lm = ngram_table(arpa, vocab)
     lm_build_s = time.perf_counter() - t0
     known = lm_words(sentences_cap)
-
-    cache: dict[tuple, tuple] = {}
-    model_s = {"seconds": 0.0, "audio": 0.0}
-
-    def posteriors(items) -> tuple:
-        key = tuple(i for i, _, _ in items)
-        if key not in cache:
-            t = time.perf_counter()
-            cache[key] = ctc.log_probs([a for _, a, _ in items])
-            model_s["seconds"] += time.perf_counter() - t
-            model_s["audio"] += sum(a.duration for _, a, _ in items)
-        return cache[key]
-
-    def decode(items, beam: int, fusion, bonus: float) -> list[str]:
-        lp, lengths = posteriors(items)
-        return [h.text for h in ctc_beam_search(lp, vocab, lengths, beam=beam, fusion=fusion, insertion_bonus=bonus,
-                                                frame_seconds=step)]
-
-    # ---- settings picked on the dev set (beam 16) -------------------------------------------------
-    dev_batches = [dev[i:i + 16] for i in range(0, len(dev), 16)]
-    dev_refs = [t for _, _, t in dev]
-    tried = {}
-    for weight in LM_WEIGHTS:
-        for bonus in BONUSES:
-            hyps = [h for b in dev_batches for h in decode(b, 16, [(lm, weight)], bonus)]
-            tried[f"lm_weight={weight}, bonus={bonus}"] = (round(100 * corpus_wer(dev_refs, hyps).wer, 2), weight, bonus)
-    _, lm_weight, bonus = min(tried.values())
-    dev_boost = boost_list(dev_refs, known, vocab)
-    boost_tried = {}
-    for weight in BOOST_WEIGHTS:
-        table = phrase_table(dev_boost, vocab) if dev_boost else None
-        fusion = [(lm, lm_weight)] + ([(table, weight)] if table is not None else [])
-        hyps = [h for b in dev_batches for h in decode(b, 16, fusion, bonus)]
-        boost_tried[str(weight)] = (round(100 * corpus_wer(dev_refs, hyps).wer, 2), weight)
-    _, boost_weight = min(boost_tried.values())
+    posteriors = SharedPosteriors(ctc)
+    lm_weight, bonus, boost_weight, tried, boost_tried = pick_settings(posteriors, dev, lm, known, vocab, step)
 
     refs = [t for _, _, t in test]
     boosted = boost_list(refs, known, vocab)
@@ -176,19 +137,15 @@ def build_ctc_suite(quick: bool = False, methods: list[MethodSpec] | None = None
         beam = spec.params.get("beam", 16)
         use_lm, use_boost = spec.params.get("lm", False), spec.params.get("boost", False)
         t = time.perf_counter()
-        if spec.name == "greedy":
-            out = ctc_greedy(lp, vocab, lengths, frame_seconds=step)
-        elif spec.name == "beam":
+        if spec.name in CTC_REGISTRY:
             fusion = ([(lm, lm_weight)] if use_lm else []) + ([(boost, boost_weight)] if use_boost and boost else [])
-            out = ctc_beam_search(lp, vocab, lengths, beam=beam, fusion=fusion, insertion_bonus=bonus if use_lm else 0.0,
-                                  recombine=spec.params.get("recombine", "max"), frame_seconds=step)
+            resources = Resources(ctc, extras={"fusion": fusion, "insertion_bonus": bonus if use_lm else 0.0})
+            out = build_ctc_method(spec.name, **method_params(spec)).runner(resources, Posteriors(lp, lengths, step))
         elif spec.name == "pyctcdecode":
             out = pyctcdecode_beam(lp, vocab, lengths, beam=beam, frame_seconds=step)
-        elif spec.name == "flashlight":
+        else:
             out = flashlight_beam(lp, vocab, lengths, beam=beam, lm=arpa if use_lm else None, lm_weight=lm_weight,
                                   insertion_bonus=bonus if use_lm else 0.0, frame_seconds=step)
-        else:
-            check(False, f"unknown CTC decoder {spec.name!r}; choose from greedy, beam, pyctcdecode, flashlight")
         seconds = time.perf_counter() - t
         stats = DecodeStats(nfe=len(items), new_tokens=sum(len(h.text) for h in out), time_s={"total": seconds})
         return [h.text for h in out], stats
@@ -206,7 +163,7 @@ def build_ctc_suite(quick: bool = False, methods: list[MethodSpec] | None = None
             r["quality"]["utt_per_s"] = round(len(test) / r["latency_s"], 1) if r["latency_s"] else None
             if r["batch"] in peer and r["latency_s"]:
                 r["quality"]["vs_pyctcdecode_16"] = round(peer[r["batch"]]["latency_s"] / r["latency_s"], 2)
-        doc["model_rtfx"] = round(model_s["audio"] / max(1e-9, model_s["seconds"]), 2)
+        doc["model_rtfx"] = round(posteriors.audio / max(1e-9, posteriors.seconds), 2)
         doc["settings"] = {"lm_weight": lm_weight, "insertion_bonus": bonus, "boost_weight": boost_weight,
                            "dev_lm_wer": {k: v[0] for k, v in tried.items()},
                            "dev_boost_wer": {k: v[0] for k, v in boost_tried.items()},
@@ -225,6 +182,85 @@ def build_ctc_suite(quick: bool = False, methods: list[MethodSpec] | None = None
     return Suite("ctc", config, methods, batches, run_batch, quality, lambda spec: spec.name == "greedy",
                  verify_identical=False, primary_quality="wer", warmup=lambda spec: run_batch(spec, test[:1], 0),
                  finish=finish, artifacts=append_markdown)
+
+
+def checked_methods(methods: list[MethodSpec] | None) -> list[MethodSpec]:
+    """`methods` (default `DEFAULT_METHODS`) with greedy, the baseline, first; our methods' parameters
+    are checked here, before anything runs."""
+    methods = methods or DEFAULT_METHODS
+    if methods[0].name != "greedy":
+        methods = [MethodSpec("greedy")] + [m for m in methods if m.name not in ("greedy", "ar")]
+    for spec in methods:
+        check(spec.name in CTC_REGISTRY or spec.name in PEERS, f"unknown CTC decoder {spec.name!r}; choose from "
+              f"{', '.join([*CTC_REGISTRY, *PEERS])}")
+        if spec.name in CTC_REGISTRY:
+            build_ctc_method(spec.name, **method_params(spec))
+    return methods
+
+
+def held_out_sets(quick: bool, tts_utterances: int | None, split: str) -> tuple[list, list, int, int]:
+    """(test, dev, real clips, TTS utterances per set): the real clips and the first held-out TTS utterances
+    are the test set (the out-of-domain utterances when `split` says so), sorted by duration as batched CTC
+    decoders run (a batch's frame loop is as long as its longest row); the next ones are the dev set."""
+    from mmaccel.bench.asr_suite import OOD_UTTERANCES, load_corpus
+
+    tts = tts_utterances if tts_utterances is not None else (QUICK_TTS if quick else FULL_TTS)
+    everything = load_corpus(2 * tts)
+    real = len(everything) - 2 * tts
+    test, dev = everything[: real + tts], everything[real + tts:]
+    if split != "in-domain":         # settings are still picked on the in-domain dev set
+        test = load_corpus(OOD_UTTERANCES if tts_utterances is None and not quick else tts, split)
+    return sorted(test, key=lambda item: item[1].duration), dev, real, tts
+
+
+class SharedPosteriors:
+    """The CTC model's log-probs of a batch, computed once and read by every decoder; `seconds` and
+    `audio` sum the model's time and the audio's length (for its RTFx)."""
+
+    def __init__(self, ctc):
+        self.ctc, self.cache, self.seconds, self.audio = ctc, {}, 0.0, 0.0
+
+    def __call__(self, items) -> tuple:
+        key = tuple(i for i, _, _ in items)
+        if key not in self.cache:
+            t = time.perf_counter()
+            self.cache[key] = self.ctc.log_probs([a for _, a, _ in items])
+            self.seconds += time.perf_counter() - t
+            self.audio += sum(a.duration for _, a, _ in items)
+        return self.cache[key]
+
+
+def pick_settings(posteriors: SharedPosteriors, dev: list, lm, known: set[str], vocab, step: float) -> tuple:
+    """The LM weight and insertion bonus, then the boost weight (for the dev set's own unknown words), with
+    the lowest dev WER at beam 16 -> (lm_weight, bonus, boost_weight, {setting: (WER, ...)} of each search)."""
+
+    def decode(items, beam: int, fusion, bonus: float) -> list[str]:
+        lp, lengths = posteriors(items)
+        return [h.text for h in ctc_beam_search(lp, vocab, lengths, beam=beam, fusion=fusion, insertion_bonus=bonus,
+                                                frame_seconds=step)]
+
+    dev_batches = [dev[i:i + 16] for i in range(0, len(dev), 16)]
+    dev_refs = [t for _, _, t in dev]
+    tried = {}
+    for weight in LM_WEIGHTS:
+        for bonus in BONUSES:
+            hyps = [h for b in dev_batches for h in decode(b, 16, [(lm, weight)], bonus)]
+            tried[f"lm_weight={weight}, bonus={bonus}"] = (round(100 * corpus_wer(dev_refs, hyps).wer, 2), weight, bonus)
+    _, lm_weight, bonus = min(tried.values())
+    dev_boost = boost_list(dev_refs, known, vocab)
+    boost_tried = {}
+    for weight in BOOST_WEIGHTS:
+        table = phrase_table(dev_boost, vocab) if dev_boost else None
+        fusion = [(lm, lm_weight)] + ([(table, weight)] if table is not None else [])
+        hyps = [h for b in dev_batches for h in decode(b, 16, fusion, bonus)]
+        boost_tried[str(weight)] = (round(100 * corpus_wer(dev_refs, hyps).wer, 2), weight)
+    _, boost_weight = min(boost_tried.values())
+    return lm_weight, bonus, boost_weight, tried, boost_tried
+
+
+def method_params(spec: MethodSpec) -> dict:
+    """The parameters of `spec` that are its CTC method's (without the suite's)."""
+    return {k: v for k, v in spec.params.items() if k not in SUITE_PARAMS}
 
 
 def early_exit_study(ctc, dev: list, test: list, refs: list[str], vocab) -> dict:

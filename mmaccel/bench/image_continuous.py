@@ -55,16 +55,19 @@ def build_image_continuous_suite(quick: bool = False, methods: list[MethodSpec] 
                                  samples: int | None = None, inception_samples: int | None = None,
                                  cache_dir: str | Path | None = None, log: Callable[[str], None] = print,
                                  device: str | None = None) -> Suite:
-    from mmaccel.image.continuous_pipeline import BUILTIN_CONTINUOUS, CONTINUOUS_METHODS, CONTINUOUS_SAMPLING, ContinuousPipeline
+    from mmaccel.image.continuous_methods import build_continuous_method
+    from mmaccel.image.continuous_pipeline import BUILTIN_CONTINUOUS, CONTINUOUS_SAMPLING, ContinuousPipeline
 
     pipe = pipeline or ContinuousPipeline.from_pretrained(BUILTIN_CONTINUOUS, device=device)
     methods = methods or DEFAULT_METHODS
     check(methods[0].name == "ar", "the first method of image-continuous must be 'ar' (the target, one token a step)")
 
     def lossless(spec: MethodSpec) -> bool:
-        check(spec.name in CONTINUOUS_METHODS, f"unknown continuous-token method {spec.name!r}; choose from "
-                                               f"{', '.join(CONTINUOUS_METHODS)}")
-        return spec.name == "ar"
+        """The plug-in's declared exactness, at the baseline's schedule (a `num_iter` of its own is another one)."""
+        params = dict(spec.params)
+        steps = params.pop("num_iter", None)        # a sampling option, not a method parameter
+        built = build_continuous_method(spec.name, **params)
+        return steps is None and built.lossless
 
     return build_image_suite(quick=quick, methods=methods, pipeline=pipe, samples=samples,
                              inception_samples=inception_samples, cache_dir=cache_dir, log=log,

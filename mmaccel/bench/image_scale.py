@@ -50,15 +50,15 @@ def build_image_scale_suite(quick: bool = False, methods: list[MethodSpec] | Non
                             samples: int | None = None, inception_samples: int | None = None,
                             cache_dir: str | Path | None = None, log: Callable[[str], None] = print,
                             device: str | None = None) -> Suite:
-    from mmaccel.image.scale_pipeline import BUILTIN_SCALE, SCALE_METHODS, SCALE_SAMPLING, ScalePipeline
+    from mmaccel.image.scale_methods import build_scale_method
+    from mmaccel.image.scale_pipeline import BUILTIN_SCALE, SCALE_SAMPLING, ScalePipeline
 
     pipe = pipeline or ScalePipeline.from_pretrained(BUILTIN_SCALE, device=device)
     methods = methods or DEFAULT_METHODS
     check(methods[0].name == "ar", "the first method of image-scale must be 'ar' (the large VAR alone)")
 
-    def lossless(spec: MethodSpec) -> bool:
-        check(spec.name in SCALE_METHODS, f"unknown next-scale method {spec.name!r}; choose from {', '.join(SCALE_METHODS)}")
-        return spec.name == "ar"
+    def lossless(spec: MethodSpec) -> bool:          # the plug-in's declared exactness
+        return build_scale_method(spec.name, **spec.params).lossless
 
     weights = {"ar": _weights_mb(pipe.model),
                "ar-small": _weights_mb(pipe.refiner) if pipe.refiner is not None else 0.0}

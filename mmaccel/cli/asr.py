@@ -37,13 +37,13 @@ def cmd_asr_transcribe(args: argparse.Namespace) -> int:
 def cmd_asr_ctc(args: argparse.Namespace) -> int:
     from mmaccel.speech.ctc.pipeline import CTCPipeline
 
-    pipe = CTCPipeline.from_pretrained(args.model, lm=args.lm, lm_weight=args.lm_weight,
+    pipe = CTCPipeline.from_pretrained(args.model, device=args.device, lm=args.lm, lm_weight=args.lm_weight,
                                        insertion_bonus=args.insertion_bonus)
-    out = pipe.transcribe(list(args.files), args.method, beam=args.beam, boost=args.boost or None,
-                          boost_weight=args.boost_weight,
-                          exit=None if args.exit_threshold is None else ("entropy", args.exit_threshold))
-    say(json.dumps({"method": args.method, "audio_s": round(out.audio_seconds, 3), "rtfx": round(out.rtfx, 3),
-                    "time_s": {k: round(v, 4) for k, v in out.seconds.items()},
+    params = dict(args.param) | ({} if args.beam is None else {"beam": args.beam})
+    out = pipe.transcribe(list(args.files), args.method, boost=args.boost or None, boost_weight=args.boost_weight,
+                          exit=None if args.exit_threshold is None else ("entropy", args.exit_threshold), **params)
+    say(json.dumps({"method": out.method, "audio_s": round(out.audio_s, 3), "rtfx": round(out.rtfx, 3),
+                    "time_s": {k: round(v, 4) for k, v in out.stats.time_s.items()},
                     **({"exit_layers": out.exit_layers} if out.exit_layers else {})}))
     return print_transcripts([(f, None, t.text) for f, t in zip(args.files, out.transcripts)])
 
@@ -52,7 +52,7 @@ def cmd_asr_whisfusion(args: argparse.Namespace) -> int:
     from mmaccel.speech.whisfusion.pipeline import WhisfusionPipeline
 
     pipe = WhisfusionPipeline.from_pretrained(args.model, device=args.device)
-    out = pipe.transcribe(list(args.files), candidates=args.candidates, steps=args.steps,
+    out = pipe.transcribe(list(args.files), args.method, candidates=args.candidates, steps=args.steps,
                           temperature=args.temperature, select=args.select, batch_size=args.batch_size, seed=args.seed)
     say(json.dumps({"method": out.method, "audio_s": round(out.audio_s, 3), "rtfx": round(out.rtfx, 3),
                     **out.stats.to_dict()}))
@@ -92,8 +92,9 @@ def _add_ctc(asr_sub) -> None:
     ac.add_argument("files", nargs="+", help="audio files; > 30 s is cut into windows")
     ac.add_argument("--model", default="builtin:ctc-base",
                     help="builtin:ctc-base, a WhisperCTC directory or a transformers Wav2Vec2ForCTC directory")
-    ac.add_argument("--method", default="beam", choices=("greedy", "beam"))
-    ac.add_argument("--beam", type=int, default=16)
+    ac.add_argument("--method", default="beam", help="greedy or beam (`mmaccel methods --pipeline ctc`)")
+    ac.add_argument("--beam", type=int, default=None, help="beam's hypotheses per frame (default 16)")
+    add_param_option(ac, "recombine=sum")
     ac.add_argument("--lm", default=None, help="ARPA n-gram over the model's labels (characters for builtin:ctc-base)")
     ac.add_argument("--lm-weight", type=float, default=0.5)
     ac.add_argument("--insertion-bonus", type=float, default=0.0)
@@ -101,6 +102,7 @@ def _add_ctc(asr_sub) -> None:
     ac.add_argument("--boost-weight", type=float, default=1.0)
     ac.add_argument("--exit-threshold", type=float, default=None,
                     help="encoder early exit: leave after the first exit head whose mean entropy is below this")
+    add_device_option(ac)
     ac.set_defaults(func=cmd_asr_ctc)
 
 
@@ -108,6 +110,7 @@ def _add_whisfusion(asr_sub) -> None:
     aw = asr_sub.add_parser("whisfusion", help="parallel masked-diffusion decoding (Whisfusion) on a Whisper encoder")
     aw.add_argument("files", nargs="+", help="audio files; > 30 s is chunked")
     aw.add_argument("--model", default="builtin:whisfusion-tiny.en", help="builtin:whisfusion-tiny.en or a saved directory")
+    aw.add_argument("--method", default="whisfusion", help="`mmaccel methods --pipeline whisfusion`")
     aw.add_argument("--candidates", type=int, default=8, help="K candidate transcripts decoded side by side")
     aw.add_argument("--steps", type=int, default=4, help="refinement steps (decoder passes)")
     add_sampling_options(aw, temperature=1.0, top_k=None, top_p=None,

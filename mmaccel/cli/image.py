@@ -60,10 +60,10 @@ def cmd_image_generate_scale(args: argparse.Namespace) -> int:
     refiner = None if args.refiner == "none" else args.refiner
     pipe = ScalePipeline.from_pretrained(args.model, vq=args.vq, refiner=refiner, patch_nums=args.patch_nums,
                                          num_heads=args.num_heads, device=args.device)
-    out = pipe.generate(labels, args.method, draft_steps=args.draft_steps, cfg_scale=args.cfg_scale,
-                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                        training_free=not args.specialised, refiner_cfg=args.refiner_cfg,
-                        refiner_temperature=args.refiner_temperature)
+    params = {"draft_steps": args.draft_steps, "training_free": False if args.specialised else None,
+              "refiner_cfg": args.refiner_cfg, "refiner_temperature": args.refiner_temperature, **dict(args.param)}
+    out = pipe.generate(labels, args.method, cfg_scale=args.cfg_scale, temperature=args.temperature, top_k=args.top_k,
+                        top_p=args.top_p, seed=args.seed, **params)         # a parameter left as None takes its default
     return write_images(out, Path(args.out))
 
 
@@ -72,9 +72,10 @@ def cmd_image_generate_continuous(args: argparse.Namespace) -> int:
 
     labels = parse_labels(args.labels)
     pipe = ContinuousPipeline.from_pretrained(args.model, tokenizer=args.tokenizer, draft=args.draft, device=args.device)
+    params = {"num_draft": args.num_draft, "prefill_ratio": args.prefill_ratio,
+              "inner_temperature": args.inner_temperature, **dict(args.param)}
     out = pipe.generate(labels, args.method, num_iter=args.num_iter, cfg=args.cfg, temperature=args.temperature,
-                        diffusion_steps=args.diffusion_steps, num_draft=args.num_draft, prefill_ratio=args.prefill_ratio,
-                        inner_temperature=args.inner_temperature, seed=args.seed)
+                        diffusion_steps=args.diffusion_steps, seed=args.seed, **params)
     return write_images(out, Path(args.out))
 
 
@@ -108,21 +109,30 @@ def _add_generate(image_sub) -> None:
     ig.set_defaults(func=cmd_image_generate)
 
 
+def _param_help(registry: dict, method: str, name: str) -> str:
+    """A method parameter's option help, from its plug-in: 'METHOD: HELP (default D)'."""
+    row = next(r for r in registry[method].parameters() if r["name"] == name)
+    return f"{method}: {row['help']} (default {row['default']})".replace("%", "%%")
+
+
 def _add_generate_scale(image_sub) -> None:
-    from mmaccel.image.scale_pipeline import SCALE_METHODS, SCALE_SAMPLING
+    from mmaccel.image.scale_methods import SCALE_REGISTRY
+    from mmaccel.image.scale_pipeline import SCALE_SAMPLING
 
     isg = image_sub.add_parser("generate-scale", help="next-scale (VAR) generation, plain or CoDe: one PNG per label")
     isg.add_argument("--model", default="builtin:fashion-mnist-var",
                      help="builtin:fashion-mnist-var, a directory with var.*, vq.* (refiner.*), or a VAR file (with --vq)")
     isg.add_argument("--vq", default=None, help="multi-scale tokenizer when --model is a VAR file (vae_ch160v4096z32.pth)")
     isg.add_argument("--refiner", default="builtin", help="the small VAR for CoDe: a checkpoint, 'builtin' or 'none'")
-    isg.add_argument("--method", default="ar", choices=SCALE_METHODS)
-    isg.add_argument("--draft-steps", type=int, default=None, help="code: scales the large VAR draws (default 6)")
+    isg.add_argument("--method", default="ar", choices=tuple(SCALE_REGISTRY))
+    isg.add_argument("--draft-steps", type=int, default=None, help=_param_help(SCALE_REGISTRY, "code", "draft_steps"))
     isg.add_argument("--specialised", action="store_true",
-                     help="code: hand off to the refiner specialised for N (or for the latest earlier N)")
-    isg.add_argument("--refiner-cfg", type=float, default=None, help="code: the refiner's guidance (default: --cfg-scale)")
+                     help="code: hand off to the refiner specialised for N (or for the latest earlier N): "
+                          "training_free=false")
+    isg.add_argument("--refiner-cfg", type=float, default=None, help=_param_help(SCALE_REGISTRY, "code", "refiner_cfg"))
     isg.add_argument("--refiner-temperature", type=float, default=None,
-                     help="code: the refiner's temperature (default: --temperature)")
+                     help=_param_help(SCALE_REGISTRY, "code", "refiner_temperature"))
+    add_param_option(isg, "draft_steps=7 (see mmaccel methods --pipeline image-scale)")
     add_sampling_options(isg, temperature=SCALE_SAMPLING["temperature"], top_k=SCALE_SAMPLING["top_k"],
                          top_p=SCALE_SAMPLING["top_p"], cfg_scale=SCALE_SAMPLING["cfg_scale"],
                          cfg_help="VAR's ramped guidance")
@@ -133,7 +143,8 @@ def _add_generate_scale(image_sub) -> None:
 
 
 def _add_generate_continuous(image_sub) -> None:
-    from mmaccel.image.continuous_pipeline import CONTINUOUS_METHODS, CONTINUOUS_SAMPLING
+    from mmaccel.image.continuous_methods import CONTINUOUS_REGISTRY
+    from mmaccel.image.continuous_pipeline import CONTINUOUS_SAMPLING
 
     icg = image_sub.add_parser("generate-continuous",
                                help="continuous-token (MAR-style) generation: AR, MAR's multi-token mode or CSpD")
@@ -142,13 +153,15 @@ def _add_generate_continuous(image_sub) -> None:
                           "(mar_draft.safetensors), or a MAR file (with --tokenizer)")
     icg.add_argument("--tokenizer", default=None, help="KL tokenizer when --model is a MAR file")
     add_draft_option(icg, "builtin", "the draft model for CSpD: a checkpoint, 'builtin' or 'none'")
-    icg.add_argument("--method", default="ar", choices=CONTINUOUS_METHODS)
-    icg.add_argument("--num-iter", type=int, default=None, help="generation steps (default: one token a step; L/4 for mar)")
+    icg.add_argument("--method", default="ar", choices=tuple(CONTINUOUS_REGISTRY))
+    icg.add_argument("--num-iter", type=int, default=None,
+                     help="generation steps (default: the method's: one token a step; L / tokens_per_step for mar)")
     icg.add_argument("--cfg", type=float, default=CONTINUOUS_SAMPLING["cfg"], help="MAR's linearly ramped guidance")
     add_sampling_options(icg, temperature=CONTINUOUS_SAMPLING["temperature"], top_k=None, top_p=None)
     icg.add_argument("--diffusion-steps", type=int, default=CONTINUOUS_SAMPLING["diffusion_steps"])
-    icg.add_argument("--num-draft", type=int, default=None, help="cspd: drafts per verification (default 8)")
-    icg.add_argument("--prefill-ratio", type=float, default=None, help="cspd: share of steps the target runs first (0.15)")
-    icg.add_argument("--inner-temperature", type=float, default=None, help="cspd: density flattening (42; 1 = exact)")
+    for name, kind in (("num_draft", int), ("prefill_ratio", float), ("inner_temperature", float)):
+        icg.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None,
+                         help=_param_help(CONTINUOUS_REGISTRY, "cspd", name))
+    add_param_option(icg, "tokens_per_step=8 (see mmaccel methods --pipeline image-continuous)")
     _add_common(icg)
     icg.set_defaults(func=cmd_image_generate_continuous)

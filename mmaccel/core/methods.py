@@ -59,8 +59,9 @@ class Method:
     rule_params: dict[str, Any] = field(default_factory=dict)
     # rule parameters computed from the resources (e.g. LANTERN's neighbour table from the latents)
     make_rule_params: Callable[[Resources], dict[str, Any]] | None = field(default=None, repr=False)
-    # a decoder with its own schedule: runner(resources, inputs, max_new_tokens=, sampling=, seed=, eos_token_id=)
-    runner: Callable[..., Generation] | None = field(default=None, repr=False)
+    # a decoder with its own schedule: runner(resources, inputs, ...); token decoders take max_new_tokens=, sampling=,
+    # seed=, eos_token_id= and return a Generation, other families (next-scale, continuous, CTC) their own result
+    runner: Callable[..., Any] | None = field(default=None, repr=False)
     # reads the target's logit values (beam scores, typical acceptance), not only each row's arg-max
     exact_logits: bool = False
     needs: tuple[str, ...] = ()
@@ -222,7 +223,9 @@ SPECULATIVE = MethodPlugin("speculative", SpeculativeParams, _speculative, "law-
                            summary="chain speculative decoding with a draft model")
 TREE = MethodPlugin("tree", TreeParams, _tree, "law-exact", ("draft",),
                     summary="tree speculative decoding with a draft model")
-NGRAM = MethodPlugin("ngram", NGramParams, _ngram, "law-exact", summary="prompt-lookup n-gram drafts")
+NGRAM = MethodPlugin("ngram", NGramParams, _ngram, "law-exact", summary="prompt-lookup n-gram drafts",
+                     host_reads=None, host_reads_why="prompt lookup is a string search on the host: every proposal "
+                                                     "reads the history back (NGramProposer)")
 SJD = MethodPlugin("sjd", JacobiParams, _sjd, "law-exact", summary="speculative Jacobi decoding (SJD)")
 SJD_COUPLED = MethodPlugin("sjd-coupled", JacobiParams, lambda p: _sjd(p, coupled=True), "law-exact",
                            summary="speculative Jacobi decoding with coupled noise (SCD)")

@@ -4,9 +4,12 @@ and the tests read it without running it.
 A plug-in has a name; a frozen dataclass of parameters whose fields are made with `param` (type from the
 default, range or choices, one line of help); its exactness ("greedy-exact": bit-identical to plain greedy;
 "law-exact": also the target's law when sampling; "relaxed": a budget parameter bounds what it changes, and it
-reports the deviation in `DecodeStats.deviation`); the resources it needs (keys of `NEEDS`); and `build`, which
-turns validated parameters into the `Method` that runs. Cross-parameter rules go in the dataclass's
-`__post_init__`. A pipeline family's registry is a dict name -> plug-in (`registry(...)`).
+reports the deviation in `DecodeStats.deviation`; "another-model": it runs another model than the target, a
+baseline or quality floor such as the small model alone, and nothing bounds what that changes); the resources it
+needs (keys of `NEEDS`); how often a call reads back to the host on a GPU (`host_reads`: at most that many
+values per call, or None with the reason it reads per pass); and `build`, which turns validated parameters into
+the `Method` that runs. Cross-parameter rules go in the dataclass's `__post_init__`. A pipeline family's registry
+is a dict name -> plug-in (`registry(...)`).
 
 >>> @dataclass(frozen=True)
 ... class ChainParams:
@@ -23,13 +26,18 @@ from typing import Any
 
 from mmaccel.errors import InputError, check
 
-EXACTNESS = ("greedy-exact", "law-exact", "relaxed")
+EXACT = ("greedy-exact", "law-exact")
+EXACTNESS = (*EXACT, "relaxed", "another-model")
 # what a method can need besides the target, as a pipeline's `Resources` holds it (attribute or extras key)
 NEEDS = {"draft": "a draft model", "heads": "trained Medusa heads", "latents": "token latents (a codebook)",
          "exit_heads": "trained early-exit heads", "medusa_block": "a trained Medusa block",
          "eagle": "a trained EAGLE head", "assistant": "an assistant model (another tokenizer)",
          "embeddings": "a model that reads input embeddings (the LlamaGen GPT)",
-         "embedding_scale": "the scale of the model's token embeddings"}
+         "embedding_scale": "the scale of the model's token embeddings",
+         "refiner": "a refiner (the small VAR that draws CoDe's later scales)"}
+# what a call on the shared driver reads back to the host on a GPU, however long it decodes: the tokens, counts,
+# commit passes, accepted-length histogram and deviation at the end (5), and a model adapter's host prompts
+HOST_READS = 8
 
 
 @dataclass(frozen=True)
@@ -81,6 +89,10 @@ class MethodPlugin:
     summary: str = ""
     # relaxed methods: whether parameters spend no budget, so that the output is exact (LANTERN at delta 0)
     exact_when: Callable[[Any], bool] | None = field(default=None, repr=False)
+    # the most host reads of one call on a GPU, whatever its length (tests/test_method_conformance.py measures
+    # them on the emulated device); None: it reads per pass, and `host_reads_why` says why in one line
+    host_reads: int | None = HOST_READS
+    host_reads_why: str = ""
 
     def __post_init__(self):
         check(self.exactness in EXACTNESS, f"{self.name}: exactness must be one of {EXACTNESS}")
@@ -91,6 +103,10 @@ class MethodPlugin:
         check(self.exact_when is None or self.exactness == "relaxed", f"{self.name}: only a relaxed method has exact_when")
         check(all("param" in f.metadata and f.default is not MISSING for f in fields(self.params)),
               f"{self.name}: every parameter is a `param(...)` field with a default")
+        check(self.host_reads is None or (isinstance(self.host_reads, int) and self.host_reads >= 0),
+              f"{self.name}: host_reads is a count >= 0, or None for a method that reads per pass")
+        check(self.host_reads is not None or (self.host_reads_why.strip() != "" and "\n" not in self.host_reads_why),
+              f"{self.name}: a method that reads back per pass (host_reads=None) says why in one line (host_reads_why)")
 
     def configure(self, raw: dict[str, Any]) -> Any:
         """Validated parameters from `raw` (names -> values; missing ones take their defaults)."""
@@ -107,7 +123,7 @@ class MethodPlugin:
         params = self.configure(raw)
         method = self.build(params)
         method.needs = self.needs
-        method.lossless = self.exactness != "relaxed" or (self.exact_when is not None and self.exact_when(params))
+        method.lossless = self.exactness in EXACT or (self.exact_when is not None and self.exact_when(params))
         return method
 
     def parameters(self) -> list[dict[str, Any]]:

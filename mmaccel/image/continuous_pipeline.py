@@ -4,14 +4,10 @@
 >>> out = pipe.generate([0, 7, 9], method="cspd", seed=0)
 >>> out.images[0].save("t-shirt.png"); out.stats.nfe, out.stats.draft_passes, out.stats.mean_accepted
 
-| method   | what runs                                                               | law |
-|----------|-------------------------------------------------------------------------|-----|
-| ar       | the target, one token per step (`num_iter` = L, CSpD's baseline)       | the target's |
-| mar      | the target, MAR's multi-token mode (`num_iter` = L / 4 by default)     | the target's, parallel steps |
-| ar-draft | the draft model alone, one token per step (the quality floor)          | another model's |
-| cspd     | CSpD: draft `num_draft` steps, verify them in one target pass          | see `mmaccel.image.cspd` |
-
-All methods share `NoiseBank` draws for a seed, so their outputs differ only where the method does.
+The methods ("ar", "mar", "ar-draft", "cspd") and their parameters are
+`mmaccel.image.continuous_methods.CONTINUOUS_REGISTRY` (`ContinuousPipeline.methods()`,
+`mmaccel methods --pipeline image-continuous`). All methods share `NoiseBank` draws for a seed, so their outputs
+differ only where the method does.
 """
 
 from __future__ import annotations
@@ -25,13 +21,23 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from mmaccel.core.methods import Method, Resources
+from mmaccel.core.plugin import MethodPlugin
 from mmaccel.core.stats import DecodeStats, track_peak_memory
 from mmaccel.devices import check_same_device, resolve_device, resolve_dtype
 from mmaccel.errors import ModelNotFoundError, check
-from mmaccel.image.cspd import CSpDSettings, check_cspd_pair, cspd_decode
-from mmaccel.image.masked import MaskedSampling, masked_decode
+from mmaccel.image.continuous_methods import CONTINUOUS_REGISTRY, ContinuousInputs, build_continuous_method
+from mmaccel.image.cspd import check_cspd_pair
+from mmaccel.image.masked import MaskedSampling
 from mmaccel.image.models.mar import MAR, load_mar
-from mmaccel.image.pipeline import FASHION_CLASSES, check_labels, locate_checkpoints, to_pil, weights_fingerprint
+from mmaccel.image.pipeline import (
+    FASHION_CLASSES,
+    ImageOutput,
+    check_labels,
+    locate_checkpoints,
+    to_pil,
+    weights_fingerprint,
+)
 from mmaccel.image.tokenizers.kl import KLTokenizer, load_kl
 from mmaccel.paths import assets_dir
 
@@ -40,19 +46,15 @@ _ASSETS = assets_dir()
 BUILTIN_CONTINUOUS_FILES = {"model": _ASSETS / "fashion_mar.safetensors",
                             "draft": _ASSETS / "fashion_mar_draft.safetensors",
                             "kl": _ASSETS / "fashion_kl.safetensors"}
-CONTINUOUS_METHODS = ("ar", "mar", "ar-draft", "cspd")
+CONTINUOUS_METHODS = tuple(CONTINUOUS_REGISTRY)
 # The built-in models' sampling recipe (chosen on the development split, see mmaccel/assets/README.md).
 CONTINUOUS_SAMPLING = {"cfg": 3.0, "cfg_schedule": "linear", "temperature": 1.0, "diffusion_steps": 10}
-MAR_TOKENS_PER_STEP = 4      # MAR's default multi-token mode (64 steps for 256 tokens)
 OUTPUT_SIZE = 64             # decoded images are resized to the other image pipelines' side (FID references)
 
 
 @dataclass
-class ContinuousOutput:
-    images: list                   # PIL images, one per label
-    tokens: Tensor                 # [B, L, C] continuous tokens
-    labels: list[int]
-    stats: DecodeStats
+class ContinuousOutput(ImageOutput):
+    """`tokens` are the continuous tokens [B, L, C]."""
 
 
 class ContinuousPipeline:
@@ -101,48 +103,40 @@ class ContinuousPipeline:
         """A digest of the weights (cache keys of derived results)."""
         return weights_fingerprint(self.model, self.tokenizer, self.draft)
 
-    def generate(self, class_labels: Any, method: str = "ar", *, num_iter: int | None = None,
+    @staticmethod
+    def methods() -> dict[str, MethodPlugin]:
+        """The methods `generate` runs: name -> plug-in (`mmaccel methods --pipeline image-continuous`)."""
+        return CONTINUOUS_REGISTRY
+
+    def resources(self) -> Resources:
+        """What continuous-token methods may use: the target and the draft model (see
+        `mmaccel.image.continuous_methods`)."""
+        return Resources(model=self.model, draft=self.draft)
+
+    def generate(self, class_labels: Any, method: str | Method = "ar", *, num_iter: int | None = None,
                  cfg: float = CONTINUOUS_SAMPLING["cfg"], cfg_schedule: str = CONTINUOUS_SAMPLING["cfg_schedule"],
                  temperature: float = CONTINUOUS_SAMPLING["temperature"],
-                 diffusion_steps: int = CONTINUOUS_SAMPLING["diffusion_steps"], num_draft: int | None = None,
-                 prefill_ratio: float | None = None, inner_temperature: float | None = None,
-                 seed: int = 0) -> ContinuousOutput:
-        """One image per class label. `method`: "ar", "mar", "ar-draft" or "cspd" (module table). `num_iter`:
-        generation steps (default: one token per step, L / 4 for "mar"); `cfg` >= 1 with MAR's "linear" or a
-        "constant" schedule; `temperature` scales the diffusion noise; `diffusion_steps` per token. CSpD only:
-        `num_draft` (default 8), `prefill_ratio` (0.15) and `inner_temperature` (42; 1 = exact ratio)."""
-        check(method in CONTINUOUS_METHODS, f"unknown continuous-token method {method!r}; choose from "
-                                            f"{', '.join(CONTINUOUS_METHODS)}")
+                 diffusion_steps: int = CONTINUOUS_SAMPLING["diffusion_steps"], seed: int = 0,
+                 **params: Any) -> ContinuousOutput:
+        """One image per class label, drawn by `method` (a name from `methods()` or a Method) with its `params`
+        ("mar": `tokens_per_step`; "cspd": `num_draft`, `prefill_ratio`, `inner_temperature`; one given as None
+        takes its default). `num_iter`: generation steps (default: the method's own, one token a step, or
+        L / tokens_per_step for "mar"); `cfg` >= 1 with MAR's "linear" or a "constant" schedule; `temperature`
+        scales the diffusion noise; `diffusion_steps` per token."""
+        spec = build_continuous_method(method, **params)
         labels = check_labels(class_labels, self.model.config.num_classes, self.class_names)
         check(isinstance(seed, int) and not isinstance(seed, bool), f"seed must be an int, got {seed!r}")
-        cspd_params = {"num_draft": num_draft, "prefill_ratio": prefill_ratio, "inner_temperature": inner_temperature}
-        if method != "cspd":
-            given = [k for k, v in cspd_params.items() if v is not None]
-            check(not given, f"{', '.join(given)} {'is a parameter' if len(given) == 1 else 'are parameters'} of "
-                             f"method='cspd', not {method!r}")
-        else:
-            check(self.draft is not None, "method='cspd' needs a draft model: pass draft=PATH")
-        L = self.model.config.seq_len
-        if num_iter is None:
-            num_iter = max(1, L // MAR_TOKENS_PER_STEP) if method == "mar" else L
+        resources = self.resources()
+        spec.check_needs(resources)
+        check(spec.runner is not None, f"method {spec.name!r} is not a continuous-token method (it has no runner)")
         sampling = MaskedSampling(num_iter=num_iter, cfg=cfg, cfg_schedule=cfg_schedule, temperature=temperature,
                                   diffusion_steps=diffusion_steps)
-        sampling.check(L, self.model.diffusion.timesteps)
-        settings = CSpDSettings(**{k: v for k, v in cspd_params.items() if v is not None})
         device = self.model.token_proj.weight.device
-        y = torch.tensor(labels, device=device)
-        generator = torch.Generator(device=device).manual_seed(seed)
-        stats = DecodeStats()
+        inputs = ContinuousInputs(torch.tensor(labels, device=device), sampling,
+                                  torch.Generator(device=device).manual_seed(seed), DecodeStats())
+        stats = inputs.stats
         with track_peak_memory(stats, device), stats.timed("total"):
-            if method == "cspd":
-                tokens = cspd_decode(self.model, self.draft, y, sampling, settings, generator, stats)
-            else:
-                if method == "ar-draft":
-                    check(self.draft is not None, "method='ar-draft' needs a draft model: pass draft=PATH")
-                model = self.draft if method == "ar-draft" else self.model
-                tokens = masked_decode(model, y, sampling, generator, stats)
-                if method == "ar-draft":
-                    stats.draft_passes, stats.nfe = stats.nfe, 0
+            tokens = spec.runner(resources, inputs)
         return ContinuousOutput(to_pil(self.decode_pixels(tokens)), tokens, labels, stats)
 
     @torch.inference_mode()

@@ -166,7 +166,9 @@ IMAGE_REGISTRY: dict[str, MethodPlugin] = registry(
                  exact_when=lambda p: p.p_threshold == 0 or p.d_threshold == 0 or p.half_window == 0,
                  summary="GSD: SJD drafts accepted by dynamic clusters"),
     MethodPlugin("zipar", ZipARParams, _zipar, "relaxed", budget="s",
-                 summary="ZipAR: rows decoded in parallel once the row above is s tokens ahead"),
+                 summary="ZipAR: rows decoded in parallel once the row above is s tokens ahead",
+                 host_reads=None, host_reads_why="the wavefront's plan (which rows run, their inputs and drafts) is "
+                                                 "Python state: every pass reads its tokens back (zipar.py)"),
     MethodPlugin("sjd2", SJD2Params, _sjd2, "law-exact", ("embeddings", "embedding_scale"),
                  summary="SJD2: Jacobi drafts denoised from embedding noise, verified exactly"),
     SJD_ENTROPY,

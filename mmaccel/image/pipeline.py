@@ -18,11 +18,12 @@ import torch
 from torch import Tensor
 
 from mmaccel.core.methods import Method, Resources
+from mmaccel.core.plugin import MethodPlugin
 from mmaccel.core.sampling import CFG, Sampling
 from mmaccel.core.stats import DecodeStats
 from mmaccel.devices import check_same_device, resolve_device, resolve_dtype, use_cuda_graphs
 from mmaccel.errors import InputError, ModelNotFoundError, check
-from mmaccel.image.methods import build_image_method
+from mmaccel.image.methods import IMAGE_REGISTRY, build_image_method
 from mmaccel.image.models.gpt import LlamaGenGPT, load_gpt
 from mmaccel.image.sjd2 import embedding_scale
 from mmaccel.image.tokenizers.vq import VQModel, load_vq
@@ -40,8 +41,11 @@ CHECKPOINT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 
 @dataclass
 class ImageOutput:
+    """What every image pipeline's `generate` returns (`ScaleOutput` and `ContinuousOutput` add their own fields):
+    the images, the tokens they decode from (`decode_pixels(tokens)` redraws them), the labels and the stats."""
+
     images: list                   # PIL images, one per label
-    tokens: Tensor                 # [B, grid, grid] code indices
+    tokens: Tensor                 # [B, grid, grid] code indices (next-scale: [B, L]; continuous: [B, L, C])
     labels: list[int]
     stats: DecodeStats
     commit_pass: Tensor | None = None   # [B, grid, grid] the target pass that committed each token (1 = prefill)
@@ -177,16 +181,21 @@ class ImagePipeline:
 
     # ---- generation ---------------------------------------------------------------------------
 
+    @staticmethod
+    def methods() -> dict[str, MethodPlugin]:
+        """The methods `generate` runs: name -> plug-in (`mmaccel methods --pipeline image`)."""
+        return IMAGE_REGISTRY
+
     def generate(self, class_labels: Any, method: str | Method = "ar", *, cfg_scale: float = 2.0,
                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-                 **method_params: Any) -> ImageOutput:
-        """One image per class label, decoded with `method` (a name from IMAGE_REGISTRY or a Method).
+                 **params: Any) -> ImageOutput:
+        """One image per class label, decoded with `method` (a name from `methods()` or a Method) and its `params`.
 
         Guidance is LlamaGen's logits = u + cfg_scale * (c - u) (1 = no guidance); temperature 0 is greedy.
         """
         labels = self.labels(class_labels)
         sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
-        built = build_image_method(method, **method_params)
+        built = build_image_method(method, **params)
         resources, guided = self.resources(cfg_scale)
         inputs = (labels, [self.model.num_classes] * len(labels)) if guided else labels
         gen = built.run(resources, inputs, max_new_tokens=self.grid * self.grid, sampling=sampling, seed=seed)

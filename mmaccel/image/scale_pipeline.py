@@ -4,44 +4,41 @@
 >>> out = pipe.generate([0, 7, 9], method="code", draft_steps=6, seed=0)
 >>> out.images[0].save("t-shirt.png"); out.stats.nfe, out.stats.draft_passes, out.stats.cache_mb
 
-| method | what runs                                                        | lossless |
-|--------|------------------------------------------------------------------|----------|
-| ar     | the large VAR on every scale (VAR's KV-cached loop)              | yes      |
-| ar-small | the small VAR (the refiner) on every scale                     | no (another model) |
-| code   | large VAR on scales 0..N-1, small VAR (one prefill) on N..K-1    | no (hand-off) |
-
-`code` is CoDe (Chen et al., CVPR 2025). With two independently trained VARs it is the paper's
-training-free mode (`training_free=True`, the default); `training_free=False` hands off to a refiner
-specialised for that N (`specialised={N: checkpoint}`, trained by `mmaccel.image.train.train_code`;
-the built-in pipeline ships the ones in `mmaccel/assets/fashion_var_small_code{N}.safetensors`; a refiner
-specialised for N0 also serves every later hand-off N > N0, whose scales it was trained on). It is a
-hand-off, not speculative decoding: nothing is verified, so its budget is N (more drafted scales = closer
-to the large model) and its deviation is measured by FID in `mmaccel bench image-scale`.
+The methods ("ar", "ar-small", "code") and their parameters are `mmaccel.image.scale_methods.SCALE_REGISTRY`
+(`ScalePipeline.methods()`, `mmaccel methods --pipeline image-scale`). With two independently trained VARs CoDe
+is the paper's training-free mode (`training_free=True`, the default); `training_free=False` hands off to a
+refiner specialised for that N (`specialised={N: checkpoint}`, trained by `mmaccel.image.train.train_code`; the
+built-in pipeline ships the ones in `mmaccel/assets/fashion_var_small_code{N}.safetensors`; a refiner
+specialised for N0 also serves every later hand-off N > N0, whose scales it was trained on).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from mmaccel.core.methods import Method, Resources
+from mmaccel.core.plugin import MethodPlugin
 from mmaccel.core.stats import DecodeStats, track_peak_memory
 from mmaccel.devices import check_same_device, resolve_device, resolve_dtype
 from mmaccel.errors import ModelNotFoundError, check
 from mmaccel.image.models.var import VAR, load_var
-from mmaccel.image.next_scale import ScaleSampling, check_code_pair, check_pair, collaborative_decode, decode_scales
+from mmaccel.image.next_scale import ScaleSampling, check_code_pair, check_pair
 from mmaccel.image.pipeline import (
     CHECKPOINT_SUFFIXES,
     FASHION_CLASSES,
+    ImageOutput,
     check_labels,
     locate_checkpoints,
     to_pil,
     weights_fingerprint,
 )
+from mmaccel.image.scale_methods import SCALE_REGISTRY, ScaleInputs, build_scale_method, specialised_refiner
 from mmaccel.image.tokenizers.msvq import MSVQModel, load_msvq
 from mmaccel.paths import assets_dir
 
@@ -50,23 +47,17 @@ _ASSETS = assets_dir()
 BUILTIN_SCALE_FILES = {"var": _ASSETS / "fashion_var_large.safetensors",
                        "refiner": _ASSETS / "fashion_var_small.safetensors",
                        "vq": _ASSETS / "fashion_msvq.safetensors"}
-SCALE_METHODS = ("ar", "ar-small", "code")
+SCALE_METHODS = tuple(SCALE_REGISTRY)
 # The built-in models' sampling recipe (tuned on the development split, see mmaccel/assets/README.md).
 SCALE_SAMPLING = {"cfg_scale": 3.0, "top_k": 128, "top_p": 1.0, "temperature": 1.0}
-DEFAULT_DRAFT_STEPS = 6
 
 
 @dataclass
-class ScaleOutput:
-    images: list                   # PIL images, one per label
-    indices: list[Tensor]          # per scale, [B, pn^2] code indices
-    labels: list[int]
-    stats: DecodeStats
+class ScaleOutput(ImageOutput):
+    """`tokens` is the pyramid as one [B, L] tensor, scales concatenated coarse to fine; `indices` the same per
+    scale, [B, pn^2] each."""
 
-    @property
-    def tokens(self) -> Tensor:
-        """The pyramid as one [B, L] tensor, scales concatenated coarse to fine."""
-        return torch.cat(self.indices, 1)
+    indices: list[Tensor] = field(default_factory=list)
 
 
 def _find(directory: Path, stem: str) -> Path | None:
@@ -155,60 +146,46 @@ class ScalePipeline:
     def specialised_refiner(self, draft_steps: int) -> VAR:
         """The refiner for hand-off scale N that was distilled on every scale it will draw: the one specialised
         for N, else for the largest N0 < N (trained on scales N0..K-1, a superset of N..K-1)."""
-        trained = [n for n in self.specialised if n <= draft_steps]
-        check(trained, f"no refiner specialised for draft_steps={draft_steps} or an earlier hand-off "
-              f"(have: {sorted(self.specialised) or 'none'}); pass training_free=True or load one with specialised={{N: PATH}}")
-        return self.specialised[max(trained)]
+        return specialised_refiner(self.specialised, draft_steps)
 
-    def generate(self, class_labels: Any, method: str = "ar", *, draft_steps: int | None = None,
+    @staticmethod
+    def methods() -> dict[str, MethodPlugin]:
+        """The methods `generate` runs: name -> plug-in (`mmaccel methods --pipeline image-scale`)."""
+        return SCALE_REGISTRY
+
+    def resources(self) -> Resources:
+        """What next-scale methods may use: the large VAR; the tokenizer, the small VAR and the specialised
+        refiners as extras (see `mmaccel.image.scale_methods`)."""
+        return Resources(model=self.model, extras={"vq": self.vq, "refiner": self.refiner,
+                                                   "specialised": self.specialised})
+
+    def generate(self, class_labels: Any, method: str | Method = "ar", *,
                  cfg_scale: float = SCALE_SAMPLING["cfg_scale"], top_k: int = SCALE_SAMPLING["top_k"],
                  top_p: float = SCALE_SAMPLING["top_p"],
-                 temperature: float | Sequence[float] = SCALE_SAMPLING["temperature"],
-                 training_free: bool = True, refiner_cfg: float | None = None,
-                 refiner_temperature: float | None = None, seed: int = 0) -> ScaleOutput:
-        """One image per class label. `method`: "ar" (the large VAR alone), "ar-small" (the small VAR alone)
-        or "code" (CoDe hand-off after `draft_steps` scales, default 6). Guidance is VAR's ramp (0 = none);
-        `temperature` may be one value per scale. `training_free=False` (code only) hands off to the refiner
-        specialised for `draft_steps` (or for the latest earlier hand-off: `specialised_refiner`); `refiner_cfg` and
-        `refiner_temperature` (code only) are the refiner's own guidance scale (same ramp) and temperature on its
-        scales (default: `cfg_scale`, `temperature`)."""
-        check(method in SCALE_METHODS, f"unknown next-scale method {method!r}; choose from {', '.join(SCALE_METHODS)}")
+                 temperature: float | Sequence[float] = SCALE_SAMPLING["temperature"], seed: int = 0,
+                 **params: Any) -> ScaleOutput:
+        """One image per class label, drawn by `method` (a name from `methods()` or a Method) with its `params`
+        ("code": `draft_steps`, `training_free`, `refiner_cfg`, `refiner_temperature`; one given as None takes
+        its default). Guidance is VAR's ramp (0 = none); `temperature` may be one value per scale."""
+        spec = build_scale_method(method, **params)
         labels = check_labels(class_labels, self.model.num_classes, self.class_names)
         check(isinstance(seed, int) and not isinstance(seed, bool), f"seed must be an int, got {seed!r}")
         sampling = ScaleSampling(cfg=cfg_scale, top_k=top_k, top_p=top_p,
                                  temperature=tuple(temperature) if isinstance(temperature, (list, tuple)) else temperature)
         sampling.temperature_at(0, self.num_scales)   # a per-scale list must have one value per scale
-        check(isinstance(training_free, bool), f"training_free must be True or False, got {training_free!r}")
-        if method != "code":
-            check(draft_steps is None and training_free and refiner_cfg is None and refiner_temperature is None,
-                  "draft_steps, training_free, refiner_cfg and refiner_temperature are parameters of method='code', "
-                  f"not {method!r}")
-        check(refiner_temperature is None or (isinstance(refiner_temperature, (int, float))
-                                              and not isinstance(refiner_temperature, bool) and refiner_temperature > 0),
-              f"refiner_temperature must be a number > 0, got {refiner_temperature!r}")
-        refiner_sampling = replace(sampling, **({} if refiner_cfg is None else {"cfg": refiner_cfg}),
-                                   **({} if refiner_temperature is None else {"temperature": float(refiner_temperature)}))
-        if method != "ar":
-            check(self.refiner is not None, f"method={method!r} needs a refiner (the small VAR): pass refiner=PATH")
-        if method == "code":
-            draft_steps = DEFAULT_DRAFT_STEPS if draft_steps is None else draft_steps
-            check_code_pair(self.model, self.refiner, self.vq, draft_steps)
-        refiner = self.refiner if training_free or method != "code" else self.specialised_refiner(draft_steps)
+        resources = self.resources()
+        spec.check_needs(resources)
+        check(spec.runner is not None, f"method {spec.name!r} is not a next-scale method (it has no runner)")
         device = self.model.class_emb.weight.device
-        y = torch.tensor(labels, device=device)
-        generator = torch.Generator(device=device).manual_seed(seed)
-        stats = DecodeStats()
+        inputs = ScaleInputs(torch.tensor(labels, device=device), sampling,
+                             torch.Generator(device=device).manual_seed(seed), DecodeStats())
+        stats = inputs.stats
         with track_peak_memory(stats, device), stats.timed("total"):
-            if method != "code":
-                model = self.model if method == "ar" else self.refiner
-                prefix, cache_bytes = decode_scales(model, self.vq, y, sampling, generator, stats=stats)
-            else:
-                prefix, cache_bytes = collaborative_decode(self.model, refiner, self.vq, y, sampling, generator,
-                                                           draft_steps, stats=stats, refiner_sampling=refiner_sampling)
+            prefix, cache_bytes = spec.runner(resources, inputs)
         stats.cache_mb = cache_bytes / 2**20
         with torch.no_grad():
             images = to_pil(self.vq.decode_f_hat(prefix.f_hat))
-        return ScaleOutput(images, prefix.indices, labels, stats)
+        return ScaleOutput(images, torch.cat(prefix.indices, 1), labels, stats, indices=prefix.indices)
 
     @torch.inference_mode()
     def decode_pixels(self, tokens: Tensor) -> Tensor:

@@ -96,10 +96,14 @@ def _speculative_cross(p: CrossParams) -> Method:
 ASR_REGISTRY: dict[str, MethodPlugin] = registry(
     MethodPlugin("greedy", NoParams, _greedy, "greedy-exact", summary="greedy decoding (the baseline)"),
     MethodPlugin("beam", BeamParams, _beam, "relaxed", budget="num_beams",
-                 summary="length-normalised beam search (another output than greedy by design)"),
+                 summary="length-normalised beam search (another output than greedy by design)",
+                 host_reads=None, host_reads_why="hypotheses are re-ranked on the host: every step reads the beams' "
+                                                 "log-probabilities back (core/beam.py)"),
     core.SPECULATIVE,
     MethodPlugin("speculative-cross", CrossParams, _speculative_cross, "greedy-exact", ("assistant",),
-                 summary="chain speculative decoding with an assistant of another tokenizer"),
+                 summary="chain speculative decoding with an assistant of another tokenizer",
+                 host_reads=None, host_reads_why="drafts cross tokenizers as text: every pass reads the assistant's "
+                                                 "tokens back to re-tokenise them (cross_draft.py)"),
     core.TREE, core.MEDUSA, core.MEDUSA_TYPICAL,
     MethodPlugin("medusa-block", core.MedusaParams, _medusa_block, "greedy-exact", ("medusa_block",),
                  summary="Medusa-Block heads (one block over the target's last state), tree verify"),
@@ -108,7 +112,9 @@ ASR_REGISTRY: dict[str, MethodPlugin] = registry(
     core.EARLY_EXIT,
     MethodPlugin("calm", CALMParams, _calm, "relaxed", ("exit_heads",), budget="threshold",
                  exact_when=lambda p: p.threshold >= 1.0,
-                 summary="confident adaptive language modelling: leave at the first confident exit head"),
+                 summary="confident adaptive language modelling: leave at the first confident exit head",
+                 host_reads=None, host_reads_why="the rows that run on after each exit head are picked on the host: "
+                                                 "every step reads confidences and exit layers back (calm.py)"),
     core.NGRAM,
 )
 

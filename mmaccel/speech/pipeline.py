@@ -23,6 +23,7 @@ from torch import nn
 
 from mmaccel.core.methods import Method, Resources
 from mmaccel.core.model import on_host
+from mmaccel.core.plugin import MethodPlugin
 from mmaccel.core.quant import fast_bf16_matmul
 from mmaccel.core.sampling import Sampling
 from mmaccel.core.stats import DecodeStats
@@ -36,7 +37,7 @@ from mmaccel.speech.draft import WhisperDraft, load_draft
 from mmaccel.speech.eagle import EagleDecoder, EagleHead
 from mmaccel.speech.encoder_precision import check_precision, encoder_variant
 from mmaccel.speech.heads import WhisperHeads, load_heads, merge_heads
-from mmaccel.speech.methods import build_asr_method
+from mmaccel.speech.methods import ASR_REGISTRY, build_asr_method
 from mmaccel.speech.whisper import WhisperBundle, load_whisper
 
 MAX_NEW_TOKENS = 224   # per 30-s window, as openai-whisper (half the decoder's 448 positions)
@@ -158,6 +159,11 @@ class ASRPipeline:
         use_cuda_graphs(cuda_graphs, device, pipe.model, pipe.argmax_model, pipe._draft_model,
                         None if pipe.assistant is None else pipe.assistant.model)
         return pipe
+
+    @staticmethod
+    def methods() -> dict[str, MethodPlugin]:
+        """The methods `transcribe` takes: name -> plug-in (parameters, exactness, needs)."""
+        return ASR_REGISTRY
 
     def resources(self, method: Method | None = None) -> Resources:
         """What methods draw on; the target is the arg-max view unless `method` reads logit values."""

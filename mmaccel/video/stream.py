@@ -1,4 +1,5 @@
-"""VideoStreamPipeline: frames in one by one, questions at any time, answers decoded by any core method.
+"""VideoStreamPipeline: frames in one by one, questions at any time, answers decoded by any core method a stream
+can run (`mmaccel.video.methods`).
 
 >>> pipe = VideoStreamPipeline(QwenVLStream(hf_model), tokenizer)
 >>> for frame in open_frames("clip.mp4", fps=2):
@@ -24,12 +25,14 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from mmaccel.core.methods import Method, Resources, build_method
+from mmaccel.core.methods import Method, Resources
+from mmaccel.core.plugin import MethodPlugin
 from mmaccel.core.sampling import Sampling
 from mmaccel.core.stats import DecodeStats
 from mmaccel.errors import InputError, ModelNotFoundError, check
 from mmaccel.video.kv_reduce import append_question, as_kv_reducers, vision_tokens
 from mmaccel.video.memory import TEXT, VISION, KVBudget, evict, plan_eviction
+from mmaccel.video.methods import VIDEO_REGISTRY, build_video_method
 from mmaccel.video.models import QWEN_TURNS, ChatTurns, chat_turns, load_stream_model, stream_model
 from mmaccel.video.qwen_vl import QwenVLStream
 from mmaccel.video.reduce import Segment, as_reducers, reduce_segment
@@ -295,15 +298,25 @@ class VideoStreamPipeline:
 
     # ---- questions -------------------------------------------------------------------------------
 
+    @staticmethod
+    def methods() -> dict[str, MethodPlugin]:
+        """The answer methods `ask` takes: name -> plug-in (parameters, exactness, needs)."""
+        return VIDEO_REGISTRY
+
     def ask(self, question: str, method: str | Method = "ar", *, max_new_tokens: int = 32, temperature: float = 0.0,
             top_k: int = 0, top_p: float = 1.0, seed: int = 0, **method_params) -> VideoAnswer:
-        """Answer `question` from everything seen so far; the answer joins the stream's history."""
+        """Answer `question` from everything seen so far; the answer joins the stream's history. `method`: a name
+        from `VideoStreamPipeline.methods()` or a Method; `method_params` configure it (k, depth, window, ...)."""
         check(isinstance(question, str) and question.strip() != "", "the question must be a non-empty string")
         check(self.frames_seen > 0, "no frame has been fed yet: feed frames before asking about them")
         check(isinstance(max_new_tokens, int) and 1 <= max_new_tokens <= self.max_answer_tokens,
               f"max_new_tokens must be in [1, {self.max_answer_tokens}] (the pipeline's max_answer_tokens), "
               f"got {max_new_tokens!r}")
-        built = build_method(method, **method_params)
+        built = build_video_method(method, **method_params)
+        check(self.draft is not None or "draft" not in built.needs,
+              f"method {built.name!r} drafts with a draft that has watched the stream, and this pipeline has none: "
+              "make it with VideoStreamPipeline(model, ..., draft=model, draft_keep=0.1) (SpecVLM) or "
+              "draft=model.early_exit(k), draft_keep=1.0")
         sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
         t0 = time.perf_counter()
         self._flush()

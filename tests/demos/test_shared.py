@@ -84,3 +84,21 @@ def test_a_shared_model_loads_once_and_serves_one_request_at_a_time():
     for t in threads:
         t.join()
     assert len(loads) == 1 and max(overlap) == 1 and len({id(v) for v in seen}) == 1
+
+
+def test_method_menus_and_help_come_from_the_registries():
+    """The speech and video tabs offer their pipelines' registered methods (the speech tab those whose needs the
+    app's Whisper loads), with each method's parameters and exactness as its help."""
+    from demos import speech_tab, video_tab
+    from demos.shared import method_help, method_menu
+    from mmaccel.speech.pipeline import ASRPipeline
+    from mmaccel.video.stream import VideoStreamPipeline
+
+    assert video_tab.METHODS == tuple(VideoStreamPipeline.methods())
+    assert set(speech_tab.METHODS) == set(ASRPipeline.methods()) - {"greedy", "speculative-cross"}
+    assert set(speech_tab.DEFAULT_PARAMS) <= set(speech_tab.METHODS) and set(video_tab.DEFAULT_PARAMS) <= set(video_tab.METHODS)
+    assert method_menu(ASRPipeline.methods(), loaded=()) == ("greedy", "beam", "early-exit", "ngram")
+    assert [m for m in video_tab.METHODS if video_tab.drafted(m)] == ["speculative", "tree", "early-exit"]
+    text = method_help(ASRPipeline.methods()["calm"])
+    assert text.startswith("**calm**: ") and "relaxed (budget: `threshold`)" in text
+    assert "- `threshold` (float, default `0.9`, [0.0, 1.0]): leave after" in text

@@ -4,9 +4,12 @@ import pytest
 import torch
 
 from mmaccel.errors import InputError, ModelNotFoundError
+from mmaccel.image.continuous_methods import build_continuous_method
 from mmaccel.image.continuous_pipeline import BUILTIN_CONTINUOUS, BUILTIN_CONTINUOUS_FILES, ContinuousPipeline
 from mmaccel.image.models.mar import MAR, MARConfig, save_mar
+from mmaccel.image.pipeline import ImageOutput
 from mmaccel.image.tokenizers.kl import KLConfig, KLTokenizer, save_kl
+from mmaccel.registries import method_registry
 
 KL = KLConfig(channels=(8, 16), latent_channels=2, norm_groups=4, image_size=8)       # 4x4 = 16 tokens
 
@@ -65,6 +68,21 @@ def test_shared_noise_makes_the_prefill_identical_to_ar(pipe):
     assert torch.equal((ar.tokens == cspd.tokens).all(-1).sum(1), torch.tensor([9, 9]))
 
 
+def test_mar_tokens_per_step_and_the_schedule_option(pipe):
+    """mar's own schedule is L // tokens_per_step steps (1: ar's tokens); `num_iter` is every method's schedule."""
+    kw = {"seed": 1, "diffusion_steps": 3}
+    ar = pipe.generate([0, 3], "ar", **kw)
+    assert torch.equal(pipe.generate([0, 3], "mar", tokens_per_step=1, **kw).tokens, ar.tokens)
+    two = pipe.generate([0, 3], "mar", tokens_per_step=2, **kw)
+    assert two.stats.nfe == 8 and torch.equal(pipe.generate([0, 3], "ar", num_iter=8, **kw).tokens, two.tokens)
+    assert torch.equal(pipe.generate([0, 3], "cspd", num_draft=None, **kw).tokens,
+                       pipe.generate([0, 3], "cspd", num_draft=8, **kw).tokens)          # None: the default
+    assert pipe.methods() is method_registry("image-continuous") and isinstance(ar, ImageOutput)
+    assert build_continuous_method("mar", tokens_per_step=1).lossless and not build_continuous_method("mar").lossless
+    assert build_continuous_method("cspd", num_draft=1, inner_temperature=1.0).lossless
+    assert not build_continuous_method("cspd").lossless and not build_continuous_method("ar-draft").lossless
+
+
 def test_file_needs_its_tokenizer_and_a_draft_for_cspd(folder):
     with pytest.raises(InputError, match="tokenizer=PATH"):
         ContinuousPipeline.from_pretrained(folder / "mar.safetensors")
@@ -89,7 +107,9 @@ def test_mismatched_models_are_refused(folder, tmp_path):
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"method": "speculative"}, "unknown continuous-token method"),
-    ({"method": "ar", "num_draft": 3}, "num_draft is a parameter of method='cspd'"),
+    ({"method": "ar", "num_draft": 3}, r"method 'ar' does not take parameter\(s\) num_draft; it takes none"),
+    ({"method": "mar", "tokens_per_step": 0}, r"tokens_per_step must be an integer in \[1, 65536\], got 0"),
+    ({"method": "cspd", "inner_temperature": 0.0}, "inner_temperature must be positive"),
     ({"method": "cspd", "num_draft": 0}, "num_draft"),
     ({"method": "cspd", "inner_temperature": -1.0}, "inner_temperature"),
     ({"num_iter": 17}, "num_iter"),

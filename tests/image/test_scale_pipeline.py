@@ -6,8 +6,11 @@ import torch
 
 from mmaccel.errors import InputError, ModelNotFoundError
 from mmaccel.image.models.var import save_var
+from mmaccel.image.pipeline import ImageOutput
+from mmaccel.image.scale_methods import build_scale_method
 from mmaccel.image.scale_pipeline import BUILTIN_SCALE, BUILTIN_SCALE_FILES, ScalePipeline
 from mmaccel.image.tokenizers.msvq import save_msvq
+from mmaccel.registries import method_registry
 from tests.image.test_msvq import tiny_model
 from tests.image.test_var import tiny_var
 
@@ -47,6 +50,17 @@ def test_methods_and_their_stats(pipe):
     assert torch.equal(pipe.decode_pixels(ar.tokens), pipe.vq.decode(ar.indices))
 
 
+def test_method_parameters_go_through_the_registry(pipe):
+    """Parameters left as None or at -1 take the large VAR's values: the same tokens as not giving them."""
+    code = pipe.generate([0, 1], "code", draft_steps=2, seed=0, cfg_scale=2.0)
+    for kw in ({"refiner_cfg": None, "training_free": None}, {"refiner_cfg": -1.0, "refiner_temperature": -1.0},
+               {"refiner_cfg": 2.0, "refiner_temperature": 1.0}):
+        assert torch.equal(pipe.generate([0, 1], "code", draft_steps=2, seed=0, cfg_scale=2.0, **kw).tokens, code.tokens)
+    assert pipe.methods() is method_registry("image-scale") and list(pipe.methods()) == ["ar", "ar-small", "code"]
+    assert isinstance(code, ImageOutput) and torch.equal(code.tokens, torch.cat(code.indices, 1))
+    assert not build_scale_method("code").lossless and build_scale_method("ar").lossless
+
+
 def test_official_file_needs_its_tokenizer(folder, tmp_path):
     path = tmp_path / "var_d2.pth"
     torch.save(tiny_var(0).state_dict(), path)
@@ -62,10 +76,13 @@ def test_official_file_needs_its_tokenizer(folder, tmp_path):
     ({"method": "speculative"}, "unknown next-scale method"),
     ({"method": "ar", "draft_steps": 3}, "draft_steps"),
     ({"method": "ar", "refiner_cfg": 1.0}, "refiner_cfg"),
-    ({"method": "code", "refiner_cfg": -1.0}, "cfg_scale must be >= 0"),
+    ({"method": "code", "refiner_cfg": -0.5}, r"refiner_cfg must be >= 0 \(or -1: cfg_scale\)"),
+    ({"method": "code", "refiner_cfg": -2.0}, r"refiner_cfg must be in \[-1.0, 1000.0\]"),
     ({"method": "ar", "refiner_temperature": 0.5}, "refiner_temperature"),
-    ({"method": "code", "refiner_temperature": 0.0}, "refiner_temperature must be a number > 0"),
-    ({"method": "code", "refiner_temperature": "hot"}, "refiner_temperature must be a number > 0"),
+    ({"method": "code", "refiner_temperature": 0.0}, r"refiner_temperature must be > 0 \(or -1: temperature\)"),
+    ({"method": "code", "refiner_temperature": "hot"}, "refiner_temperature must be in .*, got 'hot'"),
+    ({"method": "code", "warp_factor": 9}, r"method 'code' does not take parameter\(s\) warp_factor; it takes "
+                                           "draft_steps, training_free, refiner_cfg, refiner_temperature"),
     ({"method": "code", "draft_steps": 4}, r"draft_steps must be an int in \[1, 3\]"),
     ({"method": "code", "draft_steps": 0}, "draft_steps"),
     ({"cfg_scale": -1.0}, "cfg_scale"),

@@ -66,7 +66,7 @@ def test_answers_equal_generation_over_the_whole_sequence_across_turns(hf):
     assert first.stats.nfe >= 1 and first.frames_seen == 4
 
 
-@pytest.mark.parametrize("method,params", [("ngram", {"k": 3}), ("sjd", {"window": 4})])
+@pytest.mark.parametrize("method,params", [("ngram", {"k": 3}), ("sjd", {"window": 4}), ("sjd-coupled", {"window": 4})])
 def test_lossless_methods_answer_like_greedy(hf, method, params):
     answers = {}
     for name, kw in (("ar", {}), (method, params)):
@@ -271,3 +271,21 @@ def test_early_exit_outside_the_model_is_an_error(hf, layers):
 def test_draft_keep_outside_the_unit_interval_is_an_error(hf):
     with pytest.raises(InputError, match="draft_keep"):
         VideoStreamPipeline(QwenVLStream(hf), Digits(), draft_keep=1.5)
+
+
+def test_answer_methods_come_from_the_video_registry(hf):
+    """`ask` dispatches through `VideoStreamPipeline.methods()`: the core methods a stream can run, a draft-drafted
+    one refused in one line when the pipeline has no draft, the Medusa ones not offered (no streaming heads)."""
+    from mmaccel.video.methods import VIDEO_REGISTRY
+
+    assert VideoStreamPipeline.methods() is VIDEO_REGISTRY and "medusa" not in VIDEO_REGISTRY
+    assert {name for name, p in VIDEO_REGISTRY.items() if "draft" in p.needs} == {"speculative", "tree", "early-exit"}
+    pipe = VideoStreamPipeline(QwenVLStream(hf), Digits())
+    pipe.feed(clip(1, 0)[0])
+    with pytest.raises(InputError, match="unknown method 'medusa'; choose from ar, speculative"):
+        pipe.ask("3", "medusa")
+    with pytest.raises(InputError, match="method 'tree' drafts with a draft that has watched the stream") as err:
+        pipe.ask("3", "tree", depth=2)
+    assert "\n" not in str(err.value)
+    with pytest.raises(InputError, match=r"k must be an integer in \[1, 64\], got 0"):
+        pipe.ask("3", "ngram", k=0)

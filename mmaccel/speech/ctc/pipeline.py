@@ -1,9 +1,9 @@
 """`CTCPipeline`: audio in, transcripts with word timestamps out, through a CTC model and one of the
-decoders of `mmaccel.speech.ctc.beam`, with an optional n-gram LM and boost list.
+methods of `mmaccel.speech.ctc.methods` (greedy, or batched beam search with an optional n-gram LM and boost list).
 
     pipe = CTCPipeline.from_pretrained("builtin:ctc-base", lm="chars.arpa")
     out = pipe.transcribe(["clip.wav"], "beam", beam=16, boost=["kneser ney"])
-    out.transcripts[0].text, out.transcripts[0].words
+    out.texts[0], out.transcripts[0].words, out.stats.time_s
 
 Models: `WhisperCTC` directories (`ctc.json`, from `python -m mmaccel.speech.ctc.train`), the built-in
 one (`builtin:ctc-base`, shipped in `mmaccel/assets/ctc_whisper_base` once trained), and transformers
@@ -15,40 +15,65 @@ times shifted to the clip's clock. `exit=(criterion, threshold)` runs a `Whisper
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from mmaccel.core.methods import Method, Resources
+from mmaccel.core.plugin import MethodPlugin
+from mmaccel.core.stats import DecodeStats
 from mmaccel.errors import ModelNotFoundError, check
 from mmaccel.paths import assets_dir
 from mmaccel.speech.audio import AudioLike, as_audio, split_long
 from mmaccel.speech.ctc.arpa import NGramModel
-from mmaccel.speech.ctc.beam import ctc_beam_search, ctc_greedy
 from mmaccel.speech.ctc.boosting import phrase_table
 from mmaccel.speech.ctc.fusion import FusionTable
 from mmaccel.speech.ctc.lm import ngram_table
+from mmaccel.speech.ctc.methods import CTC_REGISTRY, Posteriors, build_ctc_method
 from mmaccel.speech.ctc.vocab import CTCHypothesis, Word
 
 BUILTIN = {"builtin:ctc-base": "ctc_whisper_base"}
-METHODS = ("greedy", "beam")
 TRAIN_HINT = "python -m mmaccel.speech.ctc.train --out runs/ctc_whisper_base"
 
 
 @dataclass
 class CTCOutput:
-    """Transcripts (one per input), the exit layer of each (early exit; else None), the seconds spent
-    in the model and the decoder, and the audio's duration."""
+    """Transcripts (one per input, with word times), the decode statistics (time_s: model, decode, total; nfe:
+    model batches; new_tokens: labels emitted), the method's name, the audio's duration in seconds and the exit
+    layer of each input (early exit; else None). Its core fields are `ASROutput`'s: texts, stats, method,
+    audio_s, wall_s, rtfx."""
 
     transcripts: list[CTCHypothesis]
+    stats: DecodeStats
+    method: str
+    audio_s: float = 0.0
     exit_layers: list[int] | None = None
-    seconds: dict = field(default_factory=dict)
-    audio_seconds: float = 0.0
+
+    @property
+    def texts(self) -> list[str]:
+        return [t.text for t in self.transcripts]
+
+    @property
+    def wall_s(self) -> float:
+        """Audio preparation + model + decoder, seconds."""
+        return self.stats.time_s.get("total", 0.0)
 
     @property
     def rtfx(self) -> float:
         """Seconds of audio per second of compute."""
-        return self.audio_seconds / max(1e-9, self.seconds.get("total", 0.0))
+        return self.audio_s / max(1e-9, self.wall_s)
+
+    @property
+    def seconds(self) -> dict[str, float]:
+        """`stats.time_s` (this output's name for it before the shared contract)."""
+        return self.stats.time_s
+
+    @property
+    def audio_seconds(self) -> float:
+        """`audio_s` (this output's name for it before the shared contract)."""
+        return self.audio_s
 
 
 class CTCPipeline:
@@ -61,11 +86,23 @@ class CTCPipeline:
         self.lm = lm if lm is None or isinstance(lm, FusionTable) else ngram_table(lm, self.vocab)
         self.lm_weight, self.insertion_bonus = float(lm_weight), float(insertion_bonus)
 
+    @staticmethod
+    def methods() -> dict[str, MethodPlugin]:
+        """The methods `transcribe` takes: name -> plug-in (parameters, exactness, needs)."""
+        return CTC_REGISTRY
+
     @classmethod
-    def from_pretrained(cls, source: str = "builtin:ctc-base", **kwargs) -> CTCPipeline:
+    def from_pretrained(cls, source: str = "builtin:ctc-base", *, device: str | torch.device | None = None,
+                        dtype: str | torch.dtype | None = None, **kwargs) -> CTCPipeline:
+        """`source`: "builtin:ctc-base", a `WhisperCTC` directory or a `Wav2Vec2ForCTC` directory; `device`: cpu
+        (default), cuda, cuda:N or auto; `dtype`: the Whisper encoder's (a `WhisperCTC`: the heads stay float32;
+        None keeps the checkpoint's). `kwargs` go to the pipeline (lm, lm_weight, insertion_bonus)."""
+        from mmaccel.devices import resolve_device, resolve_dtype
         from mmaccel.speech.ctc.wav2vec2 import Wav2Vec2CTC
         from mmaccel.speech.ctc.whisper_ctc import WhisperCTC
 
+        device = resolve_device(device)
+        dtype = resolve_dtype(dtype, device)
         if source.startswith("builtin:"):
             check(source in BUILTIN, f"unknown built-in CTC model {source!r}; choose from {', '.join(BUILTIN)}")
             path = assets_dir() / BUILTIN[source]
@@ -74,55 +111,80 @@ class CTCPipeline:
         else:
             path = Path(source).expanduser()
         if (path / "ctc.json").is_file():
-            return cls(WhisperCTC.load(path), **kwargs)
+            model = WhisperCTC.load(path).to(device)
+            if dtype is not None:
+                model.encoder.to(dtype)
+            return cls(model, **kwargs)
         if (path / "config.json").is_file():
-            return cls(Wav2Vec2CTC.from_pretrained(path), **kwargs)
+            check(dtype is None, "dtype applies to WhisperCTC models; a Wav2Vec2ForCTC runs in its checkpoint's dtype")
+            return cls(Wav2Vec2CTC.from_pretrained(path, device=device), **kwargs)
         raise ModelNotFoundError(f"no CTC model at {path}: expected a WhisperCTC directory (ctc.json) or a "
                                  "Wav2Vec2ForCTC directory (config.json, vocab.json)")
 
     @torch.inference_mode()
-    def transcribe(self, audios: list[AudioLike], method: str = "beam", *, beam: int = 16, threshold: float = 20.0,
-                   blank_skip: float | None = 0.999, boost: list[str] | None = None, boost_weight: float = 1.0,
-                   exit: tuple[str, float] | None = None) -> CTCOutput:
-        """Transcribe `audios` (paths, arrays with rates, `Audio`); `method` "greedy" or "beam"."""
-        check(method in METHODS, f"unknown CTC method {method!r}; choose from {', '.join(METHODS)}")
+    def transcribe(self, audios: list[AudioLike], method: str | Method = "beam", *, batch_size: int | None = None,
+                   sample_rate: int | None = None, boost: list[str] | None = None, boost_weight: float = 1.0,
+                   exit: tuple[str, float] | None = None, **params: Any) -> CTCOutput:
+        """Transcribe `audios` (paths, arrays with `sample_rate` or rates, `Audio`s).
+
+        `method`: a name from `CTCPipeline.methods()` ("greedy", "beam") or a Method; `params` configure it
+        (beam, threshold, blank_skip, recombine). `batch_size`: windows per model batch (None: all in one).
+        `boost`: phrases fused with `boost_weight` beside the pipeline's LM; `exit=(criterion, threshold)`: a
+        `WhisperCTC`'s encoder early exit (`WhisperCTC.transcribe_early_exit`).
+        """
+        spec = build_ctc_method(method, **params)
         check(isinstance(audios, (list, tuple)) and len(audios) > 0, "give a non-empty list of audio")
+        check(batch_size is None or (isinstance(batch_size, int) and batch_size >= 1),
+              f"batch_size must be an int >= 1 or None, got {batch_size!r}")
         check(exit is None or hasattr(self.model, "transcribe_early_exit"), "early exit needs a WhisperCTC model")
-        t0 = time.perf_counter()
-        clips = [as_audio(a) for a in audios]
-        windows, owner, offset = [], [], []
-        for i, clip in enumerate(clips):
-            start = 0.0
-            for piece in split_long(clip):
-                windows.append(piece)
-                owner.append(i)
-                offset.append(start)
-                start += piece.duration
-        layers = None
-        if exit is None:
-            log_probs, lengths = self.model.log_probs(windows)
-        else:
-            result = self.model.transcribe_early_exit(windows, *exit)
-            log_probs, lengths, layers = result.log_probs, result.lengths, result.layers.tolist()
-        t1 = time.perf_counter()
         fusion = [] if self.lm is None else [(self.lm, self.lm_weight)]
         if boost:
             fusion.append((phrase_table(boost, self.vocab), boost_weight))
-        step = self.model.frame_seconds
-        if method == "greedy":
-            check(not fusion, "greedy decoding reads no LM or boost list: use method='beam'")
-            pieces = ctc_greedy(log_probs, self.vocab, lengths, frame_seconds=step)
-        else:
-            pieces = ctc_beam_search(log_probs, self.vocab, lengths, beam=beam, fusion=fusion,
-                                     insertion_bonus=self.insertion_bonus, threshold=threshold,
-                                     blank_skip=blank_skip, frame_seconds=step)
-        transcripts = [_join([p for p, o in zip(pieces, owner) if o == i],
-                             [s for s, o in zip(offset, owner) if o == i], step) for i in range(len(clips))]
-        t2 = time.perf_counter()
-        exit_layers = None if layers is None else [max(layer for layer, o in zip(layers, owner) if o == i)
-                                                   for i in range(len(clips))]
-        return CTCOutput(transcripts, exit_layers, {"model": t1 - t0, "decode": t2 - t1, "total": t2 - t0},
-                         sum(c.duration for c in clips))
+        resources = Resources(self.model, extras={"fusion": fusion, "insertion_bonus": self.insertion_bonus})
+        spec.check_needs(resources)
+        t0 = time.perf_counter()
+        clips = [as_audio(a, sample_rate) for a in audios]
+        windows, owner, offset = _windows(clips)
+        stats = DecodeStats(time_s={"model": time.perf_counter() - t0, "decode": 0.0})
+        pieces, layers = [], []
+        size = batch_size or len(windows)
+        for start in range(0, len(windows), size):
+            with stats.timed("model"):
+                posteriors, exits = self._posteriors(windows[start:start + size], exit)
+            with stats.timed("decode"):
+                pieces += spec.runner(resources, posteriors)
+            layers += exits or []
+            stats.nfe += 1
+        with stats.timed("decode"):
+            transcripts = [_join([p for p, o in zip(pieces, owner) if o == i],
+                                 [s for s, o in zip(offset, owner) if o == i], self.model.frame_seconds)
+                           for i in range(len(clips))]
+        stats.time_s["total"] = stats.time_s["model"] + stats.time_s["decode"]
+        stats.new_tokens = sum(len(p.tokens) for p in pieces)
+        exit_layers = None if exit is None else [max(layer for layer, o in zip(layers, owner) if o == i)
+                                                 for i in range(len(clips))]
+        return CTCOutput(transcripts, stats, spec.name, sum(c.duration for c in clips), exit_layers)
+
+    def _posteriors(self, windows: list, exit: tuple[str, float] | None) -> tuple[Posteriors, list[int] | None]:
+        """The model's log-probabilities of `windows` (with early exit: and each window's exit layer)."""
+        if exit is None:
+            log_probs, lengths = self.model.log_probs(windows)
+            return Posteriors(log_probs, lengths, self.model.frame_seconds), None
+        result = self.model.transcribe_early_exit(windows, *exit)
+        return Posteriors(result.log_probs, result.lengths, self.model.frame_seconds), result.layers.tolist()
+
+
+def _windows(clips: list) -> tuple[list, list[int], list[float]]:
+    """Every clip cut into windows of at most 30 s: the windows, the clip each belongs to, and its start (s)."""
+    windows, owner, offset = [], [], []
+    for i, clip in enumerate(clips):
+        start = 0.0
+        for piece in split_long(clip):
+            windows.append(piece)
+            owner.append(i)
+            offset.append(start)
+            start += piece.duration
+    return windows, owner, offset
 
 
 def _join(pieces: list[CTCHypothesis], offsets: list[float], frame_seconds: float) -> CTCHypothesis:

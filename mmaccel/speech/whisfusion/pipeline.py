@@ -2,7 +2,7 @@
 
     from mmaccel.speech.whisfusion.pipeline import WhisfusionPipeline
     pipe = WhisfusionPipeline.from_pretrained()                    # builtin:whisfusion-tiny.en
-    out = pipe.transcribe(["a.wav"], candidates=8, steps=4, select="rover")
+    out = pipe.transcribe(["a.wav"], "whisfusion", candidates=8, steps=4, select="rover")
 
 Long audio is cut into windows of at most 30 s (`split_long`, as `ASRPipeline` does) and the windows'
 transcripts joined. Outputs are `ASROutput`s (time split into features, encoder, decode; `passes`
@@ -14,15 +14,18 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from mmaccel.core.methods import Method, Resources
+from mmaccel.core.plugin import MethodPlugin
 from mmaccel.core.stats import DecodeStats, track_peak_memory
 from mmaccel.errors import ModelNotFoundError, check
 from mmaccel.paths import assets_dir
 from mmaccel.speech.audio import AudioLike, log_mel
 from mmaccel.speech.pipeline import ASROutput, audio_windows, join_windows
-from mmaccel.speech.whisfusion.decode import check_settings, whisfusion_decode
+from mmaccel.speech.whisfusion.methods import WHISFUSION_REGISTRY, EncodedWindows, build_whisfusion_method
 from mmaccel.speech.whisfusion.model import WhisfusionDecoder, read_config
 from mmaccel.speech.whisper import WhisperBundle, load_whisper
 
@@ -57,29 +60,39 @@ class WhisfusionPipeline:
         bundle.model.to(device)
         return cls(bundle, decoder.to(device))
 
+    @staticmethod
+    def methods() -> dict[str, MethodPlugin]:
+        """The methods `transcribe` takes: name -> plug-in (parameters, exactness, needs)."""
+        return WHISFUSION_REGISTRY
+
     @torch.no_grad()
-    def transcribe(self, audio: AudioLike | list, *, candidates: int = 8, steps: int = 4, temperature: float = 1.0,
-                   select: str = "rover", batch_size: int = 8, sample_rate: int | None = None,
-                   seed: int = 0) -> ASROutput:
-        """Transcribe one input or a list; see `whisfusion_decode` for the decoding settings."""
-        check_settings(candidates, steps, temperature, select)
+    def transcribe(self, audio: AudioLike | list, method: str | Method = "whisfusion", *, batch_size: int = 8,
+                   sample_rate: int | None = None, seed: int = 0, **params: Any) -> ASROutput:
+        """Transcribe one input or a list (paths, arrays with `sample_rate`, `Audio`s).
+
+        `method`: a name from `WhisfusionPipeline.methods()` or a Method; `params` configure it (candidates,
+        steps, temperature, select: see `whisfusion_decode`). Batch b of `batch_size` windows decodes with seed
+        `seed + b * batch_size`.
+        """
+        spec = build_whisfusion_method(method, **params)
         check(isinstance(batch_size, int) and batch_size >= 1, f"batch_size must be an int >= 1, got {batch_size!r}")
         transcripts, windows = audio_windows(audio, sample_rate)
         stats, parts = DecodeStats(), {}
         prompt, eot = self.bundle.prompt("en"), self.bundle.tokens.end_of_text
         encoder, device = self.bundle.model.model.encoder, self.bundle.model.device
+        resources = Resources(self.decoder)
+        spec.check_needs(resources)
         for start in range(0, len(windows), batch_size):
             batch = windows[start:start + batch_size]
             with stats.timed("features"):
                 features = log_mel(self.bundle.feature_extractor, [w for _, _, w in batch])
             with stats.timed("encoder"):
                 states = encoder(features.to(device)).last_hidden_state
+            encoded = EncodedWindows(states, [w.duration for _, _, w in batch], prompt, eot,
+                                     lambda ids: self.bundle.tokenizer.decode(ids, skip_special_tokens=True))
             t0 = time.perf_counter()
             with track_peak_memory(stats, device):
-                result = whisfusion_decode(self.decoder, states, [w.duration for _, _, w in batch], prompt, eot,
-                                           lambda ids: self.bundle.tokenizer.decode(ids, skip_special_tokens=True),
-                                           candidates=candidates, steps=steps, temperature=temperature,
-                                           select=select, seed=seed + start)
+                result = spec.runner(resources, encoded, seed=seed + start)
             stats.time_s["decode"] = stats.time_s.get("decode", 0.0) + time.perf_counter() - t0
             stats.nfe += result.passes
             stats.new_tokens += sum(len(t) for t in result.tokens)
@@ -88,4 +101,4 @@ class WhisfusionPipeline:
                 transcripts[i].passes += result.passes
         join_windows(transcripts, parts)
         stats.time_s["total"] = sum(stats.time_s.get(k, 0.0) for k in ("features", "encoder", "decode"))
-        return ASROutput(transcripts, stats, f"whisfusion-{select}")
+        return ASROutput(transcripts, stats, spec.name)

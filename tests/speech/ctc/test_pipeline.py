@@ -51,7 +51,7 @@ def test_sources_and_bad_input(checkpoint, ctc, tmp_path, monkeypatch):  # noqa:
         CTCPipeline.from_pretrained(str(tmp_path))
     with pytest.raises(InputError, match="unknown built-in"):
         CTCPipeline.from_pretrained("builtin:nope")
-    with pytest.raises(InputError, match="unknown CTC method"):
+    with pytest.raises(InputError, match="unknown method 'fastest'; choose from greedy, beam"):
         pipe.transcribe([(np.zeros(8000, dtype=np.float32), 16000)], "fastest")
     with pytest.raises(InputError, match="early exit needs a WhisperCTC"):
         pipe.transcribe([(np.zeros(8000, dtype=np.float32), 16000)], exit=("entropy", 0.5))
@@ -59,3 +59,30 @@ def test_sources_and_bad_input(checkpoint, ctc, tmp_path, monkeypatch):  # noqa:
         CTCPipeline(ctc).transcribe([])
     with pytest.raises(InputError, match="greedy decoding reads no LM"):
         CTCPipeline(ctc).transcribe(clips()[:1], "greedy", boost=["ab"])
+
+
+def test_the_shared_contract_methods_params_and_output(ctc):  # noqa: F811
+    """`transcribe(audios, method, *, options, **params)`: the params are the method's, checked by its plug-in in
+    one line; the output has ASROutput's core fields; `methods()` is the registry the CLI and the app read."""
+    from mmaccel.speech.ctc.methods import CTC_REGISTRY
+
+    pipe = CTCPipeline(ctc)
+    assert CTCPipeline.methods() is CTC_REGISTRY and list(CTC_REGISTRY) == ["greedy", "beam"]
+    audio = clips()[:3]
+    log_probs, lengths = ctc.log_probs(audio)
+    out = pipe.transcribe(audio, "beam", beam=4, blank_skip=1.0, recombine="sum")
+    want = ctc_beam_search(log_probs, ctc.vocab, lengths, beam=4, blank_skip=None, recombine="sum")
+    assert out.texts == [h.text for h in want] and out.method == "beam"
+    assert set(out.stats.time_s) == {"model", "decode", "total"} and out.stats.nfe == 1
+    assert out.stats.new_tokens == sum(len(h.tokens) for h in want)
+    assert out.wall_s == out.stats.time_s["total"] and out.audio_s == pytest.approx(sum(a.duration for a in audio))
+    assert out.seconds is out.stats.time_s and out.audio_seconds == out.audio_s          # the names before
+    one_by_one = pipe.transcribe(audio, "greedy", batch_size=1)
+    assert one_by_one.stats.nfe == 3 and one_by_one.texts == pipe.transcribe(audio, "greedy").texts
+    with pytest.raises(InputError, match="method 'greedy' does not take parameter.s. beam; it takes none") as err:
+        pipe.transcribe(audio, "greedy", beam=4)
+    assert "\n" not in str(err.value)
+    with pytest.raises(InputError, match=r"beam must be an integer in \[1, 1024\], got 0"):
+        pipe.transcribe(audio, "beam", beam=0)
+    with pytest.raises(InputError, match="unknown recombination 'mean'; choose from max, sum"):
+        pipe.transcribe(audio, recombine="mean")

@@ -45,3 +45,20 @@ def test_bad_input_and_sources(pipe, files, tmp_path, monkeypatch):  # noqa: F81
         WhisfusionPipeline.from_pretrained("builtin:nope")
     with pytest.raises(InputError, match="neither a built-in"):
         WhisfusionPipeline.from_pretrained(str(tmp_path / "nowhere"))
+
+
+def test_the_shared_contract(pipe, files):  # noqa: F811
+    """`transcribe(audio, method, *, options, **params)` as every speech pipeline takes it: the params are the
+    method's, checked by its plug-in in one line; `methods()` is the registry the CLI and the app read."""
+    from mmaccel.speech.whisfusion.methods import WHISFUSION_REGISTRY
+
+    assert WhisfusionPipeline.methods() is WHISFUSION_REGISTRY
+    named = pipe.transcribe(files[:1], "whisfusion", candidates=2, steps=1, select="confidence")
+    assert named.texts == pipe.transcribe(files[:1], candidates=2, steps=1, select="confidence").texts
+    assert named.method == "whisfusion" and named.stats.nfe == 1
+    with pytest.raises(InputError, match="method 'whisfusion' does not take parameter.s. beam; it takes candidates"):
+        pipe.transcribe(files[:1], beam=4)
+    with pytest.raises(InputError, match="unknown selection 'vote'; choose from rover, confidence"):
+        pipe.transcribe(files[:1], select="vote")
+    with pytest.raises(InputError, match="unknown method 'greedy'; choose from whisfusion"):
+        pipe.transcribe(files[:1], "greedy")
