@@ -1,8 +1,10 @@
 """Speech tab: Whisper on an uploaded, recorded or bundled clip, greedy next to a method: transcripts with a
-word diff, decoder passes per token, decoder speed-up and RTFx."""
+word diff, decoder passes per token, decoder speed-up and RTFx; the method's segments with their times (and
+words) and its subtitles as SRT / VTT files."""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import gradio as gr
@@ -13,6 +15,7 @@ from mmaccel.errors import InputError
 from mmaccel.speech.audio import is_silent, load_audio
 from mmaccel.speech.data import real_utterances
 from mmaccel.speech.pipeline import ASRPipeline
+from mmaccel.speech.writers import write_transcript
 
 REGISTRY = ASRPipeline.methods()
 BASELINE = "greedy"             # every transcript is shown next to the baseline's
@@ -59,17 +62,34 @@ def _stats_table(method: str, base, fast) -> str:
     return "\n".join(lines)
 
 
+def segment_rows(transcript) -> list[list]:
+    """[start s, end s, text] per segment; with word times, the words after the text as word@start."""
+    rows = []
+    for s in transcript.segments:
+        words = " ".join(f"{w.word.strip()}@{w.start:.2f}" for w in s.words or [])
+        rows.append([f"{s.start:.2f}", f"{s.end:.2f}", s.text.strip(), words])
+    return rows
+
+
+def subtitles(transcript) -> list[str]:
+    """The transcript as .srt and .vtt files in a fresh temporary directory (for the download box)."""
+    out = tempfile.mkdtemp(prefix="mmaccel-subtitles-")
+    return [str(p) for p in write_transcript(transcript, out, ["srt", "vtt"])]
+
+
 def build(model: SharedModel) -> None:
     """The tab's controls and events (call inside a gr.Blocks / gr.Tab)."""
     clips = bundled_clips()
+    first = next(iter(clips), None)          # the page opens with a clip selected: Transcribe works at once
     with gr.Row():
         with gr.Column(scale=1):
-            audio = gr.Audio(sources=["upload", "microphone"], type="filepath", elem_id="speech-audio",
-                             label=f"audio (upload or record; up to {MAX_AUDIO_S / 60:.0f} minutes)")
-            clip = gr.Dropdown(list(clips), value=None, label="or a bundled real clip", elem_id="speech-clip")
+            audio = gr.Audio(clips.get(first), sources=["upload", "microphone"], type="filepath",
+                             elem_id="speech-audio", label=f"audio (upload or record; up to {MAX_AUDIO_S / 60:.0f} minutes)")
+            clip = gr.Dropdown(list(clips), value=first, label="or a bundled real clip", elem_id="speech-clip")
             method = gr.Dropdown(list(METHODS), value="eagle", label="method", elem_id="speech-method")
             params = gr.Textbox(DEFAULT_PARAMS["eagle"], label="method parameters (KEY=VALUE)")
             about = gr.Markdown(method_help(REGISTRY["eagle"]), elem_id="speech-method-help")
+            timed = gr.Checkbox(True, label="segments with word times (Whisper's timestamp mode)", elem_id="speech-timed")
             run = gr.Button("Transcribe", variant="primary", elem_id="speech-run")
         with gr.Column(scale=2):
             with gr.Row():
@@ -78,13 +98,16 @@ def build(model: SharedModel) -> None:
             diff = gr.HighlightedText(label="word diff (method against greedy: + added, − dropped)",
                                       color_map={"+": "#a6dba0", "-": "#fbb4ae"}, elem_id="speech-diff")
             stats = gr.Markdown(elem_id="speech-stats")
+            segments = gr.Dataframe(headers=["start (s)", "end (s)", "text", "words (word@start s)"],
+                                    label="segments of the method's transcript", wrap=True, elem_id="speech-segments")
+            files = gr.File(label="subtitles (SRT, VTT)", file_count="multiple", elem_id="speech-subtitles")
 
     clip.change(lambda label: clips.get(label), clip, audio, queue=False)
     method.change(lambda m: (DEFAULT_PARAMS.get(m, ""), method_help(REGISTRY[m]) if m in REGISTRY else ""), method,
                   [params, about], queue=False)
 
     @shown_on_page
-    def transcribe(path, method, params_text, progress=gr.Progress()):
+    def transcribe(path, method, params_text, timed=True, progress=gr.Progress()):
         method = choice(method, "method", METHODS)
         params = parse_params(params_text)
         if not path:
@@ -104,9 +127,11 @@ def build(model: SharedModel) -> None:
             for i, (name, kw) in enumerate(((BASELINE, {}), (method, params))):
                 report = lambda done, total, i=i, name=name: progress(  # noqa: E731
                     (i + done / total) / 2, desc=f"{name}: {done}/{total} 30-s windows")
-                runs[name] = asr.transcribe(audio, name, batch_size=1, progress=report, **kw)
+                runs[name] = asr.transcribe(audio, name, batch_size=1, progress=report, word_timestamps=bool(timed), **kw)
         base, fast = runs[BASELINE], runs[method]
+        transcript = fast.transcripts[0]
         return (base.texts[0], gr.update(value=fast.texts[0], label=method), word_diff(base.texts[0], fast.texts[0]),
-                _stats_table(method, base, fast))
+                _stats_table(method, base, fast), segment_rows(transcript), subtitles(transcript))
 
-    run.click(transcribe, [audio, method, params], [base_text, fast_text, diff, stats], api_name="speech")
+    run.click(transcribe, [audio, method, params, timed], [base_text, fast_text, diff, stats, segments, files],
+              api_name="speech")

@@ -216,33 +216,39 @@ def tiny_image_pipeline(grid: int = 8):
 SPEECH_CLIPS = {"one": ["0930"], "ragged": ["0880", "0930"]}
 
 
-def load_speech(asr) -> Loaded:
+def load_speech(asr, timestamps: bool = False) -> Loaded:
+    """The LibriVox batches as `transcribe` decodes them, in Whisper's timestamp mode with `timestamps`."""
     from mmaccel.speech.audio import load_audio, log_mel
+    from mmaccel.speech.timestamps import TimestampRules
 
-    prompt = asr.bundle.prompt("en")
+    prompt = asr.bundle.prompt("en", timestamps=timestamps)
+    tokens = asr.bundle.tokens
+    rules = TimestampRules(tokens.no_timestamps, tokens.end_of_text, len(prompt)) if timestamps else None
     batches = {}
     for name, clips in SPEECH_CLIPS.items():
         audio = [load_audio(LIBRIVOX / f"sense_and_sensibility_01_austen_64kb-{c}.wav") for c in clips]
         inputs = asr.model.encode(log_mel(asr.bundle.feature_extractor, audio), prompt, [a.duration for a in audio],
-                                  asr.encoder("fp32"))
+                                  asr.encoder("fp32"), rules)
         batches[name] = (inputs, [prompt] * len(clips))
-    eot = asr.bundle.tokens.end_of_text
-    return Loaded(asr.resources, batches, 32, {"one": eot, "ragged": eot})
+    eot = tokens.end_of_text
+    return Loaded(lambda method: asr.resources(method, timestamps), batches, 40 if timestamps else 32,
+                  {"one": eot, "ragged": eot})
 
 
-def tiny_speech_pipeline(device: str = "cpu"):
+def tiny_speech_pipeline(device: str = "cpu", vocab: int | None = None):
     """An ASRPipeline over the speech tests' tiny random Whisper (tests/speech/conftest.py) with random Medusa
     heads, exit heads, a Medusa block, an EAGLE head and a draft decoder: every resource but an assistant (that
-    needs a tokenizer). For device="cuda" without a GPU, call it inside `emulated_cuda()`."""
+    needs a tokenizer). For device="cuda" without a GPU, call it inside `emulated_cuda()`. `vocab`: the model's
+    vocabulary size (default the tests' 64; `TIMED_VOCAB` adds timestamp tokens)."""
     from mmaccel.speech.draft import new_draft
     from mmaccel.speech.eagle import new_eagle_head
     from mmaccel.speech.heads import WhisperHeads, new_exit_heads, new_medusa_heads
     from mmaccel.speech.medusa_block import new_medusa_block
     from mmaccel.speech.pipeline import ASRPipeline
     from mmaccel.speech.whisper import WhisperBundle
-    from tests.speech.conftest import tiny_whisper
+    from tests.speech.conftest import VOCAB, tiny_whisper
 
-    hf = tiny_whisper().to(device)
+    hf = tiny_whisper(vocab=vocab or VOCAB).to(device)
     bundle = WhisperBundle("tiny-random", hf, None, None, None, Path("."))
     asr = ASRPipeline(bundle, draft=new_draft(hf))
     torch.manual_seed(5)
@@ -256,11 +262,24 @@ def tiny_speech_pipeline(device: str = "cpu"):
     return asr
 
 
-def load_tiny_speech(asr) -> Loaded:
-    from tests.speech.conftest import EOT, PROMPT, features
+def load_tiny_speech(asr, timestamps: bool = False) -> Loaded:
+    """Two rows of random features; with `timestamps`, in timestamp mode (the model needs `TIMED_VOCAB`)."""
+    from mmaccel.speech.timestamps import TimestampRules
+    from tests.speech.conftest import EOT, NO_TS, PROMPT, SOT, features
 
-    inputs = asr.model.encode(features(2).to(asr.model.device), PROMPT)
-    return Loaded(asr.resources, {"ragged": (inputs, [PROMPT] * 2)}, 16, {"ragged": EOT})
+    if not timestamps:
+        inputs = asr.model.encode(features(2).to(asr.model.device), PROMPT)
+        return Loaded(asr.resources, {"ragged": (inputs, [PROMPT] * 2)}, 16, {"ragged": EOT})
+    from mmaccel.speech.methods import build_asr_method
+
+    prompt, audio = [SOT], features(2).to(asr.model.device)
+    rules = TimestampRules(NO_TS, EOT, len(prompt), max_initial=10)
+    batches = {name: (asr.model.encode(audio[:rows], prompt, rules=rules), [prompt] * rows)
+               for name, rows in (("one", 1), ("ragged", 2))}
+    loaded = Loaded(lambda method: asr.resources(method, True), batches, 16)
+    eos = ragged_eos(loaded.run(build_asr_method("greedy"), "ragged").tokens)    # the random model ends no row itself
+    loaded.eos = {"one": eos, "ragged": eos}
+    return loaded
 
 
 # --- laws ---------------------------------------------------------------------------------------------------------

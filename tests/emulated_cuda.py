@@ -104,6 +104,40 @@ def _unwrap(x):
     return x.inner if isinstance(x, Emulated) else x
 
 
+# Every torch call goes through the mode, so its walk over the arguments is most of an emulated decode's
+# time. The two walks below are pytree's `tree_leaves` and `tree_map` (same order, same containers) with
+# a fast path for the plain tuples, lists and dicts of tensors and scalars that torch calls take; anything
+# else (named tuples, torch.Size, ...) goes to pytree itself.
+_SCALARS = (int, float, type(None), torch.dtype, torch.device, slice, str, type(...), complex, torch.layout,
+            torch.memory_format)
+
+
+def _tensors(tree, found: list | None = None) -> list[torch.Tensor]:
+    """The tensors among `tree_leaves(tree)` (a tuple, list or dict), in its order."""
+    found = [] if found is None else found
+    for x in tree.values() if type(tree) is dict else tree:
+        if isinstance(x, torch.Tensor):
+            found.append(x)
+        elif type(x) in (tuple, list, dict):
+            _tensors(x, found)
+        elif not isinstance(x, _SCALARS):
+            found.extend(y for y in tree_leaves(x) if isinstance(y, torch.Tensor))
+    return found
+
+
+def _map_tensors(fn, tree):
+    """`tree_map(fn, tree)` for an `fn` that leaves everything but tensors as it is."""
+    if isinstance(tree, torch.Tensor):
+        return fn(tree)
+    kind = type(tree)
+    if kind is tuple or kind is list:
+        return kind([fn(x) if isinstance(x, torch.Tensor) else x if isinstance(x, _SCALARS) else _map_tensors(fn, x)
+                     for x in tree])
+    if kind is dict:
+        return {k: _map_tensors(fn, v) for k, v in tree.items()}
+    return tree if isinstance(tree, _SCALARS) else tree_map(fn, tree)
+
+
 class _Mode(TorchFunctionMode):
     def __init__(self, report: Report):
         super().__init__()
@@ -114,22 +148,22 @@ class _Mode(TorchFunctionMode):
         name = getattr(func, "__name__", "")
         if name in ("to", "cuda", "cpu"):
             return self._move(name, args, kwargs)
-        tensors = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+        tensors = _tensors((args, kwargs))
         emulated = any(isinstance(x, Emulated) for x in tensors)
         if name == "_has_compatible_shallow_copy_type":          # Module.to: new parameters, never `.data = `
             return not emulated
         if emulated and name not in ("__get__", "__set__"):      # properties read the wrapper's own metadata
             self._check_devices(name, tensors)
-            out = func(*tree_map(_unwrap, args), **tree_map(_unwrap, kwargs))
+            out = func(*_map_tensors(_unwrap, args), **_map_tensors(_unwrap, kwargs))
             if name in READS or (name == "module_load" and not isinstance(args[0], Emulated)):
                 return out                                        # host values; a CPU module loading device data
-            return tree_map(_wrap, out)
+            return _map_tensors(_wrap, out)
         if kwargs.pop("pin_memory", False):                      # page-locked host memory needs the driver
             self.report.pinned += 1
         device = kwargs.get("device")
         if device is not None and torch.device(device).type == "cuda":   # a factory: torch.zeros(..., device="cuda")
             kwargs["device"] = "cpu"
-            return tree_map(_wrap, func(*args, **kwargs))
+            return _map_tensors(_wrap, func(*args, **kwargs))
         return func(*args, **kwargs)
 
     def _check_devices(self, name: str, tensors: list[torch.Tensor]) -> None:

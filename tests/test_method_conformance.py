@@ -68,7 +68,14 @@ EXACTNESS_BENCHES = {
     "text": [Bench("text", "tiny-llama", frozenset({"draft"}), "text_bench")],
     "image": [Bench("image", "fashion-mnist", IMAGE_SUPPLIES, "image_bench")],
     "speech": [Bench("speech", "tiny.en", frozenset({"eagle"}), "speech_tiny_en_bench", baseline="greedy"),
-               Bench("speech", "base", SPEECH_BASE_SUPPLIES, "speech_base_bench", baseline="greedy", slow=True)],
+               Bench("speech", "base", SPEECH_BASE_SUPPLIES, "speech_base_bench", baseline="greedy", slow=True),
+               # Whisper's timestamp mode: its rules apply to every pass (tree passes too)
+               Bench("speech", "tiny-random-timestamps", SPEECH_BASE_SUPPLIES - {"assistant"},
+                     "speech_timestamps_bench", baseline="greedy"),
+               Bench("speech", "tiny.en-timestamps", frozenset({"eagle"}), "speech_tiny_en_timestamps_bench",
+                     baseline="greedy"),
+               Bench("speech", "base-timestamps", SPEECH_BASE_SUPPLIES, "speech_base_timestamps_bench",
+                     baseline="greedy", slow=True)],
 }
 LAW_BENCHES = {
     "text": Bench("text", "trigram-toy", frozenset({"draft", "heads"}), "text_law"),
@@ -205,15 +212,37 @@ def speech_tiny_en_bench(tiny_en_asr):
 
 
 @pytest.fixture(scope="module")
-def speech_base_bench():
+def speech_tiny_en_timestamps_bench(tiny_en_asr):
+    _librivox()
+    return load_speech(tiny_en_asr, timestamps=True)
+
+
+@pytest.fixture(scope="module")
+def speech_timestamps_bench():
+    from tests.speech.conftest import TIMED_VOCAB
+
+    return load_tiny_speech(tiny_speech_pipeline(vocab=TIMED_VOCAB), timestamps=True)
+
+
+@pytest.fixture(scope="module")
+def base_with_tiny_en():
     from mmaccel.speech.pipeline import ASRPipeline
 
     _librivox()
     try:
-        asr = ASRPipeline.from_pretrained("builtin:base", assistant="builtin:tiny.en")
+        return ASRPipeline.from_pretrained("builtin:base", assistant="builtin:tiny.en")
     except ModelNotFoundError as err:
         pytest.skip(f"Whisper base or tiny.en not installed: {err}")
-    return load_speech(asr)
+
+
+@pytest.fixture(scope="module")
+def speech_base_bench(base_with_tiny_en):
+    return load_speech(base_with_tiny_en)
+
+
+@pytest.fixture(scope="module")
+def speech_base_timestamps_bench(base_with_tiny_en):
+    return load_speech(base_with_tiny_en, timestamps=True)
 
 
 # --- (a) exactness ----------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import json
 from mmaccel.cli.options import add_draft_option, add_param_option, add_sampling_options, add_seed_option
 from mmaccel.devices import add_device_option
 from mmaccel.progress import say
+from mmaccel.speech.writers import FORMATS, output_formats, write_transcript
 
 
 def print_transcripts(rows: list[tuple[str, str | None, str]]) -> int:
@@ -26,9 +27,16 @@ def cmd_asr_transcribe(args: argparse.Namespace) -> int:
 
     asr = ASRPipeline.from_pretrained(args.model, heads=heads_option(args.heads), draft=draft_option(args.draft),
                                       assistant=args.assistant, device=args.device, cuda_graphs=args.cuda_graphs)
-    out = asr.transcribe(list(args.files), args.method, batch_size=args.batch_size, language=args.language,
-                         encoder=args.encoder, **dict(args.param))
+    formats = None if args.output_format is None else output_formats(args.output_format)
+    language = None if args.language == "auto" else args.language
+    out = asr.transcribe(list(args.files), args.method, batch_size=args.batch_size, language=language, task=args.task,
+                         encoder=args.encoder, timestamps=args.timestamps or formats not in (None, ["txt"]),
+                         word_timestamps=args.word_timestamps, **dict(args.param))
     status = print_transcripts([(t.source, t.error, t.text) for t in out.transcripts])
+    for t in out.transcripts:
+        if formats is not None and t.error is None:
+            for path in write_transcript(t, args.output_dir, formats):
+                say(f"wrote {path}")
     say(json.dumps({"method": out.method, "audio_s": round(out.audio_s, 3), "rtfx": round(out.rtfx, 3),
                     **out.stats.to_dict()}))
     return status
@@ -79,10 +87,18 @@ def _add_transcribe(asr_sub) -> None:
     at.add_argument("--method", default="greedy")
     add_param_option(at, "depth=4")
     at.add_argument("--batch-size", type=int, default=8)
-    at.add_argument("--language", default="en", help="language code for multilingual models")
+    at.add_argument("--language", default="en", help="language code, or 'auto' to detect each file's (multilingual models)")
+    at.add_argument("--task", default="transcribe", choices=("transcribe", "translate"),
+                    help="translate: into English (multilingual models)")
     at.add_argument("--encoder", default="fp32", choices=("fp32", "bf16", "int8"),
                     help="encoder precision: fp32 (the model as loaded) or cheaper bf16 / int8 (may change transcripts; "
                          "int8 fails on noisy audio, prefer bf16)")
+    at.add_argument("--timestamps", action="store_true", help="decode with Whisper's timestamps (segments with times)")
+    at.add_argument("--word-timestamps", action="store_true", help="word times from the alignment heads (implies --timestamps)")
+    at.add_argument("--output-format", default=None, metavar="FORMAT",
+                    help=f"also write each transcript as files: {', '.join(FORMATS)}, comma-separated, or all "
+                         "(any but txt turns --timestamps on)")
+    at.add_argument("--output-dir", default=".", help="where --output-format writes <input name>.<format>")
     add_device_option(at)
     at.set_defaults(func=cmd_asr_transcribe)
 

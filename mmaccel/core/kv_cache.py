@@ -45,6 +45,17 @@ class CacheWrite:
             v_buf.scatter_(2, index, value.to(v_buf.dtype))
         return k_buf[:, :, : self.used], v_buf[:, :, : self.used]
 
+    def record(self, tokens: Tensor) -> None:
+        """Write the append's token ids [B, T] into the cache's id record (see `KVCache.keep_ids`)."""
+        ids = self.cache.ids
+        if ids is None:
+            return
+        tokens = tokens.to(ids.device)
+        if self.start is not None:
+            ids[:, self.start : self.start + tokens.shape[1]] = tokens
+        else:
+            ids.scatter_(1, self.slots.to(ids.device), tokens)
+
 
 class KVCache:
     """Preallocated keys/values `[B, H, capacity, D]` per layer and committed lengths `[B]`.
@@ -67,6 +78,7 @@ class KVCache:
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device="cpu" if self.host else self.device)
         self._placed: tuple[Tensor, Tensor] | None = None
         self._placed_mask: Tensor | None = None
+        self.ids: Tensor | None = None      # [B, capacity] token id per slot, once `keep_ids` is called
         self.graphs = StepGraphs()      # captured steps over these buffers (used on a GPU when asked for)
 
     @property
@@ -78,6 +90,14 @@ class KVCache:
         """Whether the next append may run as a captured step: on a GPU, at the next free slots (a
         placed append writes where a planner says, a different place every time)."""
         return not self.host and self._placed is None
+
+    def keep_ids(self) -> Tensor:
+        """Record the token id of every slot beside its keys/values ([B, capacity], written by
+        `CacheWrite.record`, moved by rollback, compaction and row selection like the entries): for
+        decoding rules that read a row's committed tokens (Whisper's timestamp rules)."""
+        if self.ids is None:
+            self.ids = torch.zeros(self.batch_size, self.capacity, dtype=torch.long, device=self.device)
+        return self.ids
 
     @torch.inference_mode()
     def reset(self) -> None:
@@ -170,12 +190,13 @@ class KVCache:
         idx = index.to(self.device)
         lengths = self.lengths.index_select(0, index.to(self.lengths.device))
         if not self.host and idx.shape[0] == self.batch_size:
-            for buf in (*self.k, *self.v):
+            for buf in (*self.k, *self.v, *([] if self.ids is None else [self.ids])):
                 buf.copy_(buf.index_select(0, idx))
             self.lengths.copy_(lengths)
             return
         self.k = [k.index_select(0, idx) for k in self.k]
         self.v = [v.index_select(0, idx) for v in self.v]
+        self.ids = None if self.ids is None else self.ids.index_select(0, idx)
         self.lengths, self.graphs = lengths, StepGraphs()
 
     @torch.inference_mode()    # the buffers are inference tensors, changed in place
@@ -206,6 +227,8 @@ class KVCache:
             H, D = buf.shape[1], buf.shape[3]
             entries = buf.gather(2, src[:, None, :, None].expand(-1, H, -1, D))
             buf.scatter_(2, dst[:, None, :, None].expand(-1, H, -1, D), entries)
+        if self.ids is not None:
+            self.ids.scatter_(1, dst, self.ids.gather(1, src))
 
 
 class CachePool:

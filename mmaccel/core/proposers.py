@@ -158,6 +158,10 @@ class DraftModelProposer(Proposer):
         self.pending = ctx.pending[:, None]                 # [B, P] tokens the draft has not seen yet
         self.pending_counts = torch.ones_like(ctx.pending)  # [B] row b's first counts[b] of them
 
+    def can_start_drafting(self, inputs: Any) -> bool:
+        """Whether `start_drafting` can draft from these inputs' prompt (else the call starts as usual)."""
+        return True
+
     def start_drafting(self, inputs: Any, room: int, k: int) -> Tensor:
         """`start` ahead of the target: greedy drafts [B, <= k] of the first tokens from the prompt
         alone, for a target that scores its prompt and these drafts in one pass (`prefill_with`)."""

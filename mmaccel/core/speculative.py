@@ -99,6 +99,7 @@ class _Loop:
 
     def start(self, call: DecodeCall, inputs: Any, seed: int, eos: int | None, prompts: list[list[int]] | None) -> None:
         """The prefill (scoring the first drafts too where they come ahead), the first token and the proposer."""
+        self.ahead = self.ahead and self.proposer.can_start_drafting(inputs)
         if self.ahead:
             with call.stats.timed("draft"):
                 drafts = self.proposer.start_drafting(inputs, self.room, self.config.k)

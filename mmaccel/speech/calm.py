@@ -30,6 +30,7 @@ from mmaccel.core.driver import AcceptedLengths, AllDone, DecodeCall, Emission, 
 from mmaccel.core.stats import DecodeStats
 from mmaccel.errors import check
 from mmaccel.speech.decoder import EncodedAudio, WhisperDecoderModel
+from mmaccel.speech.timestamps import rule_logits
 
 
 def _head_logits(model: WhisperDecoderModel, head: nn.Module, h: Tensor) -> Tensor:
@@ -83,7 +84,8 @@ def _step(model: WhisperDecoderModel, exits: dict[int, nn.Module], state, token:
         head = exits.get(i + 1)
         if head is None or len(running) == 0:
             continue
-        confidence, guess = _head_logits(model, head, h.index_select(0, running)[:, -1]).softmax(-1).max(-1)
+        logits = _ruled(state, _head_logits(model, head, h.index_select(0, running)[:, -1]), running)
+        confidence, guess = logits.softmax(-1).max(-1)
         leave = confidence > threshold
         chosen[running[leave]] = guess[leave].to(chosen.device)
         exit_at[running[leave].cpu()] = i + 1
@@ -94,8 +96,16 @@ def _step(model: WhisperDecoderModel, exits: dict[int, nn.Module], state, token:
             logits = model.argmax_readout(last)[:, -1]
         else:
             logits = model.readout(state, last)[:, -1] + model.suppression
-        chosen[running] = logits.argmax(-1).to(chosen.device)
+        chosen[running] = _ruled(state, logits, running).argmax(-1).to(chosen.device)
     return chosen, exit_at
+
+
+def _ruled(state, logits: Tensor, rows: Tensor) -> Tensor:
+    """Next-token `logits` [R, V] of batch rows `rows` under the timestamp rules, if the audio has them."""
+    if state.extras["inputs"].rules is None:
+        return logits
+    full = logits.new_zeros(state.batch_size, 1, logits.shape[-1]).index_copy(0, rows, logits[:, None])
+    return rule_logits(state, full).index_select(0, rows)[:, 0]
 
 
 def token_disagreement(reference: list[list[int]], tokens: list[list[int]]) -> float:

@@ -7,9 +7,10 @@ than calling HF's layers gives our preallocated per-row KV cache (O(1) rollback,
 masks, early-exit views and the hidden states Medusa heads read, and keeps us clear of HF's
 changing cache internals. Cross-attention keys/values are computed once per utterance.
 
-Whisper's decoding rules are part of the model here: `suppress_tokens` are masked at every step and
-`begin_suppress_tokens` at the first generated position, exactly as `generate()` applies them, so
-every method decodes under the same rules and greedy equals HF greedy.
+Whisper's decoding rules are part of the model here: `suppress_tokens` are masked at every step,
+`begin_suppress_tokens` at the first generated position and, in timestamp mode, the timestamp rules
+(`timestamps`) everywhere, exactly as `generate()` applies them: every method decodes under the same
+rules and greedy equals HF greedy.
 
 Its parts are in `decoder_audio`, `decoder_layers` and `decoder_readout` (their names re-exported here).
 """
@@ -25,9 +26,10 @@ from torch import Tensor, nn
 from mmaccel.core.model import DecodeState, KVCache, check_step_args, default_positions, expect, step_key
 from mmaccel.errors import check
 from mmaccel.speech.decoder_audio import EncodedAudio, audio_frames
-from mmaccel.speech.decoder_layers import LayerOps, LayerStep, _norm
+from mmaccel.speech.decoder_layers import LayerOps, LayerStep, _norm, kept_positions
 from mmaccel.speech.decoder_readout import ArgmaxProjection, ExitHead, ShortlistProjection  # noqa: F401  (ExitHead: re-exported)
 from mmaccel.speech.encoder_precision import input_dtype
+from mmaccel.speech.timestamps import TimestampRules, rule_logits
 
 
 class WhisperDecoderModel:
@@ -44,6 +46,9 @@ class WhisperDecoderModel:
     mostly padding of Whisper's 30-s window, which the full model must attend to and a draft need not.
     `quantized` (for drafts) runs the layers on int8 copies of their weights (`LayerOps`).
     """
+
+    skips_filler = True     # `step` takes `valid` (the DecoderModel protocol's optional filler skipping)
+    cuda_graphs = False     # replay fixed-shape steps as CUDA graphs on a GPU (mmaccel.core.graphs)
 
     def __init__(self, hf, suppress_tokens: list[int] | None = None, begin_suppress_tokens: list[int] | None = None,
                  num_layers: int | None = None, exit_head: nn.Module | None = None,
@@ -142,12 +147,12 @@ class WhisperDecoderModel:
     # ---- audio --------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def encode(self, features: Tensor, prompt: list[int], seconds: list[float] | None = None,
-               encoder: nn.Module | None = None) -> EncodedAudio:
-        """Run the encoder on log-mel `features` [B, mels, 3000]; every row gets `prompt`.
+    def encode(self, features: Tensor, prompt: list[int] | list[list[int]], seconds: list[float] | None = None,
+               encoder: nn.Module | None = None, rules: TimestampRules | None = None) -> EncodedAudio:
+        """Run the encoder on log-mel `features` [B, mels, 3000]; every row gets `prompt` (or one each, of one length).
         `seconds`: each row's audio length (for drafts with a `cross_window`). `encoder`: another
         precision of the model's encoder (`encoder_precision.encoder_variant`); its states are cast
-        to the decoder's dtype."""
+        to the decoder's dtype. `rules`: decode in timestamp mode under these rules (every pass applies them)."""
         cfg = self.hf.config
         check(isinstance(features, Tensor) and features.dim() == 3 and features.shape[1] == cfg.num_mel_bins,
               f"features must be log-mel [batch, {cfg.num_mel_bins}, frames], got "
@@ -155,14 +160,14 @@ class WhisperDecoderModel:
         check(len(prompt) > 0, "the decoder prompt needs at least <|startoftranscript|>")
         encoder = self.hf.model.encoder if encoder is None else encoder
         states = encoder(features.to(self.device, input_dtype(encoder))).last_hidden_state.to(self.dtype)
-        prompt_t = torch.tensor(prompt, dtype=torch.long).expand(features.shape[0], -1).contiguous()
+        prompt_t = torch.tensor(prompt, dtype=torch.long).expand(features.shape[0], -1).contiguous()   # [B, P]
         frames = None
         if seconds is not None:
             check(len(seconds) == features.shape[0],
                   f"seconds needs one length per row ({features.shape[0]}), got {len(seconds)}")
             window_s = features.shape[-1] / 100                     # 100 mel frames per second
             frames = torch.tensor([audio_frames(s, window_s, states.shape[1]) for s in seconds])
-        return EncodedAudio(states, prompt_t, features=features, audio_frames=frames)
+        return EncodedAudio(states, prompt_t, features=features, audio_frames=frames, rules=rules)
 
     def _cross(self, inputs: EncodedAudio, i: int) -> tuple[Tensor, Tensor]:
         """Layer i's cross-attention keys/values [B, H, S, Dh] over the whole window (computed once)."""
@@ -194,15 +199,17 @@ class WhisperDecoderModel:
         capacity = min(P + room, self.max_positions)
         state = self.new_state(inputs.batch_size, capacity)
         state.extras["inputs"] = inputs
+        if inputs.rules is not None:
+            state.cache.keep_ids()                   # the timestamp rules read each row's tokens
         if not run:
             return state
         prompt = inputs.prompt.to(self.device)
         if self.argmax_readout is not None:          # exact at the arg-max, like `step`
             logits = self._forward(state, prompt, None, None, last_only=True,
                                    readout=lambda h: self.argmax_readout(h, self._begin_bias))
-            state.logits = logits[:, -1]
         else:
-            state.logits = self._forward(state, prompt, None, None, last_only=True)[:, -1] + self._begin_bias
+            logits = self._forward(state, prompt, None, None, last_only=True) + self._begin_bias
+        state.logits = rule_logits(state, logits)[:, -1]
         return state
 
     @torch.inference_mode()
@@ -223,7 +230,7 @@ class WhisperDecoderModel:
             h = h[:, P - 1:]
             return self._project(h) + bias if self.argmax_readout is None else self.argmax_readout(h, bias)
 
-        logits = self._forward(state, seq, None, None, readout=scores)
+        logits = rule_logits(state, self._forward(state, seq, None, None, readout=scores))
         state.hidden = state.hidden[:, P - 1:]
         return state, logits
 
@@ -235,14 +242,14 @@ class WhisperDecoderModel:
         rest, whose logits are zeros (plus the suppression) and whose cache entries the caller rolls
         back (`skips_filler`)."""
         check_step_args(state, tokens, tree_mask, self.vocab_size)
-        keep = self._kept(tokens.shape, valid)
+        keep = kept_positions(tokens.shape, valid, self.device)
 
         def body(tokens: Tensor, positions: Tensor | None, tree_mask: Tensor | None) -> tuple[Tensor, Tensor]:
             if self.argmax_readout is not None:
                 logits = self._forward(state, tokens, positions, tree_mask, readout=self.argmax_readout, keep=keep)
             else:
                 logits = self._forward(state, tokens, positions, tree_mask, keep=keep) + self._bias
-            return logits, state.hidden
+            return rule_logits(state, logits, tree_mask), state.hidden
 
         inputs = tuple(None if x is None else x.to(self.device) for x in (tokens, positions, tree_mask))
         if self.cuda_graphs and keep is None and state.cache.graphs_apply:
@@ -250,26 +257,10 @@ class WhisperDecoderModel:
             return logits
         return body(*inputs)[0]
 
-    skips_filler = True     # `step` takes `valid` (the DecoderModel protocol's optional filler skipping)
-    cuda_graphs = False     # replay fixed-shape steps as CUDA graphs on a GPU (mmaccel.core.graphs)
-
-    def _kept(self, shape: torch.Size, valid: Tensor | None) -> Tensor | None:
-        """Flat indices b * T + t of the positions `valid` asks for; None when that is all of them."""
-        if valid is None:
-            return None
-        B, T = shape
-        check(isinstance(valid, Tensor) and valid.shape == (B,), f"valid must be a tensor [{B}], got "
-              f"{tuple(valid.shape) if isinstance(valid, Tensor) else type(valid).__name__}")
-        valid = valid.cpu()
-        check(bool(((valid >= 0) & (valid <= T)).all()), f"valid counts must lie in [0, {T}], got {valid.tolist()}")
-        if int(valid.sum()) == B * T:
-            return None
-        return (torch.arange(T)[None, :] < valid[:, None]).flatten().nonzero()[:, 0].to(self.device)
-
     @property
     def shortlist(self) -> Tensor | None:
-        """The token ids [S] (ascending) outside which `step`'s logits are -inf, when it reads out
-        through a shortlist; `shortlist_step` computes only those columns."""
+        """The token ids [S] (ascending) outside which `step`'s logits are -inf, when it reads out through a
+        shortlist; `shortlist_step` computes only those columns (drafts: no timestamp rules)."""
         return None if self.projection is None else self.projection.vocab
 
     @torch.inference_mode()
@@ -327,6 +318,7 @@ class WhisperDecoderModel:
         what every layer of this pass shares (cache writer, attention mask, audio)."""
         T = tokens.shape[1]
         step, start = self.begin(state, T, tree_mask)
+        step.write.record(tokens)
         table = self.decoder.embed_positions.weight
         beyond = f"Whisper's decoder has {self.max_positions} positions; this transcript would exceed them"
         if positions is None and tree_mask is None and step.write.start is not None:
@@ -374,7 +366,10 @@ class WhisperDecoderModel:
         x = F.scaled_dot_product_attention(step.heads(q), k, v, attn_mask=mask)
         h = h + ops.out(step.merge(x))
         x = _norm(layer.encoder_attn_layer_norm, h)
-        x = F.scaled_dot_product_attention(step.heads(ops.cross_q(x)).to(ck.dtype), ck, cv, attn_mask=cmask).to(h.dtype)
+        q = step.heads(ops.cross_q(x))
+        if step.probe is not None:           # the queries word alignment reads (`alignment`)
+            step.probe[i] = q
+        x = F.scaled_dot_product_attention(q.to(ck.dtype), ck, cv, attn_mask=cmask).to(h.dtype)
         h = h + ops.cross_out(step.merge(x))
         h = h + ops.mlp(_norm(layer.final_layer_norm, h))
         if rows is None:

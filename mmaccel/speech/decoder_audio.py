@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from mmaccel.speech.timestamps import TimestampRules
+
 
 @dataclass
 class EncodedAudio:
@@ -25,6 +27,7 @@ class EncodedAudio:
     # [B] encoder frames that hold audio (the rest of the 30-s window is padding), when known
     audio_frames: Tensor | None = None
     windows: dict = field(default_factory=dict, repr=False)      # cached cross-attention windows (see audio_window)
+    rules: TimestampRules | None = None     # timestamp mode: the rules every decoder pass applies
 
     @property
     def batch_size(self) -> int:
@@ -64,7 +67,7 @@ class EncodedAudio:
             self.encoder_states.index_select(0, idx), self.prompt.index_select(0, index.cpu()),
             {i: (k.index_select(0, idx), v.index_select(0, idx)) for i, (k, v) in self.cross_kv.items()},
             None if self.features is None else self.features.index_select(0, index.to(self.features.device)),
-            None if self.audio_frames is None else self.audio_frames.index_select(0, index.cpu()))
+            None if self.audio_frames is None else self.audio_frames.index_select(0, index.cpu()), rules=self.rules)
 
 
 def audio_frames(seconds: float, window_s: float, encoder_frames: int) -> int:

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from mmaccel.core.kv_cache import CacheWrite
 from mmaccel.core.quant import Int8Linear
+from mmaccel.errors import check
 from mmaccel.speech.decoder_audio import EncodedAudio
 
 
@@ -27,6 +28,7 @@ class LayerStep:
     num_heads: int
     keep: Tensor | None = None
     shape: tuple[int, int] = (0, 0)     # (B, T) of the pass, when `keep` is set
+    probe: dict | None = None           # when set: layer -> its cross-attention queries [B, H, T, Dh]
 
     def unpack(self, t: Tensor) -> Tensor:
         """Kept positions [N, e] -> [B, T, e], zeros elsewhere."""
@@ -87,3 +89,18 @@ class LayerOps:
 
 def _norm(ln: nn.LayerNorm, x: Tensor) -> Tensor:
     return F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
+
+
+def kept_positions(shape: torch.Size, valid: Tensor | None, device: torch.device) -> Tensor | None:
+    """Flat indices b * T + t [N] (on `device`) of the positions of a pass of `shape` (B, T) that `valid`
+    [B] asks for (row b's first valid[b]); None when that is all of them."""
+    if valid is None:
+        return None
+    B, T = shape
+    check(isinstance(valid, Tensor) and valid.shape == (B,), f"valid must be a tensor [{B}], got "
+          f"{tuple(valid.shape) if isinstance(valid, Tensor) else type(valid).__name__}")
+    valid = valid.cpu()
+    check(bool(((valid >= 0) & (valid <= T)).all()), f"valid counts must lie in [0, {T}], got {valid.tolist()}")
+    if int(valid.sum()) == B * T:
+        return None
+    return (torch.arange(T)[None, :] < valid[:, None]).flatten().nonzero()[:, 0].to(device)

@@ -230,6 +230,9 @@ class EagleProposer(DraftModelProposer):
         self.state = self.draft.prefill(inputs, room + 1)
         self.first = True
 
+    def can_start_drafting(self, inputs) -> bool:
+        return inputs.prompt.shape[1] >= 2      # the start feature goes with the prompt's tokens after the first
+
     def start_drafting(self, inputs, room, k):
         check(k >= 1, f"draft length k must be >= 1, got {k}")
         self.state = self.draft.prefill(inputs, room + 1)

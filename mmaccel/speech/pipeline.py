@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from mmaccel.core.stats import DecodeStats
 from mmaccel.devices import resolve_device, use_cuda_graphs
 from mmaccel.errors import InputError, check
 from mmaccel.paths import assets_dir
+from mmaccel.speech.alignment import add_words
 from mmaccel.speech.audio import Audio, AudioLike, as_audio, is_silent, log_mel, split_long
 from mmaccel.speech.cross_draft import Assistant, new_assistant
 from mmaccel.speech.decoder import WhisperDecoderModel
@@ -37,7 +38,11 @@ from mmaccel.speech.draft import WhisperDraft, load_draft
 from mmaccel.speech.eagle import EagleDecoder, EagleHead
 from mmaccel.speech.encoder_precision import check_precision, encoder_variant
 from mmaccel.speech.heads import WhisperHeads, load_heads, merge_heads
+from mmaccel.speech.language import language_probabilities
 from mmaccel.speech.methods import ASR_REGISTRY, build_asr_method
+from mmaccel.speech.scoring import score_tokens
+from mmaccel.speech.timestamps import TimestampRules
+from mmaccel.speech.transcript import Transcript, WindowResult, join_windows, window_result  # noqa: F401  (re-exported)
 from mmaccel.speech.whisper import WhisperBundle, load_whisper
 
 MAX_NEW_TOKENS = 224   # per 30-s window, as openai-whisper (half the decoder's 448 positions)
@@ -63,16 +68,6 @@ def draft_option(value: str) -> str | None:
 
 def builtin_draft_path(name: str) -> Path:
     return assets_dir() / f"whisper_{name}_draft.safetensors"
-
-
-@dataclass
-class Transcript:
-    text: str
-    source: str
-    duration: float                 # seconds of audio
-    tokens: list[int] = field(default_factory=list)   # generated ids of all windows (specials included)
-    passes: int = 0                 # decoder target passes that committed its tokens (prefills included)
-    error: str | None = None        # why this input could not be transcribed (list inputs only)
 
 
 @dataclass
@@ -165,9 +160,10 @@ class ASRPipeline:
         """The methods `transcribe` takes: name -> plug-in (parameters, exactness, needs)."""
         return ASR_REGISTRY
 
-    def resources(self, method: Method | None = None) -> Resources:
-        """What methods draw on; the target is the arg-max view unless `method` reads logit values."""
-        target = self.model if method is None or method.exact_logits else self.argmax_model
+    def resources(self, method: Method | None = None, timestamps: bool = False) -> Resources:
+        """What methods draw on; the target is the arg-max view unless `method` reads logit values or
+        the timestamp rules do (they compare the timestamps' total probability with the text's)."""
+        target = self.model if method is None or method.exact_logits or timestamps else self.argmax_model
         eagle = self._eagle_decoder()
         if eagle is not None and eagle.head.feature_layers and method is not None and "eagle" in method.needs:
             target = target.feature_view(eagle.head.feature_layers)     # the layer outputs the head fuses
@@ -190,17 +186,36 @@ class ASRPipeline:
             self._encoders[precision] = encoder_variant(self._encoders["fp32"], precision)
         return self._encoders[precision]
 
+    def alignment_heads(self) -> list[tuple[int, int]]:
+        """The (decoder layer, head) pairs whose cross-attention follows the audio (word timestamps)."""
+        heads = getattr(self.bundle.model.generation_config, "alignment_heads", None)
+        if not heads:
+            raise InputError(f"Whisper {self.bundle.name} has no alignment heads (generation_config.alignment_heads "
+                             "in its directory); word timestamps need them")
+        return [(int(layer), int(head)) for layer, head in heads]
+
     # ---- transcription ------------------------------------------------------------------------
 
     def transcribe(self, audio: AudioLike | list, method: str | Method = "greedy", *, batch_size: int = 8,
-                   language: str | None = "en", sample_rate: int | None = None, max_new_tokens: int = MAX_NEW_TOKENS,
-                   progress: Callable[[int, int], None] | None = None, encoder: str = "fp32",
+                   language: str | None = "en", task: str = "transcribe", sample_rate: int | None = None,
+                   max_new_tokens: int = MAX_NEW_TOKENS, progress: Callable[[int, int], None] | None = None,
+                   encoder: str = "fp32", timestamps: bool = False, word_timestamps: bool = False,
                    **method_params: Any) -> ASROutput:
         """Transcribe one input or a list (paths, arrays with `sample_rate`, `Audio`s).
+
+        `language`: a language code, or None to detect each input's from its first 30 s (on an
+        English-only model, None is English); `task`: "transcribe" or "translate" (to English, on a
+        multilingual model).
 
         `encoder`: the encoder's precision, fp32 (the model as loaded), bf16 or int8; the cheaper
         ones change the encoder states and so may change the transcript (the decoder methods stay
         lossless against greedy on the same states).
+
+        `timestamps`: decode in Whisper's timestamp mode (its rules apply to every method, so the
+        lossless ones still give greedy's tokens): each transcript's `segments` carry their times and
+        the window's average log-probability, compression ratio and no-speech probability. Without
+        it each 30-s window is one segment. `word_timestamps` (timestamp mode implied): each segment's
+        `words` with their times and probabilities, aligned by the model's alignment heads.
 
         `method`: a name from `mmaccel.speech.methods.ASR_REGISTRY` or a Method; `method_params`
         configure it (k, depth, width, exit_layer, num_beams, ...). `progress(done, total)` is called
@@ -209,34 +224,86 @@ class ASRPipeline:
         check(isinstance(batch_size, int) and batch_size >= 1, f"batch_size must be an int >= 1, got {batch_size!r}")
         check(isinstance(max_new_tokens, int) and 1 <= max_new_tokens <= MAX_NEW_TOKENS,
               f"max_new_tokens must be in [1, {MAX_NEW_TOKENS}], got {max_new_tokens!r}")
+        check(isinstance(timestamps, bool), f"timestamps must be True or False, got {timestamps!r}")
+        check(isinstance(word_timestamps, bool), f"word_timestamps must be True or False, got {word_timestamps!r}")
+        timestamps = timestamps or word_timestamps
         spec = build_asr_method(method, **method_params)
-        encoder_module = self.encoder(encoder)
-        prompt = self.bundle.prompt(language)
+        prompt = self.bundle.prompt(language or "en", task, timestamps)       # checks language and task
+        tokens = self.bundle.tokens
+        job = _Job(spec, self.resources(spec, timestamps), self.encoder(encoder), max_new_tokens, task,
+                   TimestampRules(tokens.no_timestamps, tokens.end_of_text, len(prompt)) if timestamps else None,
+                   self.alignment_heads() if word_timestamps else None)
         stats = DecodeStats()
         transcripts, windows = audio_windows(audio, sample_rate)
-        parts: dict[int, dict[int, tuple[list[int], str]]] = {}
-        resources = self.resources(spec)
+        if language is None and tokens.multilingual:
+            with stats.timed("language"):
+                self._detect_languages(transcripts, windows, job.encoder, batch_size)
+        for t in transcripts:
+            t.language = None if t.error is not None else t.language or language or "en"
+        parts: dict[int, dict[int, WindowResult]] = {}
         for start in range(0, len(windows), batch_size):
             batch = windows[start : start + batch_size]
-            with stats.timed("features"):
-                features = log_mel(self.bundle.feature_extractor, [w for _, _, w in batch])
-            with stats.timed("encoder"):
-                inputs = self.model.encode(features, prompt, [w.duration for _, _, w in batch], encoder_module)
-            t0 = time.perf_counter()
-            gen = spec.run(resources, inputs, max_new_tokens=max_new_tokens, sampling=Sampling(),
-                           eos_token_id=self.bundle.tokens.end_of_text, prompt_tokens=[prompt] * len(batch))
-            decode_s = time.perf_counter() - t0
-            stats = stats + gen.stats
-            stats.time_s["decode"] = stats.time_s.get("decode", 0.0) + decode_s
-            for row, ((i, c, _), tokens) in enumerate(zip(batch, gen.tokens)):
-                parts.setdefault(i, {})[c] = tokens, self.bundle.tokenizer.decode(tokens, skip_special_tokens=True).strip()
-                # one pass per token for methods that do not say (beam, calm); a row also rides
-                # along in its batch's passes after it ends, which this does not count
-                transcripts[i].passes += len(tokens) if gen.commit_pass is None else len(set(gen.commit_pass[row]))
+            stats = stats + self._transcribe_batch(job, batch, [transcripts[i] for i, _, _ in batch], parts)
             if progress is not None:
                 progress(min(start + batch_size, len(windows)), len(windows))
         join_windows(transcripts, parts)
         return ASROutput(transcripts, stats, spec.name)
+
+    def _transcribe_batch(self, job: _Job, batch: list[tuple], owners: list[Transcript],
+                          parts: dict[int, dict[int, WindowResult]]) -> DecodeStats:
+        """Decode one batch of windows (each row with its input's language) into `parts`; its statistics."""
+        stats = DecodeStats()
+        prompts = [self.bundle.prompt(t.language, job.task, job.rules is not None) for t in owners]
+        with stats.timed("features"):
+            features = log_mel(self.bundle.feature_extractor, [w for _, _, w in batch])
+        with stats.timed("encoder"):
+            inputs = self.model.encode(features, prompts, [w.duration for _, _, w in batch], job.encoder, job.rules)
+        t0 = time.perf_counter()
+        eot = self.bundle.tokens.end_of_text
+        gen = job.spec.run(job.resources, inputs, max_new_tokens=job.max_new_tokens, sampling=Sampling(),
+                           eos_token_id=eot, prompt_tokens=prompts)
+        stats = stats + gen.stats
+        stats.time_s["decode"] = stats.time_s.get("decode", 0.0) + time.perf_counter() - t0
+        scores = None
+        if job.rules is not None:
+            with stats.timed("scores"):
+                scores = score_tokens(self.model, inputs, gen.tokens, self.bundle.tokens.no_speech)
+        for row, ((i, c, window), generated, owner) in enumerate(zip(batch, gen.tokens, owners)):
+            part = window_result(self.bundle.tokenizer, generated, window.duration, job.rules,
+                                 None if scores is None else scores[row])
+            if job.heads is not None:
+                with stats.timed("words"):
+                    add_words(self.model, inputs, row, part, self.bundle.prompt(owner.language, job.task), job.heads,
+                              self.bundle.tokenizer, eot, owner.language)
+            parts.setdefault(i, {})[c] = part
+            # one pass per token for methods that do not say (beam, calm); a row also rides
+            # along in its batch's passes after it ends, which this does not count
+            owner.passes += len(generated) if gen.commit_pass is None else len(set(gen.commit_pass[row]))
+        return stats
+
+    def _detect_languages(self, transcripts: list[Transcript], windows: list[tuple], encoder: nn.Module,
+                          batch_size: int) -> None:
+        """Each input's language (and its probability) from its first window."""
+        firsts = [(i, w) for i, c, w in windows if c == 0]
+        for start in range(0, len(firsts), batch_size):
+            batch = firsts[start : start + batch_size]
+            features = log_mel(self.bundle.feature_extractor, [w for _, w in batch])
+            for (i, _), probs in zip(batch, language_probabilities(self.model, features, self.bundle.tokens, encoder)):
+                code, p = next(iter(probs.items()))
+                transcripts[i].language, transcripts[i].language_probability = code, p
+
+
+@dataclass
+class _Job:
+    """What every batch of one `transcribe` call decodes with."""
+
+    spec: Method
+    resources: Resources
+    encoder: nn.Module
+    max_new_tokens: int
+    task: str
+    rules: TimestampRules | None            # timestamp mode
+    heads: list[tuple[int, int]] | None     # alignment heads, for word timestamps
 
 
 def audio_windows(audio: AudioLike | list, sample_rate: int | None) -> tuple[list[Transcript], list[tuple]]:
@@ -262,14 +329,6 @@ def audio_windows(audio: AudioLike | list, sample_rate: int | None) -> tuple[lis
         windows += [(i, c, chunk) for c, chunk in enumerate(split_long(clip))]
     windows.sort(key=lambda w: -w[2].duration)
     return transcripts, windows
-
-
-def join_windows(transcripts: list[Transcript], parts: dict[int, dict[int, tuple[list[int], str]]]) -> None:
-    """Stitch each transcript from its windows' (tokens, text), `parts[input][window]`, in window order."""
-    for i, chunks in parts.items():
-        ordered = [chunks[c] for c in sorted(chunks)]
-        transcripts[i].tokens = [t for tokens, _ in ordered for t in tokens]
-        transcripts[i].text = " ".join(text for _, text in ordered if text)
 
 
 def _present(path: Path) -> Path | None:

@@ -25,6 +25,7 @@ class WhisperTokens:
     translate: int  # <|translate|>
     start_of_prev: int | None  # <|startofprev|>, begins a text prompt (previous context)
     languages: dict[str, int] = field(default_factory=dict)  # "en" -> id of <|en|>; empty if English-only
+    no_speech: int | None = None  # <|nospeech|> (<|nocaptions|> in older vocabularies)
 
     @property
     def multilingual(self) -> bool:
@@ -70,6 +71,7 @@ def whisper_tokens(vocab: Mapping[str, int], multilingual: bool, what: str = "to
         translate=lookup("<|translate|>"),
         start_of_prev=vocab.get("<|startofprev|>"),
         languages=languages,
+        no_speech=vocab.get("<|nospeech|>", vocab.get("<|nocaptions|>")),
     )
 
 

@@ -3,11 +3,35 @@ and every greedy lossless method reproduced the AR output inside the run."""
 
 import json
 
+import pytest
+
 from mmaccel.bench.harness import validate_document
 from mmaccel.cli import main
 
 
 def test_bench_core_quick_writes_valid_json(tmp_path):
+    """The CLI path on the real SmolLM2 with its distilled draft (speculative, k = 4): the draft's tokens
+    reproduce AR's. Every default method: test_bench_core_quick_runs_every_default_method (slow); each
+    method's exactness on a tiny LM: tests/lm/test_pipeline.py."""
+    out = tmp_path / "core.json"
+    assert main(["bench", "core", "--quick", "--methods", "speculative:k=4", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    validate_document(doc)
+    assert doc["suite"] == "core" and doc["baseline"] == "ar" and doc["config"]["quick"] is True
+    assert doc["command"] == "mmaccel bench core --quick --methods speculative:k=4"
+    assert {r["method"] for r in doc["results"]} == {"ar", "speculative:k=4"}
+    for r in doc["results"]:
+        assert r["lossless"] is True and r["quality"]["identical_to_ar"] == 1.0, r
+        assert r["nfe"] > 0 and r["latency_s"] > 0 and r["peak_mem_mb"] > 0
+    assert doc["results"][1]["nfe"] < doc["results"][0]["nfe"]        # the draft's tokens were accepted
+    assert out.with_suffix(".md").exists() and out.with_suffix(".png").exists()
+
+
+@pytest.mark.slow
+def test_bench_core_quick_runs_every_default_method(tmp_path):
+    """`mmaccel bench core --quick` as the README quotes it: every default method on SmolLM2. The default suite
+    covers the same CLI path and model with one method (test_bench_core_quick_writes_valid_json), and each
+    method's exactness on a tiny LM (tests/lm/test_pipeline.py)."""
     out = tmp_path / "core.json"
     assert main(["bench", "core", "--quick", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())

@@ -167,6 +167,7 @@ def test_speech_tab_rejects_a_text_file(page, tmp_path):
     _tab(page, "Speech")
     notes = tmp_path / "notes.wav"
     notes.write_text("these are meeting notes, not audio\n" * 20)
+    page.click("#speech-audio button[aria-label='Clear']")            # the page opens with a bundled clip loaded
     page.set_input_files("#speech-audio input[type=file]", str(notes))
     page.click("#speech-run")
     assert "cannot read" in _error_toast(page, "as audio")
@@ -177,6 +178,8 @@ def test_speech_tab_transcribes_a_real_clip(page):
     page.reload()                                                       # a fresh page: no upload left over
     page.wait_for_selector("#image-run")
     _tab(page, "Speech")
+    # the page opens with a bundled clip loaded, so Transcribe works at once
+    page.wait_for_selector("#speech-audio audio, #speech-audio [data-testid=waveform-controls]", state="attached")
     label = next(o for o in _clip_labels() if o.startswith(clip.id))
     _choose(page, "speech-clip", label)
     _choose(page, "speech-method", "eagle")
@@ -189,6 +192,9 @@ def test_speech_tab_transcribes_a_real_clip(page):
     assert re.search(r"identical to greedy\s+–\s+yes", stats), stats
     passes = re.search(r"decoder passes per token\s+([\d.]+)\s+([\d.]+)", stats)
     assert passes and float(passes.group(1)) == 1.0 and float(passes.group(2)) < 1.0, stats
+    segments = _wait_text(page, "#speech-segments", r"man\.")
+    assert re.search(r"0\.00\s+\d+\.\d\d\s+He was not", segments) and "young@" in segments, segments
+    assert ".srt" in _wait_text(page, "#speech-subtitles", r"\.vtt")
     _shot(page, "speech")
 
 
@@ -268,7 +274,7 @@ def test_the_api_gets_clear_messages(server, tmp_path):
     sf.write(silent, np.zeros(16_000 * 2, dtype=np.int16), 16_000)
     noise = (np.random.default_rng(0).standard_normal(16_000 * 660) * 3000).astype(np.int16)   # 11 minutes
     sf.write(long, noise, 16_000)
-    assert "silent" in error("/speech", handle_file(str(silent)), "eagle", "k=4")
-    assert "up to 10" in error("/speech", handle_file(str(long)), "eagle", "k=4")
-    assert "KEY=VALUE" in error("/speech", handle_file(str(silent)), "eagle", "k4")
+    assert "silent" in error("/speech", handle_file(str(silent)), "eagle", "k=4", True)
+    assert "up to 10" in error("/speech", handle_file(str(long)), "eagle", "k=4", True)
+    assert "KEY=VALUE" in error("/speech", handle_file(str(silent)), "eagle", "k4", True)
     assert "k must be" in error("/text", "Hello.", "speculative", "k=0", 8, 0.0, 0, 1.0, 0)

@@ -8,13 +8,14 @@ from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalG
 from mmaccel.speech.decoder import WhisperDecoderModel
 
 VOCAB, EOT, SOT, NO_TS = 64, 60, 61, 62
+TIMED_VOCAB = NO_TS + 1 + 40        # Whisper's layout: timestamp tokens after <|notimestamps|> (40 here)
 PROMPT = [SOT, NO_TS]
 SUPPRESS = [3, 7]
 
 
-def tiny_whisper(seed: int = 0) -> WhisperForConditionalGeneration:
+def tiny_whisper(seed: int = 0, vocab: int = VOCAB) -> WhisperForConditionalGeneration:
     torch.manual_seed(seed)
-    cfg = WhisperConfig(vocab_size=VOCAB, num_mel_bins=8, d_model=32, encoder_layers=2, decoder_layers=4,
+    cfg = WhisperConfig(vocab_size=vocab, num_mel_bins=8, d_model=32, encoder_layers=2, decoder_layers=4,
                         encoder_attention_heads=2, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
                         max_source_positions=20, max_target_positions=48, pad_token_id=EOT, bos_token_id=EOT,
                         eos_token_id=EOT, decoder_start_token_id=SOT)
@@ -42,3 +43,22 @@ def tiny_decoder(tiny_hf):
 def features(batch: int, seed: int = 1) -> torch.Tensor:
     """Random log-mel-like features [batch, 8 mels, 40 frames] for the tiny model (20 encoder positions)."""
     return torch.randn(batch, 8, 40, generator=torch.Generator().manual_seed(seed))
+
+
+def encode_each_clip_once(asr) -> None:
+    """Memoise `asr`'s fp32 Whisper encoder by its input, for tests that transcribe the same clips with many
+    methods: the states do not depend on the method, and the encoder is most of a transcription's time
+    (everything around it, the features' upload and `WhisperDecoderModel.encode` included, still runs)."""
+    from tests.emulated_cuda import on_host
+
+    encoder = asr.encoder("fp32")
+    forward, seen = encoder.forward, {}
+
+    def memoised(features, *args, **kwargs):
+        data = on_host(features)                              # an emulated device tensor's host data
+        key = (type(features), features.dtype, tuple(data.shape), data.numpy().tobytes(), args, tuple(kwargs.items()))
+        if key not in seen:
+            seen[key] = forward(features, *args, **kwargs)
+        return seen[key]
+
+    encoder.forward = memoised

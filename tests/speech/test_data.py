@@ -1,5 +1,6 @@
 """Manifests, the real clips, the sentence source and the TTS corpus builder."""
 
+import functools
 import json
 import shutil
 
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 
 from mmaccel.errors import InputError, ModelNotFoundError
+from mmaccel.speech import text_sources
 from mmaccel.speech.audio import load_audio
 from mmaccel.speech.ctc.augment import augment
 from mmaccel.speech.data import (
@@ -110,9 +112,11 @@ def test_the_out_of_domain_split_shares_no_text_or_training_voice(tmp_path):
         build_ood_corpus(tmp_path, count=0)
 
 
-def test_the_varied_corpus_mixes_three_sources_and_augments_every_other_utterance(tmp_path):
+def test_the_varied_corpus_mixes_three_sources_and_augments_every_other_utterance(tmp_path, monkeypatch):
     if shutil.which("flite") is None or not FORTUNES.is_dir() or not LICENSES.is_dir():
         pytest.skip("apt-get install flite fortunes")
+    for source in ("man_sentences", "docstring_sentences"):     # parse the stdlib and man pages once, not per call
+        monkeypatch.setattr(text_sources, source, functools.cache(getattr(text_sources, source)))
     try:
         train, held_out = varied_sentences("train"), varied_sentences("eval")
     except ModelNotFoundError:

@@ -10,7 +10,7 @@ from mmaccel.speech.decoder import WhisperDecoderModel
 from mmaccel.speech.heads import WhisperHeads, load_heads, new_exit_heads, new_medusa_heads, save_heads
 from mmaccel.speech.methods import build_asr_method
 from mmaccel.speech.pipeline import ASRPipeline
-from tests.speech.conftest import tiny_whisper
+from tests.speech.conftest import encode_each_clip_once, tiny_whisper
 from tests.speech.test_whisper import CLIPS, LIBRIVOX, TINY_EN
 
 FILES = [str(LIBRIVOX / f"sense_and_sensibility_01_austen_64kb-{c}.wav") for c in CLIPS]
@@ -132,7 +132,9 @@ def test_shipped_base_heads_and_draft_decoder_draft_losslessly(files):
     except ModelNotFoundError as err:
         pytest.skip(f"Whisper base not installed: {err}")
     assert asr.heads.medusa is not None and sorted(asr.heads.exits) == [1, 2, 3, 4, 5]
-    greedy = asr.transcribe(files[:3], "greedy")
+    encode_each_clip_once(asr)                             # every method decodes the same encoder states
+    clips = [files[1], files[4]]                           # the two shortest clips, in one batch
+    greedy = asr.transcribe(clips, "greedy")
     methods = [("medusa", {"depth": 2, "width": 2}), ("early-exit", {"k": 2, "exit_layer": 5})]
     if asr.heads.block is not None:
         methods.append(("medusa-block", {"depth": 3, "width": 2}))
@@ -141,9 +143,9 @@ def test_shipped_base_heads_and_draft_decoder_draft_losslessly(files):
     if asr.draft is not None:
         methods += [("speculative", {"k": 4}), ("tree", {"depth": 4, "width": 2})]
     for method, params in methods:
-        out = asr.transcribe(files[:3], method, **params)
+        out = asr.transcribe(clips, method, **params)
         assert out.texts == greedy.texts and out.stats.mean_accepted > 1.0, method
-    calm = asr.transcribe(files[:3], "calm", threshold=1.0)
+    calm = asr.transcribe(clips, "calm", threshold=1.0)
     assert calm.texts == greedy.texts and calm.stats.mean_exit_layer == 6.0
 
 
@@ -156,6 +158,5 @@ def test_shipped_tiny_en_eagle_head_drafts_losslessly(tiny_en_asr, files):
     assert head is not None and list(head.feature_layers) == [0, 2]
     greedy = tiny_en_asr.transcribe(files[:3], "greedy", batch_size=3)
     for params in ({"k": 4, "stop_below": 0.0}, {"k": 8, "stop_below": 0.5}):
-        for batch in (1, 3):
-            out = tiny_en_asr.transcribe(files[:3], "eagle", batch_size=batch, **params)
-            assert out.texts == greedy.texts and out.stats.mean_accepted > 1.0, (params, batch)
+        out = tiny_en_asr.transcribe(files[:3], "eagle", batch_size=2, **params)     # a batch of two, then one alone
+        assert out.texts == greedy.texts and out.stats.mean_accepted > 1.0, params

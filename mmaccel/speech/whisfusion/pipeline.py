@@ -24,7 +24,9 @@ from mmaccel.core.stats import DecodeStats, track_peak_memory
 from mmaccel.errors import ModelNotFoundError, check
 from mmaccel.paths import assets_dir
 from mmaccel.speech.audio import AudioLike, log_mel
-from mmaccel.speech.pipeline import ASROutput, audio_windows, join_windows
+from mmaccel.speech.pipeline import ASROutput, audio_windows
+from mmaccel.speech.timestamps import Segment
+from mmaccel.speech.transcript import WindowResult, join_windows
 from mmaccel.speech.whisfusion.methods import WHISFUSION_REGISTRY, EncodedWindows, build_whisfusion_method
 from mmaccel.speech.whisfusion.model import WhisfusionDecoder, read_config
 from mmaccel.speech.whisper import WhisperBundle, load_whisper
@@ -96,8 +98,9 @@ class WhisfusionPipeline:
             stats.time_s["decode"] = stats.time_s.get("decode", 0.0) + time.perf_counter() - t0
             stats.nfe += result.passes
             stats.new_tokens += sum(len(t) for t in result.tokens)
-            for (i, c, _), text, tokens in zip(batch, result.texts, result.tokens):
-                parts.setdefault(i, {})[c] = tokens, text
+            for (i, c, window), text, tokens in zip(batch, result.texts, result.tokens):
+                segment = [Segment(0, 0.0, window.duration, text, tokens)] if text else []
+                parts.setdefault(i, {})[c] = WindowResult(tokens, text, segment, window.duration)
                 transcripts[i].passes += result.passes
         join_windows(transcripts, parts)
         stats.time_s["total"] = sum(stats.time_s.get(k, 0.0) for k in ("features", "encoder", "decode"))

@@ -1,0 +1,70 @@
+"""What a transcription returns per input (`Transcript`: text, segments with times, words) and how it is put
+together from the 30-s windows the input was decoded in (`WindowResult`, `join_windows`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mmaccel.speech.scoring import TokenScores, compression_ratio
+from mmaccel.speech.timestamps import Segment, TimestampRules, split_segments
+
+
+@dataclass
+class Transcript:
+    text: str
+    source: str
+    duration: float                 # seconds of audio
+    tokens: list[int] = field(default_factory=list)   # generated ids of all windows (specials included)
+    passes: int = 0                 # decoder target passes that committed its tokens (prefills included)
+    error: str | None = None        # why this input could not be transcribed (list inputs only)
+    segments: list[Segment] = field(default_factory=list)  # with times (from timestamps, or a window each)
+    language: str | None = None     # the language it was transcribed as
+    language_probability: float | None = None     # when detected (`transcribe(language=None)`)
+
+
+@dataclass
+class WindowResult:
+    """One decoded window: its tokens, text and segments (times from the window's start)."""
+
+    tokens: list[int]
+    text: str
+    segments: list[Segment]
+    duration: float
+    scores: TokenScores | None = None
+
+
+def window_result(tokenizer, generated: list[int], duration: float, rules: TimestampRules | None,
+                  scores: TokenScores | None = None) -> WindowResult:
+    """A window's generated tokens read as text and segments: by its timestamps under `rules`, else the
+    window is one segment. Windows are cut before decoding, so an unclosed last segment is kept."""
+    def decode(tokens: list[int]) -> str:
+        spoken = tokens if rules is None else [t for t in tokens if t < rules.timestamp_begin]
+        return tokenizer.decode(spoken, skip_special_tokens=True)
+
+    text = decode(generated).strip()
+    if rules is None:
+        return WindowResult(generated, text, [Segment(0, 0.0, duration, text, generated)] if text else [], duration)
+    segments, _ = split_segments(generated, rules, duration)
+    stats = {}
+    if scores is not None:          # per window, as openai-whisper reports them (end of text included)
+        stats = {"avg_logprob": sum(scores.logprobs) / max(1, len(scores.logprobs)),
+                 "no_speech_prob": scores.no_speech_prob, "compression_ratio": compression_ratio(text)}
+    return WindowResult(generated, text, [Segment(0, a, b, decode(t), t, **stats) for a, b, t in segments],
+                        duration, scores)
+
+
+def join_windows(transcripts: list[Transcript], parts: dict[int, dict[int, WindowResult]]) -> None:
+    """Stitch each transcript from its windows, `parts[input][window]`, in window order: text, tokens and
+    segments (their times, and their words', moved by the windows before them)."""
+    for i, chunks in parts.items():
+        ordered = [chunks[c] for c in sorted(chunks)]
+        transcripts[i].tokens = [t for w in ordered for t in w.tokens]
+        transcripts[i].text = " ".join(w.text for w in ordered if w.text)
+        offset, segments = 0.0, transcripts[i].segments
+        for w in ordered:
+            for s in w.segments:
+                s.id, s.start, s.end = len(segments), round(offset + s.start, 3), round(offset + s.end, 3)
+                for word in s.words or []:
+                    word.start, word.end = round(offset + word.start, 3), round(offset + word.end, 3)
+                segments.append(s)
+            offset += w.duration
