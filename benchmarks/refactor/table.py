@@ -4,6 +4,7 @@ Usage: .venv/bin/python benchmarks/refactor/table.py > benchmarks/refactor/READM
 """
 
 import json
+import math
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -24,22 +25,28 @@ def main() -> None:
     print("The quick suites on 54d6042 (before) and on the refactored code (after), back to back on one machine "
           "(`BEFORE=/tmp/before bash benchmarks/refactor/run.sh`; table: `benchmarks/refactor/table.py`). "
           "Speed-up is against the suite's baseline in the same run (Whisper: the decoder's); passes are target "
-          "passes (NFE), which depend on the code only, so they must match exactly.\n")
+          "passes (NFE), which depend on the code only, so they must match exactly. Latency is the row's own wall "
+          "time (s): a ratio that moves because the baseline itself got faster shows there.\n")
     for suite in SUITES:
         before, after = (json.loads((HERE / f"{suite}_{side}.json").read_text()) for side in ("before", "after"))
         print(f"## {suite}\n\n{after['device']}; `{after['command']}`\n")
-        print("| method | batch | passes before | passes after | speed-up before | speed-up after | after / before "
-              "| lossless (after) |")
-        print("|---|---|---|---|---|---|---|---|")
-        b_rows = rows(before)
+        print("| method | batch | passes before | passes after | latency before | latency after | speed-up before "
+              "| speed-up after | after / before | lossless (after) |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        b_rows, ratios = rows(before), []
         for key, r in rows(after).items():
             b = b_rows.get(key)
             if b is None:
                 continue
             ratio = headline(r) / headline(b) if headline(b) else float("nan")
-            print(f"| {key[0]} | {key[1]} | {b['nfe']} | {r['nfe']} | {headline(b):.2f} | {headline(r):.2f} "
-                  f"| {ratio:.2f} | {'yes' if r['lossless'] else 'no'} |")
-        print()
+            if key[0] != after["baseline"]:
+                ratios.append(ratio)
+            print(f"| {key[0]} | {key[1]} | {b['nfe']} | {r['nfe']} | {b['latency_s']:.2f} | {r['latency_s']:.2f} "
+                  f"| {headline(b):.2f} | {headline(r):.2f} | {ratio:.2f} | {'yes' if r['lossless'] else 'no'} |")
+        same = all(rows(before)[k]["nfe"] == r["nfe"] for k, r in rows(after).items() if k in b_rows)
+        print(f"\nPasses identical before and after: {'yes' if same else 'NO'}; geometric mean of the speed-up "
+              f"ratios after / before over {len(ratios)} rows: {math.prod(ratios) ** (1 / len(ratios)):.2f} "
+              f"(spread {min(ratios):.2f}-{max(ratios):.2f}).\n")
 
 
 if __name__ == "__main__":

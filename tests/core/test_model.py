@@ -94,6 +94,23 @@ def test_keep_appended_moves_only_entries_out_of_place():
     assert cache.lengths.tolist() == [4, 5]
 
 
+def test_the_token_record_follows_the_entries():
+    """`keep_ids`: each slot's token id, written by the append and moved with its keys/values."""
+    cache = KVCache(1, 2, 1, 2, capacity=16)
+    ids = cache.keep_ids()
+    write, _ = cache.reserve(3)
+    write.record(torch.tensor([[1, 2, 3], [4, 5, 6]]))
+    cache.rollback(torch.tensor([0, 1]))                                  # row 1 drops token 6
+    write, _ = cache.reserve(4)                                           # ragged: a scattered write
+    write.record(torch.tensor([[10, 11, 12, 13], [20, 21, 22, 23]]))
+    cache.keep_appended(torch.tensor([[0, 2], [1, 3]]), torch.tensor([2, 1]), appended=4)
+    assert cache.lengths.tolist() == [5, 3]
+    assert ids[0, :5].tolist() == [1, 2, 3, 10, 12] and ids[1, :3].tolist() == [4, 5, 21]
+    cache.select_rows(torch.tensor([1, 1, 0]))
+    assert cache.ids[:, :3].tolist() == [[4, 5, 21], [4, 5, 21], [1, 2, 3]]
+    assert KVCache(1, 1, 1, 2, capacity=4).ids is None                   # recorded only when asked for
+
+
 def test_rollback_is_a_pointer_move():
     cache = KVCache(2, 3, 2, 4, capacity=16)
     cache.reserve(10)
