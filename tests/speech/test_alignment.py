@@ -10,35 +10,54 @@ from mmaccel.speech.alignment import Word, dtw, median_filter, split_words, tidy
 from tests.speech.test_pipeline import FILES, LIBRIVOX
 
 
-def _dtw_by_cells(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The same recursion cell by cell (column-major, as openai-whisper writes it)."""
+def _cheapest(x: np.ndarray) -> float:
+    """The cost of the cheapest monotonic path by memoised recursion over its last step."""
+    from functools import cache
+
+    @cache
+    def best(i: int, j: int) -> float:
+        if i == 0 and j == 0:
+            return x[0, 0]
+        before = [best(a, b) for a, b in ((i - 1, j - 1), (i - 1, j), (i, j - 1)) if a >= 0 and b >= 0]
+        return x[i, j] + min(before)
+
+    return best(x.shape[0] - 1, x.shape[1] - 1)
+
+
+def _openai_rule_path(x: np.ndarray) -> list[tuple[int, int]]:
+    """openai-whisper's recursion cell by cell (column-major), its ties included: a step other than the
+    diagonal or down wins only when strictly cheaper than both others, else the step right is taken (even
+    when dearer); the path read back recursively."""
     N, M = x.shape
     cost = np.full((N + 1, M + 1), np.inf)
-    trace = -np.ones((N + 1, M + 1))
+    move = {}
     cost[0, 0] = 0
     for j in range(1, M + 1):
         for i in range(1, N + 1):
             c0, c1, c2 = cost[i - 1, j - 1], cost[i - 1, j], cost[i, j - 1]
-            c, t = (c0, 0) if c0 < c1 and c0 < c2 else (c1, 1) if c1 < c0 and c1 < c2 else (c2, 2)
-            cost[i, j], trace[i, j] = x[i - 1, j - 1] + c, t
-    trace[0, :], trace[:, 0] = 2, 1
-    i, j, path = N, M, []
-    while i > 0 or j > 0:
-        path.append((i - 1, j - 1))
-        t = trace[i, j]
-        i, j = (i - 1, j - 1) if t == 0 else (i - 1, j) if t == 1 else (i, j - 1)
-    return tuple(np.array(path[::-1]).T)
+            t = 0 if c0 < c1 and c0 < c2 else 1 if c1 < c0 and c1 < c2 else 2
+            cost[i, j], move[i, j] = x[i - 1, j - 1] + (c0, c1, c2)[t], t
+
+    def back(i: int, j: int) -> list[tuple[int, int]]:
+        if i == 0 and j == 0:
+            return []
+        t = move.get((i, j), 2 if i == 0 else 1)
+        prev = {0: (i - 1, j - 1), 1: (i - 1, j), 2: (i, j - 1)}[t]
+        return back(*prev) + [(i - 1, j - 1)]
+
+    return back(N, M)
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (1, 9), (9, 1), (6, 40), (25, 30)])
-def test_the_wavefront_dtw_is_the_cell_by_cell_recursion(shape):
+def test_the_dtw_path_is_the_cheapest_and_breaks_ties_as_openai_whisper(shape):
     rng = np.random.default_rng(shape[0] * 100 + shape[1])
-    for x in (rng.standard_normal(shape), rng.integers(0, 3, shape).astype(float)):     # ties too
-        rows, cols = dtw(x)
-        want_rows, want_cols = _dtw_by_cells(x)
-        assert np.array_equal(rows, want_rows) and np.array_equal(cols, want_cols)
-        assert rows[0] == cols[0] == 0 and rows[-1] == shape[0] - 1 and cols[-1] == shape[1] - 1
-        assert set(np.diff(rows)) <= {0, 1} and set(np.diff(cols)) <= {0, 1}
+    x = rng.standard_normal(shape)
+    rows, cols = dtw(x)
+    assert rows[0] == cols[0] == 0 and rows[-1] == shape[0] - 1 and cols[-1] == shape[1] - 1
+    assert set(zip(np.diff(rows), np.diff(cols))) <= {(1, 1), (1, 0), (0, 1)}
+    assert np.isclose(x[rows, cols].sum(), _cheapest(x))
+    ties = rng.integers(0, 3, shape).astype(float)
+    assert list(zip(*dtw(ties))) == _openai_rule_path(ties)
 
 
 def test_the_median_filter_takes_each_windows_median_with_reflected_ends():
