@@ -28,7 +28,11 @@ def main() -> None:
           "passes (NFE), which depend on the code only, so they must match exactly. Latency is the row's own wall "
           "time (s): a ratio that moves because the baseline itself got faster shows there.\n")
     for suite in SUITES:
-        before, after = (json.loads((HERE / f"{suite}_{side}.json").read_text()) for side in ("before", "after"))
+        files = [HERE / f"{suite}_{side}.json" for side in ("before", "after")]
+        if not all(f.is_file() for f in files):
+            print(f"## {suite}\n\nNot run back to back yet (needs both {files[0].name} and {files[1].name}).\n")
+            continue
+        before, after = (json.loads(f.read_text()) for f in files)
         print(f"## {suite}\n\n{after['device']}; `{after['command']}`\n")
         print("| method | batch | passes before | passes after | latency before | latency after | speed-up before "
               "| speed-up after | after / before | lossless (after) |")
