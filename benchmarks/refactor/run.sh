@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Issue 46 item 8: the quick core, image and Whisper suites on the code before the method-contract refactor
-# (54d6042, checked out at $BEFORE) and after it (this checkout), back to back on one machine (SUITES="asr" for
-# one suite), so that the
-# headline ratios can be compared. Usage: BEFORE=/tmp/before bash benchmarks/refactor/run.sh
+# (54d6042, checked out at $BEFORE) and after it (this checkout), back to back on one machine, so that the
+# headline ratios can be compared. Usage: BEFORE=/tmp/before bash benchmarks/refactor/run.sh (SUITES="asr": one suite)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 py="$here/.venv/bin/python"
