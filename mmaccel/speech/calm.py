@@ -102,10 +102,7 @@ def _step(model: WhisperDecoderModel, exits: dict[int, nn.Module], state, token:
 
 def _ruled(state, logits: Tensor, rows: Tensor) -> Tensor:
     """Next-token `logits` [R, V] of batch rows `rows` under the timestamp rules, if the audio has them."""
-    if state.extras["inputs"].rules is None:
-        return logits
-    full = logits.new_zeros(state.batch_size, 1, logits.shape[-1]).index_copy(0, rows, logits[:, None])
-    return rule_logits(state, full).index_select(0, rows)[:, 0]
+    return rule_logits(state, logits[:, None], rows=rows)[:, 0]
 
 
 def token_disagreement(reference: list[list[int]], tokens: list[list[int]]) -> float:

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
 
 from mmaccel.speech.decoder import EncodedAudio, WhisperDecoderModel
+from mmaccel.speech.timestamps import rule_logits
 
 
 @dataclass
@@ -43,7 +43,7 @@ def score_tokens(model: WhisperDecoderModel, inputs: EncodedAudio, tokens: list[
     out = []
     for b, row in enumerate(tokens):
         logits = F.linear(hidden[b : b + 1, P - 1 :], weight).float() + bias
-        logits = _row_rules(state, logits, b)
+        logits = rule_logits(state, logits, rows=torch.tensor([b]))
         picked = torch.tensor(row, dtype=torch.long, device=logits.device)
         lp = logits[0, : len(row)].log_softmax(-1).gather(1, picked[:, None])[:, 0]
         nsp = 0.0
@@ -51,17 +51,6 @@ def score_tokens(model: WhisperDecoderModel, inputs: EncodedAudio, tokens: list[
             nsp = float(F.linear(hidden[b, 0], weight).float().softmax(-1)[no_speech])
         out.append(TokenScores(lp.tolist(), nsp))
     return out
-
-
-def _row_rules(state, logits: Tensor, row: int) -> Tensor:
-    """`rule_logits` for the 1 + T positions of one batch row (the others' logits are not built)."""
-    rules = state.extras["inputs"].rules
-    if rules is None:
-        return logits
-    T = logits.shape[1]
-    cache = state.cache
-    visible = cache.attention_mask(cache.lengths - T, T, None)[row : row + 1, 0]
-    return rules.apply(logits, cache.ids[row : row + 1], visible)
 
 
 def compression_ratio(text: str) -> float:

@@ -134,12 +134,16 @@ def split_segments(tokens: list[int], rules: TimestampRules, window_s: float,
     return out, rules.seconds(tokens[last - 1])
 
 
-def rule_logits(state, logits: Tensor, tree_mask: Tensor | None = None) -> Tensor:
+def rule_logits(state, logits: Tensor, tree_mask: Tensor | None = None, rows: Tensor | None = None) -> Tensor:
     """`logits` [B, T, V] of the last T positions appended to `state` (a Whisper decoder's), under its
-    audio's timestamp rules; unchanged when the audio has none. `tree_mask`: the pass's, if any."""
+    audio's timestamp rules; unchanged when the audio has none. `tree_mask`: the pass's, if any. `rows`
+    (batch indices [R]): the logits are of those rows only ([R, T, V])."""
     rules = state.extras["inputs"].rules
     if rules is None:
         return logits
     T = logits.shape[1]
     visible = state.cache.attention_mask(state.cache.lengths - T, T, tree_mask)[:, 0]
-    return rules.apply(logits, state.cache.ids, visible)
+    ids = state.cache.ids
+    if rows is not None:
+        visible, ids = visible.index_select(0, rows.to(visible.device)), ids.index_select(0, rows.to(ids.device))
+    return rules.apply(logits, ids, visible)
