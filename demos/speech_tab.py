@@ -90,6 +90,8 @@ def build(model: SharedModel) -> None:
             params = gr.Textbox(DEFAULT_PARAMS["eagle"], label="method parameters (KEY=VALUE)")
             about = gr.Markdown(method_help(REGISTRY["eagle"]), elem_id="speech-method-help")
             timed = gr.Checkbox(True, label="segments with word times (Whisper's timestamp mode)", elem_id="speech-timed")
+            vad = gr.Checkbox(False, label="voice activity detection (Silero VAD: skip silence and noise)",
+                              elem_id="speech-vad")
             run = gr.Button("Transcribe", variant="primary", elem_id="speech-run")
         with gr.Column(scale=2):
             with gr.Row():
@@ -107,7 +109,7 @@ def build(model: SharedModel) -> None:
                   [params, about], queue=False)
 
     @shown_on_page
-    def transcribe(path, method, params_text, timed=True, progress=gr.Progress()):
+    def transcribe(path, method, params_text, timed=True, vad=False, progress=gr.Progress()):
         method = choice(method, "method", METHODS)
         params = parse_params(params_text)
         if not path:
@@ -127,11 +129,12 @@ def build(model: SharedModel) -> None:
             for i, (name, kw) in enumerate(((BASELINE, {}), (method, params))):
                 report = lambda done, total, i=i, name=name: progress(  # noqa: E731
                     (i + done / total) / 2, desc=f"{name}: {done}/{total} 30-s windows")
-                runs[name] = asr.transcribe(audio, name, batch_size=1, progress=report, word_timestamps=bool(timed), **kw)
+                runs[name] = asr.transcribe(audio, name, batch_size=1, progress=report, word_timestamps=bool(timed),
+                                            vad_filter=bool(vad), **kw)
         base, fast = runs[BASELINE], runs[method]
         transcript = fast.transcripts[0]
         return (base.texts[0], gr.update(value=fast.texts[0], label=method), word_diff(base.texts[0], fast.texts[0]),
                 _stats_table(method, base, fast), segment_rows(transcript), subtitles(transcript))
 
-    run.click(transcribe, [audio, method, params, timed], [base_text, fast_text, diff, stats, segments, files],
+    run.click(transcribe, [audio, method, params, timed, vad], [base_text, fast_text, diff, stats, segments, files],
               api_name="speech")

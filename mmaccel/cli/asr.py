@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from mmaccel.cli.options import add_draft_option, add_param_option, add_sampling_options, add_seed_option
+from mmaccel.cli.options import add_draft_option, add_param_option, add_sampling_options, add_seed_option, key_value
 from mmaccel.devices import add_device_option
 from mmaccel.progress import say
 from mmaccel.speech.writers import FORMATS, output_formats, write_transcript
@@ -31,7 +31,8 @@ def cmd_asr_transcribe(args: argparse.Namespace) -> int:
     language = None if args.language == "auto" else args.language
     out = asr.transcribe(list(args.files), args.method, batch_size=args.batch_size, language=language, task=args.task,
                          encoder=args.encoder, timestamps=args.timestamps or formats not in (None, ["txt"]),
-                         word_timestamps=args.word_timestamps, **dict(args.param))
+                         word_timestamps=args.word_timestamps, vad_filter=args.vad or bool(args.vad_param),
+                         vad_parameters=dict(args.vad_param), **dict(args.param))
     status = print_transcripts([(t.source, t.error, t.text) for t in out.transcripts])
     for t in out.transcripts:
         if formats is not None and t.error is None:
@@ -99,6 +100,11 @@ def _add_transcribe(asr_sub) -> None:
                     help=f"also write each transcript as files: {', '.join(FORMATS)}, comma-separated, or all "
                          "(any but txt turns --timestamps on)")
     at.add_argument("--output-dir", default=".", help="where --output-format writes <input name>.<format>")
+    at.add_argument("--vad", action="store_true",
+                    help="decode only the speech Silero VAD finds (no text from long silences or noise)")
+    at.add_argument("--vad-param", type=key_value, action="append", default=[], metavar="KEY=VALUE",
+                    help="a VAD parameter (mmaccel.speech.vad.VadParameters; implies --vad), "
+                         "e.g. --vad-param min_silence_duration_ms=500")
     add_device_option(at)
     at.set_defaults(func=cmd_asr_transcribe)
 

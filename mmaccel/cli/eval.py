@@ -64,7 +64,7 @@ def cmd_eval_wer(args: argparse.Namespace) -> int:
             args.out, audio=args.audio, method=args.method, params=dict(args.param), batch_size=args.batch_size,
             dist=dist, model=args.model, heads=args.heads, draft=args.draft, assistant=args.assistant,
             language=args.language, compare_greedy=args.compare_greedy, overwrite=args.overwrite, log=say,
-            device=args.device)
+            device=args.device, vad=args.vad)
     _print_summary(summary)
     if summary is not None and summary["failed"]:
         say(f"mmaccel: {summary['failed']} utterance(s) could not be transcribed: see 'error' in "
@@ -140,5 +140,8 @@ def _add_eval_wer(ev_sub, parents: list[argparse.ArgumentParser]) -> None:
     w.add_argument("--overwrite", action="store_true", help="delete the earlier outputs in --out and start again")
     w.add_argument("--compare-greedy", action="store_true",
                    help="also run greedy on every batch in the same process and report the speed-ups")
+    w.add_argument("--vad", default="off", choices=("off", "on", "both"),
+                   help="on: decode only the speech Silero VAD finds; both: also a VAD run of every batch, "
+                        "its WER beside the plain one")
     add_device_option(w)
     w.set_defaults(func=cmd_eval_wer)

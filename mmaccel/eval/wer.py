@@ -53,6 +53,7 @@ from mmaccel.eval.rundir import (
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif")
 UTTERANCES_FILE = "utterances.jsonl"
 OUTPUTS = (BATCH_DIR, UTTERANCES_FILE, SUMMARY_FILE)
+VAD_MODES = ("off", "on", "both")
 
 
 @dataclass(frozen=True)
@@ -115,12 +116,15 @@ def evaluate_asr_method(out: str | Path, *, audio: str | os.PathLike, method: st
                         batch_size: int, dist: Dist, model: str = "builtin:base", heads: str = "auto",
                         draft: str | None = "auto", assistant: str | None = None, language: str = "en",
                         compare_greedy: bool = False, overwrite: bool = False, pipeline=None,
-                        log: Callable[[str], None] = print, device: str | None = None) -> dict | None:
+                        log: Callable[[str], None] = print, device: str | None = None, vad: str = "off") -> dict | None:
     """Transcribe, save and score; returns the summary on rank 0 (None elsewhere). `pipeline`: an
-    already loaded `ASRPipeline` to use instead of loading `model` / `heads` / `draft` / `assistant`."""
+    already loaded `ASRPipeline` to use instead of loading `model` / `heads` / `draft` / `assistant`.
+    `vad`: "off", "on" (decode only the speech Silero VAD finds) or "both" (also a VAD run of every
+    batch, whose WER and RTFx the summary reports under "vad")."""
     from mmaccel.speech.methods import build_asr_method
     from mmaccel.speech.pipeline import ASRPipeline, draft_option, heads_option
 
+    check(vad in VAD_MODES, f"vad must be one of {VAD_MODES}, got {vad!r}")
     t_start = time.perf_counter()
     root = Path(out).expanduser()
     built = build_asr_method(method, **params)
@@ -132,7 +136,7 @@ def evaluate_asr_method(out: str | Path, *, audio: str | os.PathLike, method: st
               "utterances_digest": utterances_digest(utts), "order": "duration desc, then id", "model": model,
               "heads": asr.heads_source, "draft": asr.draft_source, "assistant": assistant, "method": method,
               "params": params, "batch_size": batch_size, "language": language, "compare_greedy": compare_greedy,
-              "device": asr.model.device.type}
+              "vad": vad, "device": asr.model.device.type}
     status = dist.on_main(lambda: prepare_run_dir(root, config, OUTPUTS, overwrite))
     if dist.is_main and status != "new":
         log(f"[eval wer] {root}: {'resuming' if status == 'resume' else 'overwrote the earlier run'}")
@@ -145,11 +149,11 @@ def evaluate_asr_method(out: str | Path, *, audio: str | os.PathLike, method: st
             if generated:
                 if not warm:        # first calls pay one-off costs; keep them out of the timed batches
                     first = [utts[plan[j].start].audio_filepath]
-                    asr.transcribe(first, method, batch_size=1, language=language, **params)
+                    asr.transcribe(first, method, batch_size=1, language=language, vad_filter=vad != "off", **params)
                     if compare_greedy:
                         asr.transcribe(first, "greedy", batch_size=1, language=language)
                     warm = True
-                record = _run_batch(asr, root, plan[j], utts, method, params, language, compare_greedy)
+                record = _run_batch(asr, root, plan[j], utts, method, params, language, compare_greedy, vad)
             results[j] = {"record": record, "generated": generated}
         return results
 
@@ -162,7 +166,7 @@ def evaluate_asr_method(out: str | Path, *, audio: str | os.PathLike, method: st
         f"({dist.world_size} process{'es' if dist.world_size > 1 else ''})")
     rows = [row for r in records for row in r["rows"]]
     write_bytes_atomic(root / UTTERANCES_FILE, "".join(json.dumps(row) + "\n" for row in rows).encode("utf-8"))
-    summary = _summary(records, rows, built.lossless, compare_greedy)
+    summary = _summary(records, rows, built.lossless, compare_greedy, vad)
     summary = {"command": "mmaccel eval wer", "out": str(root), "config": config, "batches": len(plan),
                "generated_batches": generated, "resumed_batches": len(plan) - generated,
                "processes": dist.world_size, "threads": dist.threads, **summary,
@@ -172,11 +176,13 @@ def evaluate_asr_method(out: str | Path, *, audio: str | os.PathLike, method: st
 
 
 def _run_batch(asr, root: Path, batch: Batch, utts: list[EvalUtterance], method: str, params: dict, language: str,
-               compare_greedy: bool) -> dict:
+               compare_greedy: bool, vad: str) -> dict:
     items = utts[batch.start:batch.stop]
     paths = [u.audio_filepath for u in items]
     greedy = asr.transcribe(paths, "greedy", batch_size=len(items), language=language) if compare_greedy else None
-    result = asr.transcribe(paths, method, batch_size=len(items), language=language, **params)
+    with_vad = asr.transcribe(paths, method, batch_size=len(items), language=language, vad_filter=True,
+                              **params) if vad == "both" else None
+    result = asr.transcribe(paths, method, batch_size=len(items), language=language, vad_filter=vad == "on", **params)
     times = {k: round(v, 6) for k, v in result.stats.time_s.items()}
     rows = []
     for k, (u, t) in enumerate(zip(items, result.transcripts)):
@@ -187,10 +193,14 @@ def _run_batch(asr, root: Path, batch: Batch, utts: list[EvalUtterance], method:
                "error": t.error}
         if greedy is not None:
             row["greedy_hypothesis"] = greedy.transcripts[k].text
+        if with_vad is not None:
+            row["vad_hypothesis"] = with_vad.transcripts[k].text
         rows.append(row)
     record = {"rows": rows, "stats": result.stats.to_dict(), "audio_s": result.audio_s, "wall_s": result.wall_s}
     if greedy is not None:
         record.update(greedy_stats=greedy.stats.to_dict(), greedy_wall_s=greedy.wall_s)
+    if with_vad is not None:
+        record.update(vad_wall_s=with_vad.wall_s)
     return write_batch_record(root, batch, record)
 
 
@@ -207,7 +217,7 @@ def _wer(rows: list[dict], key: str) -> dict | None:
     return {**result.to_dict(), "wer_percent": round(100 * result.wer, 3)}
 
 
-def _summary(records: list[dict], rows: list[dict], lossless: bool, compare_greedy: bool) -> dict:
+def _summary(records: list[dict], rows: list[dict], lossless: bool, compare_greedy: bool, vad: str) -> dict:
     from mmaccel.metrics.wer import normalizer_version
 
     stats = total_stats(records)
@@ -235,4 +245,8 @@ def _summary(records: list[dict], rows: list[dict], lossless: bool, compare_gree
         out["decoder_speedup"] = round(greedy_decode / decode, 3) if decode else None
         out["speedup"] = round(greedy_wall / wall_s, 3) if wall_s else None
         out["nfe_ratio"] = round(greedy.nfe / stats.nfe, 4) if stats.nfe else None
+    if vad == "both":
+        vad_wall = sum(r["vad_wall_s"] for r in records)
+        out["vad"] = {"wer": _wer(rows, "vad_hypothesis"), "rtfx": round(audio_s / vad_wall, 3) if vad_wall else None,
+                      "transcription_s": round(vad_wall, 3)}
     return out

@@ -7,6 +7,7 @@ resampled with soxr (the "HQ" preset). Nothing here modifies an array a caller p
 
 from __future__ import annotations
 
+import bisect
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,40 @@ class Audio:
     @property
     def duration(self) -> float:
         return len(self.samples) / SAMPLE_RATE
+
+
+@dataclass(frozen=True)
+class TimeMap:
+    """Where a window's times lie in its input: pieces (at, start, length) in seconds, window time
+    [at, at + length) being input time [start, start + length). One piece for a window cut from the input
+    as it is; one per speech region for a window VAD packed. `snap`: a segment that starts less than this
+    before its piece ends starts at the next piece (it is the padding around a region; the speech is
+    after it), and one that ends less than this into a piece ends at the piece before."""
+
+    pieces: tuple[tuple[float, float, float], ...]
+    snap: float = 0.0
+
+    def _piece(self, t: float, end: bool) -> int:
+        ends = [at + length for at, _, length in self.pieces]
+        return min(bisect.bisect_left(ends, t) if end else bisect.bisect_right(ends, t), len(self.pieces) - 1)
+
+    def __call__(self, t: float, end: bool = False) -> float:
+        """The input time of window time `t`, a segment's start (or with `end` its end). A time on the border
+        of two pieces is the later piece's start, or with `end` the earlier piece's end; a time past the
+        last piece runs on from it."""
+        k = self._piece(t, end)
+        at, start, length = self.pieces[k]
+        if not end and k + 1 < len(self.pieces) and at + length - t < self.snap:
+            return self.pieces[k + 1][1]
+        if end and k > 0 and t - at < self.snap:
+            _, before, before_length = self.pieces[k - 1]
+            return before + before_length
+        return start + t - at
+
+    def span(self, a: float, b: float) -> tuple[float, float]:
+        """Input times of window span [a, b] (a word's), both in the piece of its middle."""
+        at, start, _ = self.pieces[self._piece((a + b) / 2, False)]
+        return start + a - at, start + b - at
 
 
 def load_audio(path: str | os.PathLike) -> Audio:

@@ -31,7 +31,7 @@ from mmaccel.devices import resolve_device, use_cuda_graphs
 from mmaccel.errors import InputError, check
 from mmaccel.paths import assets_dir
 from mmaccel.speech.alignment import add_words
-from mmaccel.speech.audio import Audio, AudioLike, as_audio, is_silent, log_mel, split_long
+from mmaccel.speech.audio import AudioLike, log_mel
 from mmaccel.speech.cross_draft import Assistant, new_assistant
 from mmaccel.speech.decoder import WhisperDecoderModel
 from mmaccel.speech.draft import WhisperDraft, load_draft
@@ -43,7 +43,9 @@ from mmaccel.speech.methods import ASR_REGISTRY, build_asr_method
 from mmaccel.speech.scoring import score_tokens
 from mmaccel.speech.timestamps import TimestampRules
 from mmaccel.speech.transcript import Transcript, WindowResult, join_windows, window_result  # noqa: F401  (re-exported)
+from mmaccel.speech.vad import VadParameters
 from mmaccel.speech.whisper import WhisperBundle, load_whisper
+from mmaccel.speech.windows import Window, audio_windows
 
 MAX_NEW_TOKENS = 224   # per 30-s window, as openai-whisper (half the decoder's 448 positions)
 
@@ -200,6 +202,7 @@ class ASRPipeline:
                    language: str | None = "en", task: str = "transcribe", sample_rate: int | None = None,
                    max_new_tokens: int = MAX_NEW_TOKENS, progress: Callable[[int, int], None] | None = None,
                    encoder: str = "fp32", timestamps: bool = False, word_timestamps: bool = False,
+                   vad_filter: bool = False, vad_parameters: VadParameters | dict | None = None,
                    **method_params: Any) -> ASROutput:
         """Transcribe one input or a list (paths, arrays with `sample_rate`, `Audio`s).
 
@@ -217,6 +220,11 @@ class ASRPipeline:
         it each 30-s window is one segment. `word_timestamps` (timestamp mode implied): each segment's
         `words` with their times and probabilities, aligned by the model's alignment heads.
 
+        `vad_filter`: decode only the speech Silero VAD finds (`vad_parameters`: a dict of
+        `mmaccel.speech.vad.VadParameters`), packed into 30-s windows; times stay the input's. Long
+        silences and noise then never reach the decoder, and an input without speech gets an empty
+        transcript rather than an error.
+
         `method`: a name from `mmaccel.speech.methods.ASR_REGISTRY` or a Method; `method_params`
         configure it (k, depth, width, exit_layer, num_beams, ...). `progress(done, total)` is called
         after each batch with the 30-s windows transcribed so far and their total.
@@ -226,6 +234,8 @@ class ASRPipeline:
               f"max_new_tokens must be in [1, {MAX_NEW_TOKENS}], got {max_new_tokens!r}")
         check(isinstance(timestamps, bool), f"timestamps must be True or False, got {timestamps!r}")
         check(isinstance(word_timestamps, bool), f"word_timestamps must be True or False, got {word_timestamps!r}")
+        check(isinstance(vad_filter, bool), f"vad_filter must be True or False, got {vad_filter!r}")
+        vad = VadParameters.of(vad_parameters) if vad_filter else None
         timestamps = timestamps or word_timestamps
         spec = build_asr_method(method, **method_params)
         prompt = self.bundle.prompt(language or "en", task, timestamps)       # checks language and task
@@ -234,7 +244,7 @@ class ASRPipeline:
                    TimestampRules(tokens.no_timestamps, tokens.end_of_text, len(prompt)) if timestamps else None,
                    self.alignment_heads() if word_timestamps else None)
         stats = DecodeStats()
-        transcripts, windows = audio_windows(audio, sample_rate)
+        transcripts, windows = audio_windows(audio, sample_rate, vad)
         if language is None and tokens.multilingual:
             with stats.timed("language"):
                 self._detect_languages(transcripts, windows, job.encoder, batch_size)
@@ -243,21 +253,21 @@ class ASRPipeline:
         parts: dict[int, dict[int, WindowResult]] = {}
         for start in range(0, len(windows), batch_size):
             batch = windows[start : start + batch_size]
-            stats = stats + self._transcribe_batch(job, batch, [transcripts[i] for i, _, _ in batch], parts)
+            stats = stats + self._transcribe_batch(job, batch, [transcripts[w.input] for w in batch], parts)
             if progress is not None:
                 progress(min(start + batch_size, len(windows)), len(windows))
         join_windows(transcripts, parts)
         return ASROutput(transcripts, stats, spec.name)
 
-    def _transcribe_batch(self, job: _Job, batch: list[tuple], owners: list[Transcript],
+    def _transcribe_batch(self, job: _Job, batch: list[Window], owners: list[Transcript],
                           parts: dict[int, dict[int, WindowResult]]) -> DecodeStats:
         """Decode one batch of windows (each row with its input's language) into `parts`; its statistics."""
         stats = DecodeStats()
         prompts = [self.bundle.prompt(t.language, job.task, job.rules is not None) for t in owners]
         with stats.timed("features"):
-            features = log_mel(self.bundle.feature_extractor, [w for _, _, w in batch])
+            features = log_mel(self.bundle.feature_extractor, [w.audio for w in batch])
         with stats.timed("encoder"):
-            inputs = self.model.encode(features, prompts, [w.duration for _, _, w in batch], job.encoder, job.rules)
+            inputs = self.model.encode(features, prompts, [w.duration for w in batch], job.encoder, job.rules)
         t0 = time.perf_counter()
         eot = self.bundle.tokens.end_of_text
         gen = job.spec.run(job.resources, inputs, max_new_tokens=job.max_new_tokens, sampling=Sampling(),
@@ -268,29 +278,29 @@ class ASRPipeline:
         if job.rules is not None:
             with stats.timed("scores"):
                 scores = score_tokens(self.model, inputs, gen.tokens, self.bundle.tokens.no_speech)
-        for row, ((i, c, window), generated, owner) in enumerate(zip(batch, gen.tokens, owners)):
-            part = window_result(self.bundle.tokenizer, generated, window.duration, job.rules,
+        for row, (window, generated, owner) in enumerate(zip(batch, gen.tokens, owners)):
+            part = window_result(self.bundle.tokenizer, generated, window, job.rules,
                                  None if scores is None else scores[row])
             if job.heads is not None:
                 with stats.timed("words"):
                     add_words(self.model, inputs, row, part, self.bundle.prompt(owner.language, job.task), job.heads,
                               self.bundle.tokenizer, eot, owner.language)
-            parts.setdefault(i, {})[c] = part
+            parts.setdefault(window.input, {})[window.index] = part
             # one pass per token for methods that do not say (beam, calm); a row also rides
             # along in its batch's passes after it ends, which this does not count
             owner.passes += len(generated) if gen.commit_pass is None else len(set(gen.commit_pass[row]))
         return stats
 
-    def _detect_languages(self, transcripts: list[Transcript], windows: list[tuple], encoder: nn.Module,
+    def _detect_languages(self, transcripts: list[Transcript], windows: list[Window], encoder: nn.Module,
                           batch_size: int) -> None:
         """Each input's language (and its probability) from its first window."""
-        firsts = [(i, w) for i, c, w in windows if c == 0]
+        firsts = [w for w in windows if w.index == 0]
         for start in range(0, len(firsts), batch_size):
             batch = firsts[start : start + batch_size]
-            features = log_mel(self.bundle.feature_extractor, [w for _, w in batch])
-            for (i, _), probs in zip(batch, language_probabilities(self.model, features, self.bundle.tokens, encoder)):
+            features = log_mel(self.bundle.feature_extractor, [w.audio for w in batch])
+            for w, probs in zip(batch, language_probabilities(self.model, features, self.bundle.tokens, encoder)):
                 code, p = next(iter(probs.items()))
-                transcripts[i].language, transcripts[i].language_probability = code, p
+                transcripts[w.input].language, transcripts[w.input].language_probability = code, p
 
 
 @dataclass
@@ -306,38 +316,5 @@ class _Job:
     heads: list[tuple[int, int]] | None     # alignment heads, for word timestamps
 
 
-def audio_windows(audio: AudioLike | list, sample_rate: int | None) -> tuple[list[Transcript], list[tuple]]:
-    """One input or a list -> (a `Transcript` per input, its text still empty; the windows to decode as
-    (input index, window index, Audio) of at most 30 s, longest first). Windows of similar length
-    then share a batch, so rows finish close together. In a list, an input that cannot be read (or
-    is silent) gets its error in its transcript and no window; a single input raises it."""
-    many = isinstance(audio, list)
-    items = audio if many else [audio]
-    check(len(items) > 0, "no audio given: pass a file path, an array, or a non-empty list of them")
-    transcripts, windows = [], []
-    for i, item in enumerate(items):
-        try:
-            clip = as_audio(item, sample_rate)
-            if is_silent(clip):
-                raise InputError(f"{clip.source}: the audio is silent (RMS below 1e-4); nothing to transcribe")
-        except InputError as err:
-            if not many:
-                raise
-            transcripts.append(Transcript("", _name(item), 0.0, error=str(err)))
-            continue
-        transcripts.append(Transcript("", clip.source, clip.duration))
-        windows += [(i, c, chunk) for c, chunk in enumerate(split_long(clip))]
-    windows.sort(key=lambda w: -w[2].duration)
-    return transcripts, windows
-
-
 def _present(path: Path) -> Path | None:
     return path if path.is_file() else None
-
-
-def _name(item: Any) -> str:
-    if isinstance(item, (str, os.PathLike)):
-        return str(item)
-    if isinstance(item, Audio):
-        return item.source
-    return "array"

@@ -4,9 +4,14 @@ together from the 30-s windows the input was decoded in (`WindowResult`, `join_w
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from mmaccel.speech.audio import TimeMap
 from mmaccel.speech.scoring import TokenScores, compression_ratio
 from mmaccel.speech.timestamps import Segment, TimestampRules, split_segments
+
+if TYPE_CHECKING:
+    from mmaccel.speech.windows import Window
 
 
 @dataclass
@@ -24,16 +29,17 @@ class Transcript:
 
 @dataclass
 class WindowResult:
-    """One decoded window: its tokens, text and segments (times from the window's start)."""
+    """One decoded window: its tokens, text and segments (times in the window; `place` maps them to the input)."""
 
     tokens: list[int]
     text: str
     segments: list[Segment]
-    duration: float
+    duration: float                 # seconds of audio in the window
+    place: TimeMap
     scores: TokenScores | None = None
 
 
-def window_result(tokenizer, generated: list[int], duration: float, rules: TimestampRules | None,
+def window_result(tokenizer, generated: list[int], window: Window, rules: TimestampRules | None,
                   scores: TokenScores | None = None) -> WindowResult:
     """A window's generated tokens read as text and segments: by its timestamps under `rules`, else the
     window is one segment. Windows are cut before decoding, so an unclosed last segment is kept."""
@@ -43,28 +49,30 @@ def window_result(tokenizer, generated: list[int], duration: float, rules: Times
 
     text = decode(generated).strip()
     if rules is None:
-        return WindowResult(generated, text, [Segment(0, 0.0, duration, text, generated)] if text else [], duration)
-    segments, _ = split_segments(generated, rules, duration)
+        segment = Segment(0, 0.0, window.duration, text, generated)
+        return WindowResult(generated, text, [segment] if text else [], window.duration, window.place)
+    segments, _ = split_segments(generated, rules, window.duration)
     stats = {}
     if scores is not None:          # per window, as openai-whisper reports them (end of text included)
         stats = {"avg_logprob": sum(scores.logprobs) / max(1, len(scores.logprobs)),
                  "no_speech_prob": scores.no_speech_prob, "compression_ratio": compression_ratio(text)}
     return WindowResult(generated, text, [Segment(0, a, b, decode(t), t, **stats) for a, b, t in segments],
-                        duration, scores)
+                        window.duration, window.place, scores)
 
 
 def join_windows(transcripts: list[Transcript], parts: dict[int, dict[int, WindowResult]]) -> None:
     """Stitch each transcript from its windows, `parts[input][window]`, in window order: text, tokens and
-    segments (their times, and their words', moved by the windows before them)."""
+    segments (their times, and their words', taken to the input's by each window's `place`)."""
     for i, chunks in parts.items():
         ordered = [chunks[c] for c in sorted(chunks)]
         transcripts[i].tokens = [t for w in ordered for t in w.tokens]
         transcripts[i].text = " ".join(w.text for w in ordered if w.text)
-        offset, segments = 0.0, transcripts[i].segments
+        segments = transcripts[i].segments
         for w in ordered:
             for s in w.segments:
-                s.id, s.start, s.end = len(segments), round(offset + s.start, 3), round(offset + s.end, 3)
+                s.id, s.start, s.end = len(segments), round(w.place(s.start), 3), round(w.place(s.end, end=True), 3)
                 for word in s.words or []:
-                    word.start, word.end = round(offset + word.start, 3), round(offset + word.end, 3)
+                    word.start, word.end = (round(t, 3) for t in w.place.span(word.start, word.end))
+                if s.words:     # a segment spans its words (each mapped by the piece it lies in)
+                    s.start, s.end = s.words[0].start, s.words[-1].end
                 segments.append(s)
-            offset += w.duration

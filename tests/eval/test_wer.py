@@ -107,3 +107,9 @@ def test_utterances_summary_and_resume(tmp_path, tiny_en_asr, short_clips_manife
     compared = run(compare_greedy=True, overwrite=True)
     assert compared["identical_to_greedy"] == 3 and compared["greedy"]["wer"] == first["wer"]
     assert compared["decoder_speedup"] > 0 and compared["nfe_ratio"] == 1.0
+    # with and without VAD: the clips are speech from end to end, so VAD keeps every word
+    both = run(vad="both", overwrite=True)
+    assert both["config"]["vad"] == "both" and both["vad"]["rtfx"] > 0
+    assert abs(both["vad"]["wer"]["wer_percent"] - first["wer"]["wer_percent"]) <= 5.0 and both["wer"] == first["wer"]
+    with pytest.raises(InputError, match="vad must be one of"):
+        run(vad="yes", overwrite=True)

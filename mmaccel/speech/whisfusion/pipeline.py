@@ -24,12 +24,13 @@ from mmaccel.core.stats import DecodeStats, track_peak_memory
 from mmaccel.errors import ModelNotFoundError, check
 from mmaccel.paths import assets_dir
 from mmaccel.speech.audio import AudioLike, log_mel
-from mmaccel.speech.pipeline import ASROutput, audio_windows
+from mmaccel.speech.pipeline import ASROutput
 from mmaccel.speech.timestamps import Segment
 from mmaccel.speech.transcript import WindowResult, join_windows
 from mmaccel.speech.whisfusion.methods import WHISFUSION_REGISTRY, EncodedWindows, build_whisfusion_method
 from mmaccel.speech.whisfusion.model import WhisfusionDecoder, read_config
 from mmaccel.speech.whisper import WhisperBundle, load_whisper
+from mmaccel.speech.windows import audio_windows
 
 BUILTIN = {"builtin:whisfusion-tiny.en": "whisfusion_tiny_en"}
 TRAIN_COMMAND = "python -m mmaccel.speech.whisfusion.train --out runs/whisfusion"
@@ -87,10 +88,10 @@ class WhisfusionPipeline:
         for start in range(0, len(windows), batch_size):
             batch = windows[start:start + batch_size]
             with stats.timed("features"):
-                features = log_mel(self.bundle.feature_extractor, [w for _, _, w in batch])
+                features = log_mel(self.bundle.feature_extractor, [w.audio for w in batch])
             with stats.timed("encoder"):
                 states = encoder(features.to(device)).last_hidden_state
-            encoded = EncodedWindows(states, [w.duration for _, _, w in batch], prompt, eot,
+            encoded = EncodedWindows(states, [w.duration for w in batch], prompt, eot,
                                      lambda ids: self.bundle.tokenizer.decode(ids, skip_special_tokens=True))
             t0 = time.perf_counter()
             with track_peak_memory(stats, device):
@@ -98,10 +99,11 @@ class WhisfusionPipeline:
             stats.time_s["decode"] = stats.time_s.get("decode", 0.0) + time.perf_counter() - t0
             stats.nfe += result.passes
             stats.new_tokens += sum(len(t) for t in result.tokens)
-            for (i, c, window), text, tokens in zip(batch, result.texts, result.tokens):
+            for window, text, tokens in zip(batch, result.texts, result.tokens):
                 segment = [Segment(0, 0.0, window.duration, text, tokens)] if text else []
-                parts.setdefault(i, {})[c] = WindowResult(tokens, text, segment, window.duration)
-                transcripts[i].passes += result.passes
+                parts.setdefault(window.input, {})[window.index] = WindowResult(tokens, text, segment, window.duration,
+                                                                                window.place)
+                transcripts[window.input].passes += result.passes
         join_windows(transcripts, parts)
         stats.time_s["total"] = sum(stats.time_s.get(k, 0.0) for k in ("features", "encoder", "decode"))
         return ASROutput(transcripts, stats, spec.name)

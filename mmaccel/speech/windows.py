@@ -1,0 +1,96 @@
+"""The 30-s windows an input is decoded in, and where each window's times lie in its input.
+
+Without VAD an input is cut at quiet points into consecutive windows (`split_long`); with VAD its
+speech regions are packed, in order, into windows of at most 30 s and the silence between them is left
+out. Either way a window's `TimeMap` takes a time in the window (a timestamp the decoder wrote) to the
+time in the input.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mmaccel.errors import InputError, check
+from mmaccel.speech.audio import SAMPLE_RATE, WINDOW_S, Audio, AudioLike, TimeMap, as_audio, is_silent, split_long
+from mmaccel.speech.transcript import Transcript
+from mmaccel.speech.vad import VadParameters, speech_regions
+
+
+@dataclass
+class Window:
+    """Up to 30 s of an input to decode: input `input`'s `index`-th window."""
+
+    input: int
+    index: int
+    audio: Audio
+    place: TimeMap
+
+    @property
+    def duration(self) -> float:
+        return self.audio.duration
+
+
+def audio_windows(audio: AudioLike | list, sample_rate: int | None,
+                  vad: VadParameters | None = None) -> tuple[list[Transcript], list[Window]]:
+    """One input or a list -> (a `Transcript` per input, its text still empty; the windows to decode, longest
+    first, so that windows of similar length share a batch and its rows finish close together). In a list, an
+    input that cannot be read (or is silent) gets its error in its transcript and no window; a single input
+    raises it. With `vad`, an input without speech has no window (and an empty transcript, not an error)."""
+    many = isinstance(audio, list)
+    items = audio if many else [audio]
+    check(len(items) > 0, "no audio given: pass a file path, an array, or a non-empty list of them")
+    transcripts, windows = [], []
+    for i, item in enumerate(items):
+        try:
+            clip = as_audio(item, sample_rate)
+            if vad is None and is_silent(clip):
+                raise InputError(f"{clip.source}: the audio is silent (RMS below 1e-4); nothing to transcribe")
+        except InputError as err:
+            if not many:
+                raise
+            transcripts.append(Transcript("", _name(item), 0.0, error=str(err)))
+            continue
+        transcripts.append(Transcript("", clip.source, clip.duration))
+        windows += speech_windows(i, clip, vad) if vad is not None else contiguous_windows(i, clip)
+    windows.sort(key=lambda w: -w.duration)
+    return transcripts, windows
+
+
+def contiguous_windows(i: int, clip: Audio) -> list[Window]:
+    """Input `i` cut at quiet points into consecutive windows."""
+    windows, offset = [], 0.0
+    for c, chunk in enumerate(split_long(clip)):
+        windows.append(Window(i, c, chunk, TimeMap(((0.0, offset, chunk.duration),))))
+        offset += chunk.duration
+    return windows
+
+
+def speech_windows(i: int, clip: Audio, vad: VadParameters) -> list[Window]:
+    """Input `i`'s speech regions packed in order into windows of at most 30 s (silence left out)."""
+    limit = int(WINDOW_S * SAMPLE_RATE)
+    groups: list[list[tuple[int, int]]] = []
+    for a, b in speech_regions(clip.samples, vad):
+        if not groups or sum(e - s for s, e in groups[-1]) + (b - a) > limit:
+            groups.append([])
+        groups[-1].append((a, b))
+    windows = []
+    for c, group in enumerate(groups):
+        samples = np.concatenate([clip.samples[a:b] for a, b in group])
+        pieces, at = [], 0
+        for a, b in group:
+            pieces.append((at / SAMPLE_RATE, a / SAMPLE_RATE, (b - a) / SAMPLE_RATE))
+            at += b - a
+        windows.append(Window(i, c, Audio(samples, clip.source), TimeMap(tuple(pieces), vad.speech_pad_ms / 1000)))
+    return windows
+
+
+def _name(item: Any) -> str:
+    if isinstance(item, (str, os.PathLike)):
+        return str(item)
+    if isinstance(item, Audio):
+        return item.source
+    return "array"
