@@ -4,8 +4,9 @@
 >>> out = asr.transcribe(["a.wav", "b.flac"], method="medusa")
 >>> out.texts, out.stats.nfe, out.rtfx
 
-Audio longer than 30 s is cut at quiet points into windows that are transcribed in the same
-batches as everything else and joined. A list input reports a bad file in its transcript's
+Audio longer than 30 s is decoded in windows of 30 s (`mmaccel.speech.windows`): cut at quiet points
+and batched with everything else; in timestamp mode one after another, each from where the last one's
+transcript is complete; with VAD, its speech packed into windows. A list input reports a bad file in its transcript's
 `error` and still transcribes the rest; a single bad input raises.
 """
 
@@ -45,7 +46,7 @@ from mmaccel.speech.timestamps import TimestampRules
 from mmaccel.speech.transcript import Transcript, WindowResult, join_windows, window_result  # noqa: F401  (re-exported)
 from mmaccel.speech.vad import VadParameters
 from mmaccel.speech.whisper import WhisperBundle, load_whisper
-from mmaccel.speech.windows import Window, audio_windows
+from mmaccel.speech.windows import Window, audio_windows, next_window, windows_left
 
 MAX_NEW_TOKENS = 224   # per 30-s window, as openai-whisper (half the decoder's 448 positions)
 
@@ -244,18 +245,22 @@ class ASRPipeline:
                    TimestampRules(tokens.no_timestamps, tokens.end_of_text, len(prompt)) if timestamps else None,
                    self.alignment_heads() if word_timestamps else None)
         stats = DecodeStats()
-        transcripts, windows = audio_windows(audio, sample_rate, vad)
+        transcripts, windows = audio_windows(audio, sample_rate, vad, follow=timestamps)
         if language is None and tokens.multilingual:
             with stats.timed("language"):
                 self._detect_languages(transcripts, windows, job.encoder, batch_size)
         for t in transcripts:
             t.language = None if t.error is not None else t.language or language or "en"
         parts: dict[int, dict[int, WindowResult]] = {}
-        for start in range(0, len(windows), batch_size):
-            batch = windows[start : start + batch_size]
+        done = 0
+        while windows:
+            batch, windows = windows[:batch_size], windows[batch_size:]
             stats = stats + self._transcribe_batch(job, batch, [transcripts[w.input] for w in batch], parts)
+            following = [next_window(w, parts[w.input][w.index].complete) for w in batch if w.clip is not None]
+            windows = sorted(windows + [w for w in following if w is not None], key=lambda w: -w.duration)
+            done += len(batch)
             if progress is not None:
-                progress(min(start + batch_size, len(windows)), len(windows))
+                progress(done, done + windows_left(windows))
         join_windows(transcripts, parts)
         return ASROutput(transcripts, stats, spec.name)
 

@@ -37,12 +37,14 @@ class WindowResult:
     duration: float                 # seconds of audio in the window
     place: TimeMap
     scores: TokenScores | None = None
+    complete: float | None = None   # how far into the window its transcript is complete (where the next starts)
 
 
 def window_result(tokenizer, generated: list[int], window: Window, rules: TimestampRules | None,
                   scores: TokenScores | None = None) -> WindowResult:
     """A window's generated tokens read as text and segments: by its timestamps under `rules`, else the
-    window is one segment. Windows are cut before decoding, so an unclosed last segment is kept."""
+    window is one segment. An unclosed last segment is dropped when another window of the input follows
+    from where this one is complete (`mmaccel.speech.windows.next_window`), else kept."""
     def decode(tokens: list[int]) -> str:
         spoken = tokens if rules is None else [t for t in tokens if t < rules.timestamp_begin]
         return tokenizer.decode(spoken, skip_special_tokens=True)
@@ -51,13 +53,16 @@ def window_result(tokenizer, generated: list[int], window: Window, rules: Timest
     if rules is None:
         segment = Segment(0, 0.0, window.duration, text, generated)
         return WindowResult(generated, text, [segment] if text else [], window.duration, window.place)
-    segments, _ = split_segments(generated, rules, window.duration)
+    segments, complete = split_segments(generated, rules, window.duration, keep_tail=window.last)
+    if complete < 1.0:          # the input moves on by a whole window (`next_window`): keep all of this one
+        segments, complete = split_segments(generated, rules, window.duration)
     stats = {}
     if scores is not None:          # per window, as openai-whisper reports them (end of text included)
         stats = {"avg_logprob": sum(scores.logprobs) / max(1, len(scores.logprobs)),
                  "no_speech_prob": scores.no_speech_prob, "compression_ratio": compression_ratio(text)}
-    return WindowResult(generated, text, [Segment(0, a, b, decode(t), t, **stats) for a, b, t in segments],
-                        window.duration, window.place, scores)
+    kept = [Segment(0, a, b, decode(t), t, **stats) for a, b, t in segments]
+    text = decode([t for s in kept for t in s.tokens]).strip()
+    return WindowResult(generated, text, kept, window.duration, window.place, scores, complete)
 
 
 def join_windows(transcripts: list[Transcript], parts: dict[int, dict[int, WindowResult]]) -> None:

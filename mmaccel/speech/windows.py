@@ -8,6 +8,7 @@ time in the input.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -22,24 +23,41 @@ from mmaccel.speech.vad import VadParameters, speech_regions
 
 @dataclass
 class Window:
-    """Up to 30 s of an input to decode: input `input`'s `index`-th window."""
+    """Up to 30 s of an input to decode: input `input`'s `index`-th window. `clip`: the whole input, when the
+    window is the first of several decoded one after another (`next_window`)."""
 
     input: int
     index: int
     audio: Audio
     place: TimeMap
+    clip: Audio | None = None
 
     @property
     def duration(self) -> float:
         return self.audio.duration
 
+    @property
+    def start(self) -> float:
+        """Where the window starts in its input (s)."""
+        return self.place.pieces[0][1]
 
-def audio_windows(audio: AudioLike | list, sample_rate: int | None,
-                  vad: VadParameters | None = None) -> tuple[list[Transcript], list[Window]]:
+    @property
+    def last(self) -> bool:
+        """No window of its input follows this one."""
+        return self.clip is None or self.start + self.duration >= self.clip.duration - 1e-9
+
+
+def audio_windows(audio: AudioLike | list, sample_rate: int | None, vad: VadParameters | None = None,
+                  follow: bool = False) -> tuple[list[Transcript], list[Window]]:
     """One input or a list -> (a `Transcript` per input, its text still empty; the windows to decode, longest
     first, so that windows of similar length share a batch and its rows finish close together). In a list, an
     input that cannot be read (or is silent) gets its error in its transcript and no window; a single input
-    raises it. With `vad`, an input without speech has no window (and an empty transcript, not an error)."""
+    raises it.
+
+    The windows: with `vad`, the input's speech packed into windows (an input without speech has none, and an
+    empty transcript, not an error); else with `follow` (timestamp mode), only the first 30 s, the next window
+    to start where its transcript is complete (`next_window`), as openai-whisper and faster-whisper go through
+    long audio; else consecutive windows cut at quiet points."""
     many = isinstance(audio, list)
     items = audio if many else [audio]
     check(len(items) > 0, "no audio given: pass a file path, an array, or a non-empty list of them")
@@ -55,9 +73,38 @@ def audio_windows(audio: AudioLike | list, sample_rate: int | None,
             transcripts.append(Transcript("", _name(item), 0.0, error=str(err)))
             continue
         transcripts.append(Transcript("", clip.source, clip.duration))
-        windows += speech_windows(i, clip, vad) if vad is not None else contiguous_windows(i, clip)
+        if vad is not None:
+            windows += speech_windows(i, clip, vad)
+        elif follow:
+            windows.append(window_at(i, 0, clip, 0.0))
+        else:
+            windows += contiguous_windows(i, clip)
     windows.sort(key=lambda w: -w.duration)
     return transcripts, windows
+
+
+def window_at(i: int, index: int, clip: Audio, start: float) -> Window:
+    """Input `i`'s 30 s from `start` (seconds), the `index`-th of its windows decoded one after another."""
+    a = int(round(start * SAMPLE_RATE))
+    samples = clip.samples[a : a + int(WINDOW_S * SAMPLE_RATE)]
+    return Window(i, index, Audio(samples, clip.source), TimeMap(((0.0, a / SAMPLE_RATE, len(samples) / SAMPLE_RATE),)),
+                  clip)
+
+
+def next_window(window: Window, complete: float) -> Window | None:
+    """The window after `window` of one decoded one after another: from where its transcript is complete
+    (`complete` seconds into it; a whole window when that is under a second, so that the input always moves
+    on); None after the last."""
+    if window.last:
+        return None
+    advance = complete if complete >= 1.0 else window.duration
+    return window_at(window.input, window.index + 1, window.clip, window.start + advance)
+
+
+def windows_left(pending: list[Window]) -> int:
+    """How many windows are still to decode: `pending`, and about as many 30-s ones as follow them."""
+    after = [w.clip.duration - w.start - w.duration for w in pending if w.clip is not None]
+    return len(pending) + sum(math.ceil(max(0.0, s - 1e-6) / WINDOW_S) for s in after)
 
 
 def contiguous_windows(i: int, clip: Audio) -> list[Window]:

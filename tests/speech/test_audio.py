@@ -6,7 +6,7 @@ import soundfile as sf
 import torch
 
 from mmaccel.errors import InputError
-from mmaccel.speech.audio import SAMPLE_RATE, Audio, as_audio, is_silent, load_audio, log_mel, split_long
+from mmaccel.speech.audio import SAMPLE_RATE, Audio, TimeMap, as_audio, is_silent, load_audio, log_mel, split_long
 
 
 def tone(seconds: float, rate: int, freq: float = 440.0) -> np.ndarray:
@@ -77,3 +77,15 @@ def test_log_mel_refuses_a_window_longer_than_30_s():
     assert tuple(log_mel(fe, [Audio(tone(2.0, SAMPLE_RATE))]).shape) == (1, 80, 3000)
     with pytest.raises(InputError, match="longer than one 30 s window"):
         log_mel(fe, [Audio(tone(31.0, SAMPLE_RATE))])
+
+
+def test_time_map_borders_snap_and_words():
+    place = TimeMap(((0.0, 0.0, 7.0), (7.0, 27.0, 3.0)), snap=0.4)
+    assert place(2.0) == 2.0 and place(8.0) == 28.0
+    assert place(7.0) == 27.0 and place(7.0, end=True) == 7.0          # a border: start -> later, end -> earlier
+    assert place(6.8) == 27.0                                           # a start in the padding: the next region
+    assert place(7.2, end=True) == 7.0                                  # an end just into a region: the one before
+    assert place(6.0) == 6.0 and place(8.0, end=True) == 28.0           # away from borders: as they are
+    assert place(10.5, end=True) == 30.5                                # past the last piece: runs on
+    assert place.span(6.7, 7.1) == (6.7, 7.1) and place.span(6.9, 7.5) == (26.9, 27.5)   # by the middle
+    assert TimeMap(((0.0, 30.0, 25.0),))(24.0) == 54.0                   # a plain window: an offset

@@ -1,5 +1,5 @@
-"""Voice activity detection: Silero's speech regions packed into windows, window times mapped back to the
-input's, and the pipeline's `vad_filter` on the real tiny.en (no text where there is no speech)."""
+"""Voice activity detection: Silero's speech probabilities and regions, and the pipeline's `vad_filter` on the
+real tiny.en (no text where there is no speech, the speech at its times in the input)."""
 
 import json
 
@@ -10,39 +10,11 @@ import torch
 
 from mmaccel.cli import main
 from mmaccel.errors import InputError
-from mmaccel.speech import windows as windows_module
-from mmaccel.speech.audio import SAMPLE_RATE, Audio, TimeMap, load_audio
+from mmaccel.speech.audio import SAMPLE_RATE, Audio, load_audio
 from mmaccel.speech.vad import FRAME, VadParameters, silero, speech_probabilities, speech_regions
-from mmaccel.speech.windows import audio_windows
 from tests.speech.test_pipeline import FILES, files  # noqa: F401  (fixture)
 
 GAP_S = 20.0
-
-
-def test_time_map_borders_snap_and_words():
-    place = TimeMap(((0.0, 0.0, 7.0), (7.0, 27.0, 3.0)), snap=0.4)
-    assert place(2.0) == 2.0 and place(8.0) == 28.0
-    assert place(7.0) == 27.0 and place(7.0, end=True) == 7.0          # a border: start -> later, end -> earlier
-    assert place(6.8) == 27.0                                           # a start in the padding: the next region
-    assert place(7.2, end=True) == 7.0                                  # an end just into a region: the one before
-    assert place(6.0) == 6.0 and place(8.0, end=True) == 28.0           # away from borders: as they are
-    assert place(10.5, end=True) == 30.5                                # past the last piece: runs on
-    assert place.span(6.7, 7.1) == (6.7, 7.1) and place.span(6.9, 7.5) == (26.9, 27.5)   # by the middle
-    assert TimeMap(((0.0, 30.0, 25.0),))(24.0) == 54.0                   # a plain window: an offset
-
-
-def test_regions_are_packed_into_windows_in_order(monkeypatch):
-    rate = SAMPLE_RATE
-    regions = [(0, 12 * rate), (20 * rate, 32 * rate), (40 * rate, 50 * rate), (60 * rate, 61 * rate)]
-    monkeypatch.setattr(windows_module, "speech_regions", lambda samples, vad: regions)
-    samples = np.arange(70 * rate, dtype=np.float32)
-    transcripts, found = audio_windows((samples, rate), None, VadParameters())
-    found.sort(key=lambda w: w.index)
-    assert [w.duration for w in found] == [24.0, 11.0]          # 12 + 12 s; 10 + 1 s (12 + 12 + 10 > 30)
-    first, second = found
-    assert np.array_equal(first.audio.samples, np.concatenate([samples[: 12 * rate], samples[20 * rate : 32 * rate]]))
-    assert first.place.pieces == ((0.0, 0.0, 12.0), (12.0, 20.0, 12.0)) and first.place.snap == 0.4
-    assert second.place(10.5) == 60.5 and transcripts[0].duration == 70.0
 
 
 def test_bad_vad_parameters_are_refused_in_one_line():

@@ -1,0 +1,59 @@
+"""The windows an input is decoded in: VAD's regions packed in order; in timestamp mode, long audio decoded
+window after window from where the last one's transcript is complete — segment for segment what
+faster-whisper gives on the same weights (greedy, fp32, not conditioned on the previous text)."""
+
+import numpy as np
+import pytest
+
+from mmaccel.speech import windows as windows_module
+from mmaccel.speech.audio import SAMPLE_RATE, load_audio
+from mmaccel.speech.vad import VadParameters
+from mmaccel.speech.windows import audio_windows, next_window, windows_left
+from tests.speech.test_pipeline import FILES, files  # noqa: F401  (fixture)
+
+RATE = SAMPLE_RATE
+
+
+def test_regions_are_packed_into_windows_in_order(monkeypatch):
+    regions = [(0, 12 * RATE), (20 * RATE, 32 * RATE), (40 * RATE, 50 * RATE), (60 * RATE, 61 * RATE)]
+    monkeypatch.setattr(windows_module, "speech_regions", lambda samples, vad: regions)
+    samples = np.arange(70 * RATE, dtype=np.float32)
+    transcripts, found = audio_windows((samples, RATE), None, VadParameters())
+    found.sort(key=lambda w: w.index)
+    assert [w.duration for w in found] == [24.0, 11.0]          # 12 + 12 s; 10 + 1 s (12 + 12 + 10 > 30)
+    first, second = found
+    assert np.array_equal(first.audio.samples, np.concatenate([samples[: 12 * RATE], samples[20 * RATE : 32 * RATE]]))
+    assert first.place.pieces == ((0.0, 0.0, 12.0), (12.0, 20.0, 12.0)) and first.place.snap == 0.4
+    assert second.place(10.5) == 60.5 and transcripts[0].duration == 70.0
+
+
+def test_following_windows_start_where_the_transcript_is_complete():
+    samples = np.arange(75 * RATE, dtype=np.float32)
+    _, (long, short) = audio_windows([(samples[: 20 * RATE], RATE), (samples, RATE)], None, follow=True)  # longest first
+    assert (short.duration, short.last) == (20.0, True) and next_window(short, 5.0) is None
+    assert (long.duration, long.start, long.last) == (30.0, 0.0, False) and windows_left([long]) == 3
+    second = next_window(long, 26.4)                                     # complete up to 26.4 s: start there
+    assert (second.index, second.start, second.duration, second.place(1.0)) == (1, 26.4, 30.0, 27.4)
+    assert np.array_equal(second.audio.samples, samples[int(26.4 * RATE) : int(56.4 * RATE)])
+    third = next_window(second, 0.5)                      # under a second complete: the whole window moves on
+    assert (third.start, third.duration, third.last) == (56.4, 18.6, True) and windows_left([third]) == 1
+
+
+def test_long_audio_in_timestamp_mode_is_faster_whispers_segment_for_segment(tiny_en_asr, files):  # noqa: F811
+    fw = pytest.importorskip("faster_whisper")
+    from mmaccel.speech.whisper import ct2_model_dir
+
+    clips = [load_audio(f).samples for f in files]
+    pause = np.zeros(RATE, np.float32)
+    long = np.concatenate([x for c in clips + clips for x in (c, pause)])        # 59 s: 3 windows
+    reports = []
+    ours = tiny_en_asr.transcribe((long, RATE), timestamps=True, progress=lambda *r: reports.append(r)).transcripts[0]
+    peer = fw.WhisperModel(str(ct2_model_dir("tiny.en")), device="cpu", compute_type="float32", cpu_threads=2)
+    theirs, _ = peer.transcribe(long, language="en", beam_size=1, temperature=0.0, condition_on_previous_text=False)
+    theirs = list(theirs)
+    assert [s.text for s in ours.segments] == [s.text for s in theirs] and len(theirs) >= 10
+    # the same times, but for the last segment's end (faster-whisper lets it run past the audio's end)
+    assert [(s.start, s.end) for s in ours.segments[:-1]] == [(round(s.start, 3), round(s.end, 3)) for s in theirs[:-1]]
+    assert ours.segments[-1].start == round(theirs[-1].start, 3) and ours.segments[-1].end <= ours.duration
+    assert ours.text == " ".join(s.text.strip() for s in ours.segments)
+    assert reports[-1][0] == reports[-1][1] == 3
