@@ -18,6 +18,7 @@ from torch import Tensor
 from mmaccel.errors import InputError, check
 
 SAMPLE_RATE = 16_000
+READ_BLOCK_S = 60.0        # a file is read and resampled a minute at a time
 WINDOW_S = 30.0            # Whisper's receptive field
 SILENCE_RMS = 1e-4         # below this root-mean-square level a clip counts as silent
 CUT_SEARCH_S = 5.0         # a long-audio cut is placed at the quietest point of the last 5 s of a window
@@ -73,7 +74,8 @@ class TimeMap:
 
 
 def load_audio(path: str | os.PathLike) -> Audio:
-    """Read an audio file and return it as 16 kHz mono float32.
+    """Read an audio file and return it as 16 kHz mono float32. The file is read, mixed down and resampled
+    `READ_BLOCK_S` at a time, so an hour of 48 kHz stereo never sits in memory at its own rate.
 
     Raises InputError for a missing, unreadable, empty or non-audio file, naming the file.
     """
@@ -85,11 +87,15 @@ def load_audio(path: str | os.PathLike) -> Audio:
     if p.stat().st_size == 0:
         raise InputError(f"audio file is empty (0 bytes): {p}")
     try:
-        samples, rate = sf.read(str(p), dtype="float32", always_2d=True)
+        with sf.SoundFile(str(p)) as f:
+            resample = _Resampler(_check_rate(f.samplerate, str(p)))
+            out = [resample(_mono(b, str(p))) for b in f.blocks(int(READ_BLOCK_S * f.samplerate), dtype="float32",
+                                                                 always_2d=True)]
     except (sf.LibsndfileError, RuntimeError, TypeError) as err:
         raise InputError(f"cannot read {p} as audio ({err}); supported: wav, flac, ogg, mp3 and other "
                          "libsndfile formats") from None
-    return Audio(_to_mono_16k(samples, rate, str(p)), str(p))
+    check(len(out) > 0, f"{p}: audio has no samples")
+    return Audio(_joined(out + [resample.flush()]), str(p))
 
 
 def as_audio(audio: AudioLike, sample_rate: int | None = None) -> Audio:
@@ -119,16 +125,43 @@ def as_audio(audio: AudioLike, sample_rate: int | None = None) -> Audio:
 
 
 def _to_mono_16k(samples: np.ndarray, rate: int, name: str) -> np.ndarray:
+    check(samples.shape[0] > 0, f"{name}: audio has no samples")
+    resample = _Resampler(_check_rate(rate, name))
+    return _joined([resample(_mono(samples, name)), resample.flush()])
+
+
+def _check_rate(rate, name: str) -> int:
     check(isinstance(rate, (int, np.integer)) and 1000 <= rate <= 384_000,
           f"{name}: sample rate must be an integer in [1000, 384000] Hz, got {rate!r}")
-    check(samples.shape[0] > 0, f"{name}: audio has no samples")
+    return int(rate)
+
+
+def _mono(samples: np.ndarray, name: str) -> np.ndarray:
+    """[samples, channels] float32 -> [samples], the channels' mean (a new array)."""
     check(bool(np.isfinite(samples).all()), f"{name}: audio contains NaN or inf samples")
-    mono = samples.mean(axis=1) if samples.shape[1] > 1 else samples[:, 0].copy()
-    if rate != SAMPLE_RATE:
+    return samples.mean(axis=1) if samples.shape[1] > 1 else samples[:, 0].copy()
+
+
+class _Resampler:
+    """Mono blocks at `rate`, one after another -> 16 kHz (soxr's "HQ", streamed: the same samples as
+    resampling the blocks joined); `flush()` gives the last samples after the last block."""
+
+    def __init__(self, rate: int):
         import soxr
 
-        mono = soxr.resample(mono, int(rate), SAMPLE_RATE, quality="HQ")
-    return np.ascontiguousarray(mono, dtype=np.float32)
+        self.stream = None if rate == SAMPLE_RATE else soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32",
+                                                                             quality="HQ")
+
+    def __call__(self, block: np.ndarray) -> np.ndarray:
+        return block if self.stream is None else self.stream.resample_chunk(block.astype(np.float32, copy=False))
+
+    def flush(self) -> np.ndarray:
+        empty = np.zeros(0, np.float32)
+        return empty if self.stream is None else self.stream.resample_chunk(empty, last=True)
+
+
+def _joined(blocks: list[np.ndarray]) -> np.ndarray:
+    return np.ascontiguousarray(np.concatenate(blocks), dtype=np.float32)
 
 
 def is_silent(audio: Audio) -> bool:

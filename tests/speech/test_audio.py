@@ -24,6 +24,24 @@ def test_files_are_read_resampled_and_made_mono(tmp_path, suffix, subtype):
     assert abs(audio.duration - 1.5) < 0.01 and audio.source == str(path)
 
 
+def test_a_long_file_is_read_in_blocks_as_if_whole(tmp_path, monkeypatch):
+    import soxr
+
+    rng = np.random.default_rng(0)
+    stereo = (0.1 * rng.standard_normal((48000 * 5 + 123, 2))).astype(np.float32)
+    sf.write(tmp_path / "long.wav", stereo, 48000, subtype="FLOAT")
+    monkeypatch.setattr("mmaccel.speech.audio.READ_BLOCK_S", 0.7)        # 8 blocks, the last a short one
+    whole = soxr.resample(stereo.mean(axis=1), 48000, SAMPLE_RATE, quality="HQ")
+    assert np.array_equal(load_audio(tmp_path / "long.wav").samples, whole)
+    header_only = tmp_path / "lies.wav"                   # a header that promises an hour, 1 s of data
+    with sf.SoundFile(tmp_path / "one.wav", "w", 16000, 1, "PCM_16") as f:
+        f.write(tone(1.0, 16000))
+    data = bytearray((tmp_path / "one.wav").read_bytes())
+    data[40:44] = (3600 * 16000 * 2).to_bytes(4, "little")                # the data chunk's size
+    header_only.write_bytes(bytes(data))
+    assert abs(load_audio(header_only).duration - 1.0) < 0.01
+
+
 def test_arrays_and_tensors_are_accepted_without_being_modified():
     x = tone(1.0, 8000)
     keep = x.copy()
