@@ -88,7 +88,7 @@ def load_audio(path: str | os.PathLike) -> Audio:
         raise InputError(f"audio file is empty (0 bytes): {p}")
     try:
         with sf.SoundFile(str(p)) as f:
-            resample = _Resampler(_check_rate(f.samplerate, str(p)))
+            resample = Resampler(f.samplerate, str(p))
             out = [resample(_mono(b, str(p))) for b in f.blocks(int(READ_BLOCK_S * f.samplerate), dtype="float32",
                                                                  always_2d=True)]
     except (sf.LibsndfileError, RuntimeError, TypeError) as err:
@@ -126,7 +126,7 @@ def as_audio(audio: AudioLike, sample_rate: int | None = None) -> Audio:
 
 def _to_mono_16k(samples: np.ndarray, rate: int, name: str) -> np.ndarray:
     check(samples.shape[0] > 0, f"{name}: audio has no samples")
-    resample = _Resampler(_check_rate(rate, name))
+    resample = Resampler(rate, name)
     return _joined([resample(_mono(samples, name)), resample.flush()])
 
 
@@ -142,13 +142,14 @@ def _mono(samples: np.ndarray, name: str) -> np.ndarray:
     return samples.mean(axis=1) if samples.shape[1] > 1 else samples[:, 0].copy()
 
 
-class _Resampler:
+class Resampler:
     """Mono blocks at `rate`, one after another -> 16 kHz (soxr's "HQ", streamed: the same samples as
     resampling the blocks joined); `flush()` gives the last samples after the last block."""
 
-    def __init__(self, rate: int):
+    def __init__(self, rate: int, name: str = "audio"):
         import soxr
 
+        rate = _check_rate(rate, name)
         self.stream = None if rate == SAMPLE_RATE else soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32",
                                                                              quality="HQ")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ from mmaccel.devices import resolve_device, use_cuda_graphs
 from mmaccel.errors import InputError, check
 from mmaccel.paths import assets_dir
 from mmaccel.speech.alignment import add_words
-from mmaccel.speech.audio import AudioLike, log_mel
+from mmaccel.speech.audio import SAMPLE_RATE, Audio, AudioLike, log_mel
 from mmaccel.speech.cross_draft import Assistant, new_assistant
 from mmaccel.speech.decoder import WhisperDecoderModel
 from mmaccel.speech.draft import WhisperDraft, load_draft
@@ -42,6 +42,7 @@ from mmaccel.speech.heads import WhisperHeads, load_heads, merge_heads
 from mmaccel.speech.language import language_probabilities
 from mmaccel.speech.methods import ASR_REGISTRY, build_asr_method
 from mmaccel.speech.scoring import score_tokens
+from mmaccel.speech.streaming import Streamer, StreamUpdate, stream_updates
 from mmaccel.speech.timestamps import TimestampRules
 from mmaccel.speech.transcript import Transcript, WindowResult, join_windows, window_result  # noqa: F401  (re-exported)
 from mmaccel.speech.vad import VadParameters
@@ -263,6 +264,24 @@ class ASRPipeline:
                 progress(done, done + windows_left(windows))
         join_windows(transcripts, parts)
         return ASROutput(transcripts, stats, spec.name)
+
+    def stream(self, chunks: Iterable, method: str | Method = "greedy", *, sample_rate: int = SAMPLE_RATE,
+               language: str = "en", min_chunk_s: float = 1.0, trim_s: float = 15.0, encoder: str = "fp32",
+               **method_params: Any) -> Iterator[StreamUpdate]:
+        """Transcribe live audio: `chunks` (mono sample arrays at `sample_rate`, e.g. read from a microphone
+        or `mmaccel.speech.streaming.realtime_chunks`) -> an update each time a decode commits words (local
+        agreement of consecutive hypotheses: `mmaccel.speech.streaming`), the final one when `chunks` ends.
+        Committed words are never retracted and carry their emission delay. `method` and `method_params`
+        as for `transcribe`."""
+        check(language is not None, "a stream needs its language (detection reads a whole window first)")
+        spec = build_asr_method(method, **method_params)
+        self.bundle.prompt(language, "transcribe", True)                # checks the language here, not mid-stream
+
+        def transcribe(audio: Audio) -> ASROutput:
+            return self.transcribe(audio, spec, batch_size=1, language=language, encoder=encoder, word_timestamps=True)
+
+        return stream_updates(Streamer(transcribe, sample_rate=sample_rate, min_chunk_s=min_chunk_s, trim_s=trim_s),
+                              chunks)
 
     def _transcribe_batch(self, job: _Job, batch: list[Window], owners: list[Transcript],
                           parts: dict[int, dict[int, WindowResult]]) -> DecodeStats:
