@@ -43,6 +43,46 @@ def cmd_asr_transcribe(args: argparse.Namespace) -> int:
     return status
 
 
+def cmd_asr_stream(args: argparse.Namespace) -> int:
+    import sys
+    import time
+
+    import numpy as np
+
+    from mmaccel.speech.audio import load_audio
+    from mmaccel.speech.pipeline import ASRPipeline, draft_option, heads_option
+    from mmaccel.speech.streaming import pcm_chunks, realtime_chunks
+
+    asr = ASRPipeline.from_pretrained(args.model, heads=heads_option(args.heads), draft=draft_option(args.draft),
+                                      device=args.device)
+    if args.file == "-":
+        chunks, rate = pcm_chunks(sys.stdin.buffer, args.sample_rate, args.chunk_s), args.sample_rate
+    else:
+        samples, rate = load_audio(args.file).samples, 16_000
+        step = max(1, int(args.chunk_s * rate))
+        chunks = (realtime_chunks(samples, rate, args.chunk_s) if args.realtime
+                  else (samples[a : a + step] for a in range(0, len(samples), step)))
+    t0, committed = time.perf_counter(), []
+    for update in asr.stream(chunks, args.method, sample_rate=rate, language=args.language,
+                             min_chunk_s=args.min_chunk_s, trim_s=args.trim_s, **dict(args.param)):
+        for w in update.committed:
+            if args.words:
+                print(f"{w.start:.2f}\t{w.end:.2f}\t{w.delay:.2f}\t{w.word.strip()}", flush=True)
+            else:
+                print(w.word, end="", flush=True)
+        committed += update.committed
+        received = update.received_s
+    if not args.words:
+        print(flush=True)
+    delays = [w.delay for w in committed]
+    live = args.realtime or args.file == "-"
+    say(json.dumps({"method": args.method, "audio_s": round(received, 3), "words": len(committed),
+                    "wall_s": round(time.perf_counter() - t0, 3), "realtime": live,
+                    **({"delay_median_s": round(float(np.median(delays)), 3),
+                        "delay_p90_s": round(float(np.percentile(delays, 90)), 3)} if live and delays else {})}))
+    return 0
+
+
 def cmd_asr_ctc(args: argparse.Namespace) -> int:
     from mmaccel.speech.ctc.pipeline import CTCPipeline
 
@@ -72,6 +112,7 @@ def add_parser(subparsers) -> None:
     asr = subparsers.add_parser("asr", help="speech recognition with Whisper")
     asr_sub = asr.add_subparsers(dest="asr_command", required=True)
     _add_transcribe(asr_sub)
+    _add_stream(asr_sub)
     _add_ctc(asr_sub)
     _add_whisfusion(asr_sub)
 
@@ -107,6 +148,26 @@ def _add_transcribe(asr_sub) -> None:
                          "e.g. --vad-param min_silence_duration_ms=500")
     add_device_option(at)
     at.set_defaults(func=cmd_asr_transcribe)
+
+
+def _add_stream(asr_sub) -> None:
+    st = asr_sub.add_parser("stream", help="live transcription: print words as they are committed (local agreement)")
+    st.add_argument("file", help="an audio file, or - for raw 16-bit little-endian mono PCM on stdin (--sample-rate)")
+    st.add_argument("--realtime", action="store_true",
+                    help="play the file at its own pace (as a microphone would give it) and report word delays")
+    st.add_argument("--model", default="builtin:base", help="builtin:base, builtin:tiny.en or a local HF Whisper directory")
+    st.add_argument("--heads", default="auto", help="heads file(s), comma-separated, 'auto' or 'none'")
+    add_draft_option(st, "auto", "draft decoder file, 'auto' or 'none'")
+    st.add_argument("--method", default="greedy", help="any `asr transcribe` method; a lossless one commits greedy's words")
+    add_param_option(st, "k=4")
+    st.add_argument("--language", default="en")
+    st.add_argument("--sample-rate", type=int, default=16_000, help="of the PCM on stdin")
+    st.add_argument("--chunk-s", type=float, default=0.1, help="seconds of audio read at a time")
+    st.add_argument("--min-chunk-s", type=float, default=1.0, help="decode again once this much new audio has come")
+    st.add_argument("--trim-s", type=float, default=15.0, help="cut the decoded buffer once it is longer than this")
+    st.add_argument("--words", action="store_true", help="one committed word a line: start, end, delay (s), word")
+    add_device_option(st)
+    st.set_defaults(func=cmd_asr_stream)
 
 
 def _add_ctc(asr_sub) -> None:

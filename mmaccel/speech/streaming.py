@@ -18,7 +18,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -183,3 +183,14 @@ def realtime_chunks(samples: np.ndarray, sample_rate: int, chunk_s: float = 0.1,
             continue
         yield samples[sent:due]
         sent = due
+
+
+def pcm_chunks(stream: BinaryIO, sample_rate: int, chunk_s: float = 0.1) -> Iterator[np.ndarray]:
+    """Raw 16-bit little-endian mono PCM read from `stream` (e.g. stdin) as float chunks of about `chunk_s`."""
+    size = 2 * max(1, int(chunk_s * sample_rate))
+    left = b""
+    while block := stream.read(size):
+        block, left = left + block, b""
+        if len(block) % 2:
+            block, left = block[:-1], block[-1:]
+        yield np.frombuffer(block, dtype="<i2").astype(np.float32) / 32768.0

@@ -126,3 +126,26 @@ def test_tiny_en_streams_speech_as_it_transcribes_it_offline(tiny_en_asr, speech
 def test_a_lossless_method_streams_greedys_words(tiny_en_asr, speech):
     greedy, eagle = _stream(tiny_en_asr, speech, "greedy"), _stream(tiny_en_asr, speech, "eagle")
     assert [(w.word, w.start, w.end) for w in eagle] == [(w.word, w.start, w.end) for w in greedy]
+
+
+def test_the_cli_streams_a_file_and_pcm_on_stdin(speech, tmp_path, capsys, monkeypatch):
+    import io
+    import json
+
+    import soundfile as sf
+
+    from mmaccel.cli import main
+
+    sf.write(tmp_path / "speech.wav", speech, SAMPLE_RATE)
+    tiny = ["--model", "builtin:tiny.en", "--heads", "none", "--draft", "none", "--min-chunk-s", "3", "--trim-s", "8"]
+    assert main(["asr", "stream", str(tmp_path / "speech.wav"), "--words", *tiny]) == 0
+    out, err = capsys.readouterr()
+    rows = [line.split("\t") for line in out.splitlines()]
+    assert len(rows) > 20 and all(len(r) == 4 and float(r[0]) <= float(r[1]) for r in rows)
+    summary = json.loads(err.strip().splitlines()[-1])
+    assert summary["words"] == len(rows) and not summary["realtime"] and "delay_median_s" not in summary
+    pcm = (np.clip(speech[: 6 * SAMPLE_RATE], -1, 1) * 32767).astype("<i2").tobytes()
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(pcm[:-1])))        # an odd byte count too
+    assert main(["asr", "stream", "-", *tiny]) == 0
+    out, err = capsys.readouterr()
+    assert out.split()[:3] == [r[3] for r in rows[:3]] and json.loads(err.strip().splitlines()[-1])["realtime"]
