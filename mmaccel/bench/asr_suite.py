@@ -70,6 +70,16 @@ DEFAULT_METHODS = [
     MethodSpec("faster-whisper", {"compute_type": "float32"}, label="faster-whisper-fp32"),
 ]
 FULL_TTS, QUICK_TTS = 60, 6
+# with the product's features on (`--timestamps`, `--vad`): the lossless methods that gain most, against
+# faster-whisper with the same features
+FEATURE_METHODS = [
+    MethodSpec("greedy"),
+    MethodSpec("eagle", {"k": 4, "stop_below": 0.0}, label="eagle-k4"),
+    MethodSpec("speculative", {"k": 4}, label="speculative-k4"),
+    MethodSpec("faster-whisper", {"compute_type": "int8"}, label="faster-whisper-int8"),
+    MethodSpec("faster-whisper", {"compute_type": "float32"}, label="faster-whisper-fp32"),
+]
+TIMESTAMPS = ("segments", "words")
 
 
 SPLITS = ("in-domain", "ood")
@@ -101,12 +111,21 @@ def load_corpus(tts_utterances: int, split: str = "in-domain") -> list[tuple[str
 
 def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None, model: str = "builtin:base",
                     tts_utterances: int | None = None, pipeline=None, heads: str = "auto", draft: str = "auto",
-                    device: str | None = None, cuda_graphs: bool = False, split: str = "in-domain") -> Suite:
+                    device: str | None = None, cuda_graphs: bool = False, split: str = "in-domain",
+                    timestamps: str | None = None, vad: bool = False) -> Suite:
     """`heads` / `draft`: as `mmaccel asr transcribe` takes them ("auto", "none", or files; heads comma-separated).
-    `split`: "in-domain" (the real clips and held-out TTS utterances) or "ood" (`load_corpus`)."""
+    `split`: "in-domain" (the real clips and held-out TTS utterances) or "ood" (`load_corpus`).
+    `timestamps` ("segments" or "words") and `vad`: every method (faster-whisper too) decodes with these
+    features on; the default methods are then `FEATURE_METHODS`."""
     from mmaccel.speech.pipeline import ASRPipeline, draft_option, heads_option
 
-    methods = methods or DEFAULT_METHODS
+    check(timestamps in (None, *TIMESTAMPS), f"timestamps must be one of {TIMESTAMPS}, got {timestamps!r}")
+    features = {"timestamps": timestamps is not None, "word_timestamps": timestamps == "words", "vad_filter": vad}
+    featured = timestamps is not None or vad
+    methods = methods or (FEATURE_METHODS if featured else DEFAULT_METHODS)
+    hf = [m.name for m in methods if m.name.startswith("hf-")]
+    check(not (featured and hf), f"{hf[0] if hf else ''} decodes without timestamps or VAD; leave it out of a "
+          "--timestamps / --vad run")
     # speculative-cross drafts with another Whisper: tiny.en for the builtin base
     assistant = "builtin:tiny.en" if model == "builtin:base" and any(m.name == "speculative-cross" for m in methods) else None
     asr = pipeline or ASRPipeline.from_pretrained(model, heads=heads_option(heads), draft=draft_option(draft),
@@ -130,9 +149,9 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
         if spec.name == "faster-whisper":
             key = spec.params.get("compute_type", "int8")
             if key not in peers:
-                peers[key] = FasterWhisperProcess(asr.bundle.name, key, torch.get_num_threads())
+                peers[key] = FasterWhisperProcess(asr.bundle.name, key, torch.get_num_threads(), features)
             return peers[key].transcribe(audios)
-        out = asr.transcribe(audios, spec.name, batch_size=len(audios), **spec.params)
+        out = asr.transcribe(audios, spec.name, batch_size=len(audios), **features, **spec.params)
         stats = out.stats
         stats.time_s["total"] = out.wall_s
         return out.texts, stats
@@ -165,7 +184,7 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
               "heads": ", ".join(Path(f).name for f in asr.heads_source.split(", ")) if asr.heads_source else None,
               "draft": Path(asr.draft_source).name if asr.draft_source else None,
               "assistant": asr.assistant.name if asr.assistant else None,
-              "threads": torch.get_num_threads(), "quick": quick}
+              "threads": torch.get_num_threads(), "quick": quick, "timestamps": timestamps, "vad": vad}
     return Suite("asr", config, methods, batches, run_batch, quality, claims_lossless, verify_identical=True,
                  primary_quality="wer", warmup=warmup, finish=finish)
 
@@ -283,12 +302,13 @@ class FasterWhisperProcess:
     process with the methods it is compared to.
     """
 
-    def __init__(self, name: str, compute_type: str, threads: int):
+    def __init__(self, name: str, compute_type: str, threads: int, features: dict | None = None):
         import multiprocessing
 
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_faster_whisper_worker, args=(child, name, compute_type, threads), daemon=True)
+        self.process = ctx.Process(target=_faster_whisper_worker, args=(child, name, compute_type, threads,
+                                                                        fw_options(**(features or {}))), daemon=True)
         self.process.start()
         ready = self.conn.recv()
         if ready != "ready":
@@ -302,7 +322,7 @@ class FasterWhisperProcess:
         return texts, stats
 
 
-def _faster_whisper_worker(conn, name: str, compute_type: str, threads: int) -> None:
+def _faster_whisper_worker(conn, name: str, compute_type: str, threads: int, options: dict) -> None:
     try:
         peer = _faster_whisper(name, compute_type, threads)
     except Exception as err:                      # reported to the parent, which raises it
@@ -314,26 +334,32 @@ def _faster_whisper_worker(conn, name: str, compute_type: str, threads: int) -> 
             audios = conn.recv()
         except EOFError:                          # the parent is gone
             return
-        texts, stats = _run_faster_whisper(peer, audios)
+        texts, stats = _run_faster_whisper(peer, audios, options)
         conn.send((texts, stats.time_s["total"]))
 
 
-FW_OPTIONS = dict(language="en", task="transcribe", beam_size=1, temperature=0.0, without_timestamps=True,
-                  vad_filter=False, condition_on_previous_text=False)
+def fw_options(timestamps: bool = False, word_timestamps: bool = False, vad_filter: bool = False) -> dict:
+    """faster-whisper's options for greedy decoding as ours (no fallback, no conditioning on earlier text), with the
+    features of `ASRPipeline.transcribe` given."""
+    return dict(language="en", task="transcribe", beam_size=1, temperature=0.0,
+                without_timestamps=not (timestamps or word_timestamps), word_timestamps=word_timestamps,
+                vad_filter=vad_filter, condition_on_previous_text=False)
 
 
-def _run_faster_whisper(peer: Any, audios: list[Audio]) -> tuple[list[str], DecodeStats]:
+def _run_faster_whisper(peer: Any, audios: list[Audio], options: dict) -> tuple[list[str], DecodeStats]:
     model, batched = peer
     stats = DecodeStats()
     t0 = time.perf_counter()
     if len(audios) == 1:
-        segments, _ = model.transcribe(audios[0].samples, no_speech_threshold=None, **FW_OPTIONS)
+        segments, _ = model.transcribe(audios[0].samples, no_speech_threshold=None, **options)
         texts = [" ".join(s.text.strip() for s in segments).strip()]
     else:
         joined = np.concatenate([a.samples for a in audios])
         bounds = np.cumsum([0] + [len(a.samples) for a in audios]) / 16000
-        clips = [{"start": float(a), "end": float(b)} for a, b in zip(bounds[:-1], bounds[1:])]
-        segments, _ = batched.transcribe(joined, clip_timestamps=clips, batch_size=len(audios), **FW_OPTIONS)
+        # without VAD the clips are given as the pipeline's chunks; with it, its VAD finds them
+        clips = None if options["vad_filter"] else [{"start": float(a), "end": float(b)}
+                                                    for a, b in zip(bounds[:-1], bounds[1:])]
+        segments, _ = batched.transcribe(joined, clip_timestamps=clips, batch_size=len(audios), **options)
         segments = list(segments)
         # a segment belongs to the clip holding its midpoint (its edges are rounded to 20 ms frames)
         texts = [" ".join(s.text.strip() for s in segments if lo <= (s.start + s.end) / 2 < hi).strip()

@@ -19,7 +19,8 @@ from mmaccel.devices import add_device_option
 from mmaccel.errors import InputError
 from mmaccel.progress import say
 
-SUITE_OPTIONS = ("samples", "inception_samples", "model", "heads", "draft", "device", "cuda_graphs", "split")
+SUITE_OPTIONS = ("samples", "inception_samples", "model", "heads", "draft", "device", "cuda_graphs", "split", "timestamps",
+                 "vad")
 CHECKED = ("quick", "methods", *SUITE_OPTIONS)     # the options a suite takes or refuses, in the order they are named
 MINIMUM = {"samples": 2, "inception_samples": 0}
 IMAGE_FID_MODEL = "builtin:fashion-mnist"
@@ -202,6 +203,9 @@ def add_parser(subparsers) -> None:
     b.add_argument("--heads", default=None,
                    help="asr suite: heads file(s), comma-separated, 'auto' (the shipped ones, default) or 'none'")
     b.add_argument("--draft", default=None, help="asr suite: draft decoder file, 'auto' (default) or 'none'")
+    b.add_argument("--timestamps", default=None, choices=("segments", "words"),
+                   help="asr suite: every method, faster-whisper too, decodes with segment (or word) timestamps")
+    b.add_argument("--vad", action="store_true", help="asr suite: every method, faster-whisper too, with VAD on")
     add_device_option(b, default=None)
     b.add_argument("--threads", type=int, default=None,
                    help="CPU threads for the run (default: torch's, one per core); recorded with the results")

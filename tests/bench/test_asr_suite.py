@@ -78,3 +78,34 @@ def test_the_out_of_domain_split(tiny_en_asr):
     suite = build_asr_suite(methods=[MethodSpec("greedy")], tts_utterances=2, pipeline=tiny_en_asr, split="ood")
     assert suite.config["split"] == "ood" and "out-of-domain" in suite.config["audio"]
     assert sum(len(b) for b in suite.batches[1]) == 2
+
+
+def test_faster_whisper_gets_the_same_features_and_hf_peers_are_refused_with_them(tiny_en_asr):
+    from mmaccel.bench.asr_suite import fw_options
+    from mmaccel.errors import InputError
+
+    assert fw_options()["without_timestamps"] and not fw_options()["vad_filter"]
+    words = fw_options(timestamps=True, word_timestamps=True, vad_filter=True)
+    assert not words["without_timestamps"] and words["word_timestamps"] and words["vad_filter"]
+    assert not words["condition_on_previous_text"] and words["beam_size"] == 1
+    with pytest.raises(InputError, match="hf-generate decodes without timestamps"):
+        build_asr_suite(methods=[MethodSpec("greedy"), MethodSpec("hf-generate")], tts_utterances=0,
+                        pipeline=tiny_en_asr, vad=True)
+
+
+@pytest.mark.slow
+def test_features_on_for_every_method_and_for_faster_whisper(tiny_en_asr):
+    if not (SPHINX_DATA / "librivox").is_dir():
+        pytest.skip("apt-get install pocketsphinx-testdata")
+    pytest.importorskip("faster_whisper")
+    pytest.importorskip("onnxruntime")
+
+    methods = [MethodSpec("greedy"), MethodSpec("eagle", {"k": 4}, label="eagle-k4"),
+               MethodSpec("faster-whisper", {"compute_type": "int8"}, label="fw-int8")]
+    suite = build_asr_suite(methods=methods, tts_utterances=0, pipeline=tiny_en_asr, timestamps="words", vad=True)
+    suite.batches = {1: suite.batches[1][:1], 2: [suite.batches[8][0][:2]]}
+    doc = run_suite(suite, log=lambda m: None)
+    rows = {(r["method"], r["batch"]): r for r in doc["results"]}
+    assert doc["config"]["timestamps"] == "words" and doc["config"]["vad"] is True
+    assert rows["eagle-k4", 2]["lossless"] and rows["eagle-k4", 2]["quality"]["identical_to_ar"] == 1.0
+    assert rows["fw-int8", 2]["quality"]["wer"] < 20 and rows["greedy", 1]["quality"]["wer"] < 20
