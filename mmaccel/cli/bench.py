@@ -124,6 +124,15 @@ def _run_kernels(args: argparse.Namespace) -> BenchRun:
                   f"Triton {doc['triton']}, {doc['date']}\n\nConfig: `{json.dumps(doc['config'])}`\n\n{markdown(doc)}"))
 
 
+def _run_asr_stream(args: argparse.Namespace) -> BenchRun:
+    from mmaccel.bench.stream_suite import markdown, run_stream_bench
+
+    doc = run_stream_bench(args.model or "builtin:base", method_specs(args.methods), quick=args.quick, log=say)
+    return BenchRun(doc, markdown(doc), lambda out: _write_document(
+        doc, out, f"# Benchmark `asr-stream`\n\n`{doc['command']}`\n\n{doc['device']}, {doc['threads']} threads, "
+                  f"{doc['date']}\n\nConfig: `{json.dumps(doc['config'])}`\n\n{markdown(doc)}"))
+
+
 def suites() -> dict[str, BenchSuite]:
     """The table: the harness suites (their options are their builders' parameters), then image-fid and kernels."""
     from mmaccel.bench import SUITES
@@ -139,6 +148,9 @@ def suites() -> dict[str, BenchSuite]:
     # kernels: fused kernels against their reference twins; its "command" has never recorded --threads
     table["kernels"] = BenchSuite(takes=("quick", "device"), records=("quick", "device"), refusal=_takes_only,
                                   run=_run_kernels)
+    # asr-stream: live transcription at real time (word delays, streaming against offline WER)
+    table["asr-stream"] = BenchSuite(takes=("quick", "methods", "model"), records=("quick", "methods", "model", "threads"),
+                                     refusal=_takes_only, run=_run_asr_stream)
     return table
 
 
@@ -182,8 +194,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def add_parser(subparsers) -> None:
     b = subparsers.add_parser("bench", help="run a benchmark suite (or `report` to refresh the README tables)")
-    b.add_argument("suite", help="core | image | image-scale | image-continuous | image-fid | asr | asr-nar | ctc | video | "
-                                 "kernels | report")
+    b.add_argument("suite", help="core | image | image-scale | image-continuous | image-fid | asr | asr-stream | asr-nar | "
+                                 "ctc | video | kernels | report")
     b.add_argument("--quick", action="store_true", help="reduced run (same code path, fewer samples)")
     add_out_option(b, "JSON path (Markdown and PNG are written beside it)")
     b.add_argument("--methods", help="comma-separated methods, e.g. 'speculative:k=6,ngram'")
