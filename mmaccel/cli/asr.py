@@ -11,7 +11,7 @@ import json
 
 from mmaccel.cli.options import add_draft_option, add_param_option, add_sampling_options, add_seed_option, key_value
 from mmaccel.devices import add_device_option
-from mmaccel.progress import say
+from mmaccel.progress import progress, say
 from mmaccel.speech.writers import FORMATS, output_formats, write_transcript
 
 
@@ -29,10 +29,16 @@ def cmd_asr_transcribe(args: argparse.Namespace) -> int:
                                       assistant=args.assistant, device=args.device, cuda_graphs=args.cuda_graphs)
     formats = None if args.output_format is None else output_formats(args.output_format)
     language = None if args.language == "auto" else args.language
-    out = asr.transcribe(list(args.files), args.method, batch_size=args.batch_size, language=language, task=args.task,
-                         encoder=args.encoder, timestamps=args.timestamps or formats not in (None, ["txt"]),
-                         word_timestamps=args.word_timestamps, vad_filter=args.vad or bool(args.vad_param),
-                         vad_parameters=dict(args.vad_param), **dict(args.param))
+    with progress(desc="transcribe", unit="window") as bar:
+        def advance(done: int, total: int) -> None:       # the total grows as long inputs go window by window
+            bar.total = total
+            bar.update(done - bar.n)
+
+        out = asr.transcribe(list(args.files), args.method, batch_size=args.batch_size, language=language,
+                             task=args.task, encoder=args.encoder,
+                             timestamps=args.timestamps or formats not in (None, ["txt"]),
+                             word_timestamps=args.word_timestamps, vad_filter=args.vad or bool(args.vad_param),
+                             vad_parameters=dict(args.vad_param), progress=advance, **dict(args.param))
     status = print_transcripts([(t.source, t.error, t.text) for t in out.transcripts])
     for t in out.transcripts:
         if formats is not None and t.error is None:
