@@ -23,8 +23,8 @@ from mmaccel.speech.vad import VadParameters, speech_regions
 
 @dataclass
 class Window:
-    """Up to 30 s of an input to decode: input `input`'s `index`-th window. `clip`: the whole input, when the
-    window is the first of several decoded one after another (`next_window`)."""
+    """Up to 30 s of an input to decode: input `input`'s `index`-th window. `clip`: the whole input, when its
+    windows are decoded one after another (the next is cut once this one is decoded: `next_window`)."""
 
     input: int
     index: int
