@@ -112,8 +112,9 @@ def test_the_decode_loop_never_waits_for_the_host(image_pipes, method, temperatu
     assert seen[0][1] == 0 and set(seen[0][0]) <= {"tolist"}, seen
 
 
-@pytest.mark.parametrize("temperature, params", [(0.0, {"stop_below": 0.5}), (0.0, {"stop_below": 0.5, "siblings": 2}),
-                                                 (1.0, {"stop_below": 0.5})])
+@pytest.mark.parametrize("temperature, params", [
+    (0.0, {"stop_below": 0.5}), pytest.param(0.0, {"stop_below": 0.5, "siblings": 2}, marks=pytest.mark.slow),
+    pytest.param(1.0, {"stop_below": 0.5}, marks=pytest.mark.slow)])           # 11 s each
 def test_draft_chains_that_stop_early_on_a_cuda_device(image_pipes, temperature, params):
     """On a GPU a chain with stop_below drafts all k (it cannot know where the host stops without waiting)
     and marks the later drafts as filler: every pass still commits the same tokens as on the CPU."""
@@ -197,9 +198,10 @@ def test_speech_methods_on_a_cuda_device(speech_pipes, method, params):
 
 
 @pytest.mark.parametrize("method, params", [
-    ("greedy", {}), ("speculative", {"k": 4}), ("tree", {"depth": 3, "width": 2}), ("early-exit", {"k": 2, "exit_layer": 5}),
-    ("medusa", {"depth": 2, "width": 2}), ("medusa-block", {"depth": 3, "width": 2}), ("eagle", {"k": 4}),
-    ("eagle", {"k": 4, "stop_below": 0.5, "siblings": 2})])
+    ("greedy", {}), ("speculative", {"k": 4}), ("tree", {"depth": 3, "width": 2}),
+    pytest.param("early-exit", {"k": 2, "exit_layer": 5}, marks=pytest.mark.slow),         # 4-5 s each
+    pytest.param("medusa", {"depth": 2, "width": 2}, marks=pytest.mark.slow), ("medusa-block", {"depth": 3, "width": 2}),
+    pytest.param("eagle", {"k": 4}, marks=pytest.mark.slow), ("eagle", {"k": 4, "stop_below": 0.5, "siblings": 2})])
 def test_speech_drafting_never_waits_for_the_host(speech_pipes, method, params):
     """What one transcribe reads back from the device, or uploads to it, does not grow with the transcript:
     per call the audio and the prompt go up and the tokens and counters come back, nothing per pass (the

@@ -26,6 +26,7 @@ def test_long_clips_join_the_next_utterances_into_the_window():
         long_clips(items, 5)
 
 
+@pytest.mark.slow     # 62 s; whisfusion itself: tests/speech/whisfusion
 def test_quick_suite_compares_whisfusion_with_greedy_on_both_sets(tiny_en_asr, files, monkeypatch):  # noqa: F811
     import mmaccel.bench.asr_suite as asr_suite
 

@@ -27,6 +27,7 @@ def test_quick_asr_suite_compares_methods_and_peers(tiny_en_asr):
     assert "| fw-int8 |" in markdown_table(doc)
 
 
+@pytest.mark.slow     # 25 s; the lossless decoding on cheaper encoders: tests/speech/test_encoder_precision.py
 def test_cheaper_encoder_rows_are_checked_against_greedy_on_the_same_encoder(tiny_en_asr):
     if not (SPHINX_DATA / "librivox").is_dir():
         pytest.skip("apt-get install pocketsphinx-testdata")

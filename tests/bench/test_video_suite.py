@@ -20,6 +20,7 @@ def video_model_dir(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow     # 44 s; the suite's statistics are tested below
 def test_bench_video_quick_writes_valid_json(video_model_dir, tmp_path):
     out = tmp_path / "video.json"
     assert main(["bench", "video", "--quick", "--model", str(video_model_dir), "--out", str(out)]) == 0

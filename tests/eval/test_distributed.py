@@ -86,6 +86,7 @@ def test_eval_image_two_processes_equal_one(tmp_path, fashion_test_images, capsy
     assert refused.stderr.count("another config (differs in: seed)") == 2, refused.stderr[-3000:]
 
 
+@pytest.mark.slow     # 23 s; two processes are checked on eval image
 def test_eval_wer_two_processes_equal_one(tmp_path, short_clips_manifest, tiny_en_asr, capsys):
     common = ["eval", "wer", "--audio", str(short_clips_manifest), "--model", "builtin:tiny.en", "--method", "greedy",
               "--batch-size", "1", "--threads", "1"]

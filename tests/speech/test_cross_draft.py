@@ -23,6 +23,7 @@ def base_with_tiny():
     return asr
 
 
+@pytest.mark.slow     # 17 s on base and tiny.en; cross-drafting on tiny models: the conformance benches
 def test_tiny_en_drafts_for_base_losslessly(base_with_tiny):
     assert base_with_tiny.assistant.tokenizer is not base_with_tiny.bundle.tokenizer
     # three clips in batches of two: a batch of rows, then a row alone after it

@@ -112,6 +112,7 @@ def test_the_out_of_domain_split_shares_no_text_or_training_voice(tmp_path):
         build_ood_corpus(tmp_path, count=0)
 
 
+@pytest.mark.slow     # 14 s of TTS
 def test_the_varied_corpus_mixes_three_sources_and_augments_every_other_utterance(tmp_path, monkeypatch):
     if shutil.which("flite") is None or not FORTUNES.is_dir() or not LICENSES.is_dir():
         pytest.skip("apt-get install flite fortunes")

@@ -27,6 +27,7 @@ def test_the_language_of_each_input_is_detected_from_its_audio(base):
     assert given.transcripts[0].language_probability is None         # given, not detected
 
 
+@pytest.mark.slow     # 29 s on Whisper base
 def test_rows_of_one_batch_decode_with_their_own_languages(base, monkeypatch):
     """Detection says French for the second clip (monkeypatched): in one batch, each row decodes with its own
     prompt and gives what it gives alone with that language."""

@@ -106,6 +106,7 @@ def test_heads_file_round_trip_and_errors(tmp_path):
         load_heads(corrupt, model)
 
 
+@pytest.mark.slow     # 9 s; the shipped tiny.en EAGLE head (fused) drafts losslessly below
 def test_an_eagle_head_with_fused_layers_reads_them_through_the_pipeline(tiny_en_asr, files):
     from mmaccel.speech.eagle import new_eagle_head
 

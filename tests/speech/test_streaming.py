@@ -110,6 +110,7 @@ def _stream(asr, speech, method, **params):
     return [w for u in asr.stream(chunks, method, min_chunk_s=2.0, trim_s=8.0, **params) for w in u.committed]
 
 
+@pytest.mark.slow     # 16 s; the CLI test streams the same speech through tiny.en
 def test_tiny_en_streams_speech_as_it_transcribes_it_offline(tiny_en_asr, speech):
     committed = _stream(tiny_en_asr, speech, "greedy")
     offline = tiny_en_asr.transcribe((speech, SAMPLE_RATE)).texts[0]
