@@ -40,7 +40,7 @@ compare: install # the terminal comparison on the embedded models
 
 test: install
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 test-slow: install
 	$(BIN)/python -m pytest -q -m slow
