@@ -16,25 +16,26 @@ from mmaccel.image.tokenizers.vq import VQConfig, VQModel
 
 
 def test_bench_image_quick_writes_valid_json(tmp_path):
-    """The CLI path on the built-in model with two methods, one of each kind: exact (speculative) and relaxed
-    (LANTERN). Every default method: test_bench_image_quick_runs_every_default_method (slow)."""
+    """The CLI path on the built-in model with a relaxed method (LANTERN: its budget is reported beside AR's exact
+    rows). Every default method: test_bench_image_quick_runs_every_default_method (slow); an exact method's rows
+    in a suite: tests/bench/test_core_suite.py."""
     for spec in DEFAULT_METHODS:                                        # the default list still builds
         build_image_method(spec.name, **spec.params)
     out = tmp_path / "image.json"
-    methods = "speculative:k=4,lantern:k=4:neighbours=10:delta=0.05"
+    methods = "lantern:k=4:neighbours=10:delta=0.05"
     assert main(["bench", "image", "--quick", "--methods", methods, "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     validate_document(doc)
     assert doc["suite"] == "image" and doc["config"]["quick"] is True
     assert doc["command"] == f"mmaccel bench image --quick --methods {methods}"
     rows = {(r["method"].split(":")[0], r["batch"]): r for r in doc["results"]}
-    assert set(rows) == {(m, b) for m in ("ar", "speculative", "lantern") for b in (1, 8)}
+    assert set(rows) == {(m, b) for m in ("ar", "lantern") for b in (1, 8)}
     for r in doc["results"]:
         q = r["quality"]
         assert r["nfe"] > 0 and r["latency_s"] > 0 and r["peak_mem_mb"] > 0
         assert q["samples"] in (2, 8) and 0 <= q["class_acc"] <= 1 and q["fid_domain"] >= 0
     for b in (1, 8):
-        assert rows["speculative", b]["tv_per_output"] == 0.0 and rows["speculative", b]["lossless"]
+        assert rows["ar", b]["tv_per_output"] == 0.0 and rows["ar", b]["lossless"]
         assert rows["lantern", b]["tv_per_output"] > 0 and not rows["lantern", b]["lossless"]   # its budget is reported
     assert out.with_suffix(".md").exists() and out.with_suffix(".png").exists()
     assert (tmp_path / "image_samples.png").stat().st_size > 0          # one row of samples per method
@@ -43,7 +44,7 @@ def test_bench_image_quick_writes_valid_json(tmp_path):
 @pytest.mark.slow
 def test_bench_image_quick_runs_every_default_method(tmp_path):
     """`mmaccel bench image --quick` as the README quotes it: every default method. The default suite covers
-    the same CLI path with one method of each kind (test_bench_image_quick_writes_valid_json) and each
+    the same CLI path with one relaxed method (test_bench_image_quick_writes_valid_json) and each
     method's own rules in tests/image."""
     out = tmp_path / "image.json"
     assert main(["bench", "image", "--quick", "--out", str(out)]) == 0

@@ -36,7 +36,7 @@ def test_unknown_precisions_are_refused():
 
 
 def test_the_pipeline_decodes_cheaper_encoders_losslessly(tiny_en_asr, files):  # noqa: F811
-    clips = files[:2]              # a batch of two: a CPU without native bf16 runs the bf16 encoder slowly
+    clips = files[:1]              # one clip: a CPU without native bf16 runs the bf16 encoder slowly
     fp32 = tiny_en_asr.transcribe(clips, "greedy")
     for precision in ("bf16", "int8"):
         greedy = tiny_en_asr.transcribe(clips, "greedy", encoder=precision)
