@@ -115,18 +115,15 @@ def align_words(model: WhisperDecoderModel, inputs: EncodedAudio, row: int, prom
                          {i: (k[row : row + 1], v[row : row + 1]) for i, (k, v) in inputs.cross_kv.items()})
     seq = torch.tensor([prompt + text + [eot]], device=model.device)
     state = model.prefill(audio, seq.shape[1] - len(prompt), run=False)
-    h, step = model.embed(state, seq)
-    step.probe = {}
-    for i in range(model.num_layers):
-        h = model.layer(i, h, step)
-    logits = model.readout(state, model.decoder.layer_norm(h))[0]          # [P + N + 1, V]
+    queries: dict[int, torch.Tensor] = {}
+    logits = model._forward(state, seq, None, None, probe=queries)[0]     # [P + N + 1, V]
     P = len(prompt)
     probs = logits[P - 1 : P - 1 + len(text), :eot].float().softmax(-1)
     token_probs = probs[torch.arange(len(text)), torch.tensor(text)].tolist()
     weights = []
     for layer, head in heads:
         keys, _ = model._cross(audio, layer)                                # [1, H, S, Dh]
-        q = step.probe[layer][0, head]                                       # [T, Dh]
+        q = queries[layer][0, head]                                       # [T, Dh]
         weights.append((q @ keys[0, head, :frames].T).float() / q.shape[-1] ** 0.5)
     w = torch.stack(weights).softmax(-1)                                   # [heads, T, frames]
     std, mean = torch.std_mean(w, dim=-2, keepdim=True, unbiased=False)

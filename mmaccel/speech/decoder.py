@@ -287,8 +287,11 @@ class WhisperDecoderModel:
 
     def _forward(self, state: DecodeState, tokens: Tensor, positions: Tensor | None, tree_mask: Tensor | None,
                  last_only: bool = False, layer_outputs: list | None = None, readout=None,
-                 keep: Tensor | None = None) -> Tensor:
+                 keep: Tensor | None = None, probe: dict | None = None) -> Tensor:
+        """One pass over `tokens` [B, T] -> logits (`readout`, default the vocabulary projection). `probe`: a
+        dict that gets each layer's cross-attention queries (word alignment reads them)."""
         h, step = self.embed(state, tokens, positions, tree_mask)
+        step.probe = probe
         if keep is not None:                # the kept positions only, packed [N, d] (see LayerStep)
             B, T = tokens.shape
             step.keep, step.shape = keep, (B, T)

@@ -34,7 +34,7 @@ def test_the_hf_generate_peer_gives_greedy_tokens_in_as_many_passes(tiny_en_asr)
 
     if not (SPHINX_DATA / "librivox").is_dir():
         pytest.skip("apt-get install pocketsphinx-testdata")
-    audios = [load_audio(u.audio_filepath) for u in real_utterances()[:2]]
+    audios = [load_audio(real_utterances()[0].audio_filepath)]
     texts, stats = _hf_generate(tiny_en_asr, audios)
     greedy = tiny_en_asr.transcribe(audios, "greedy")
     assert texts == greedy.texts and stats.nfe == greedy.stats.nfe and stats.time_s["decode"] > 0

@@ -100,6 +100,7 @@ class WhisfusionPipeline:
             stats.nfe += result.passes
             stats.new_tokens += sum(len(t) for t in result.tokens)
             for window, text, tokens in zip(batch, result.texts, result.tokens):
+                # the text may be a ROVER vote over candidates, not these tokens read back: no window_result here
                 segment = [Segment(0, 0.0, window.duration, text, tokens)] if text else []
                 parts.setdefault(window.input, {})[window.index] = WindowResult(tokens, text, segment, window.duration,
                                                                                 window.place)
