@@ -123,7 +123,7 @@ def align_words(model: WhisperDecoderModel, inputs: EncodedAudio, row: int, prom
     weights = []
     for layer, head in heads:
         keys, _ = model._cross(audio, layer)                                # [1, H, S, Dh]
-        q = queries[layer][0, head]                                       # [T, Dh]
+        q = queries[layer][0, head]                                          # [T, Dh]
         weights.append((q @ keys[0, head, :frames].T).float() / q.shape[-1] ** 0.5)
     w = torch.stack(weights).softmax(-1)                                   # [heads, T, frames]
     std, mean = torch.std_mean(w, dim=-2, keepdim=True, unbiased=False)
