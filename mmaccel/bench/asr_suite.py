@@ -346,6 +346,15 @@ def fw_options(timestamps: bool = False, word_timestamps: bool = False, vad_filt
                 vad_filter=vad_filter, condition_on_previous_text=False)
 
 
+def _speech_only(samples: np.ndarray) -> np.ndarray:
+    """The speech of a 16 kHz clip, joined, as faster-whisper's BatchedInferencePipeline finds it with VAD on."""
+    from faster_whisper.vad import VadOptions, collect_chunks, get_speech_timestamps
+
+    regions = get_speech_timestamps(samples, VadOptions(max_speech_duration_s=30, min_silence_duration_ms=160))
+    chunks, _ = collect_chunks(samples, regions, max_duration=30) if regions else ([], [])
+    return np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+
+
 def _run_faster_whisper(peer: Any, audios: list[Audio], options: dict) -> tuple[list[str], DecodeStats]:
     model, batched = peer
     stats = DecodeStats()
@@ -354,15 +363,20 @@ def _run_faster_whisper(peer: Any, audios: list[Audio], options: dict) -> tuple[
         segments, _ = model.transcribe(audios[0].samples, no_speech_threshold=None, **options)
         texts = [" ".join(s.text.strip() for s in segments).strip()]
     else:
-        joined = np.concatenate([a.samples for a in audios])
-        bounds = np.cumsum([0] + [len(a.samples) for a in audios]) / 16000
-        # without VAD the clips are given as the pipeline's chunks; with it, its VAD finds them
-        clips = None if options["vad_filter"] else [{"start": float(a), "end": float(b)}
-                                                    for a, b in zip(bounds[:-1], bounds[1:])]
-        segments, _ = batched.transcribe(joined, clip_timestamps=clips, batch_size=len(audios), **options)
-        segments = list(segments)
-        # a segment belongs to the clip holding its midpoint (its edges are rounded to 20 ms frames)
-        texts = [" ".join(s.text.strip() for s in segments if lo <= (s.start + s.end) / 2 < hi).strip()
-                 for lo, hi in zip(bounds[:-1], bounds[1:])]
+        # each clip is one of the pipeline's chunks (with VAD: the clip's speech only, found by the pipeline's own
+        # VAD rules clip by clip, as ours runs per input; its VAD over the clips joined would pack several
+        # utterances into one window, and their text could not be told apart)
+        pieces = [_speech_only(a.samples) if options["vad_filter"] else a.samples for a in audios]
+        joined = np.concatenate(pieces)
+        bounds = np.cumsum([0] + [len(p) for p in pieces]) / 16000
+        clips = [{"start": float(a), "end": float(b)} for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+        texts = [""] * len(audios)
+        if clips:
+            segments, _ = batched.transcribe(joined, clip_timestamps=clips, batch_size=len(audios),
+                                             **{**options, "vad_filter": False})
+            segments = list(segments)
+            # a segment belongs to the clip holding its midpoint (its edges are rounded to 20 ms frames)
+            texts = [" ".join(s.text.strip() for s in segments if lo <= (s.start + s.end) / 2 < hi).strip()
+                     for lo, hi in zip(bounds[:-1], bounds[1:])]
     stats.time_s = {"total": time.perf_counter() - t0}
     return texts, stats

@@ -62,9 +62,9 @@ BLOCK = 4096         # frames per batch (about 2 minutes of audio)
 
 
 @functools.cache
-def silero() -> torch.jit.ScriptModule:
-    """The Silero VAD model the `silero-vad` package carries (TorchScript), loaded once."""
-    threads = torch.get_num_threads()      # importing silero_vad sets torch to one thread; put it back after
+def _package():
+    """The `silero_vad` package, imported here only: importing it sets torch to one thread, put back after."""
+    threads = torch.get_num_threads()
     try:
         import silero_vad
     except ImportError:
@@ -72,7 +72,13 @@ def silero() -> torch.jit.ScriptModule:
                          "pip install --no-deps silero-vad") from None
     finally:
         torch.set_num_threads(threads)
-    return silero_vad.load_silero_vad(onnx=False)
+    return silero_vad
+
+
+@functools.cache
+def silero() -> torch.jit.ScriptModule:
+    """The Silero VAD model the `silero-vad` package carries (TorchScript), loaded once."""
+    return _package().load_silero_vad(onnx=False)
 
 
 @functools.cache
@@ -123,10 +129,8 @@ class _Replay:
 def speech_regions(samples: np.ndarray, params: VadParameters = VadParameters()) -> list[tuple[int, int]]:
     """The speech in 16 kHz mono `samples` as [start, end) sample ranges, in order and disjoint, each at most
     `params.max_speech_duration_s` long: the package's own rules on `speech_probabilities`."""
-    from silero_vad import get_speech_timestamps
-
     probs = speech_probabilities(samples)
-    found = get_speech_timestamps(torch.from_numpy(np.ascontiguousarray(samples)), _Replay(probs),
+    found = _package().get_speech_timestamps(torch.from_numpy(np.ascontiguousarray(samples)), _Replay(probs),
                                   sampling_rate=SAMPLE_RATE, **params.to_dict())
     limit = int(params.max_speech_duration_s * SAMPLE_RATE)
     regions = []

@@ -32,6 +32,24 @@ def test_loading_silero_keeps_torch_threads():
     assert torch.get_num_threads() == threads
 
 
+def test_finding_speech_first_keeps_torch_threads(monkeypatch):
+    """Whichever VAD call imports the package first (here the region rules, as `transcribe(vad_filter=True)`
+    does), torch keeps its threads: a bench once ran every method on one thread after the first VAD call."""
+    import sys
+
+    from mmaccel.speech import vad
+
+    for name in [m for m in sys.modules if m.startswith("silero_vad")]:
+        monkeypatch.delitem(sys.modules, name)
+    vad._package.cache_clear()
+    torch.set_num_threads(2)
+    try:
+        vad.speech_regions(np.zeros(SAMPLE_RATE, dtype=np.float32))
+        assert torch.get_num_threads() == 2
+    finally:
+        vad._package.cache_clear()
+
+
 @pytest.fixture(scope="module")
 def gapped(files):  # noqa: F811
     """Two real sentences with 20 s of noise between them: (samples, the gap's [start, end) in seconds)."""
