@@ -131,7 +131,7 @@ def speech_regions(samples: np.ndarray, params: VadParameters = VadParameters())
     `params.max_speech_duration_s` long: the package's own rules on `speech_probabilities`."""
     probs = speech_probabilities(samples)
     found = _package().get_speech_timestamps(torch.from_numpy(np.ascontiguousarray(samples)), _Replay(probs),
-                                  sampling_rate=SAMPLE_RATE, **params.to_dict())
+                                             sampling_rate=SAMPLE_RATE, **params.to_dict())
     limit = int(params.max_speech_duration_s * SAMPLE_RATE)
     regions = []
     for r in found:               # the package bounds a region before padding it; keep the bound after
