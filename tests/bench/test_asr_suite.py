@@ -7,11 +7,30 @@ from mmaccel.bench.harness import MethodSpec, markdown_table, run_suite, validat
 from mmaccel.speech.data import SPHINX_DATA
 
 
-def test_quick_asr_suite_compares_methods_and_peers(tiny_en_asr):
+class _FasterWhisperHere:
+    """faster-whisper in the test's own process, running what the bench's child process runs (spawning that
+    child, which imports torch afresh, took 40 s of a loaded CI run; the slow test below spawns it)."""
+
+    def __init__(self, name, compute_type, threads, features=None):
+        from mmaccel.bench import asr_suite
+
+        self.peer = asr_suite._faster_whisper(name, compute_type, threads)
+        self.options = asr_suite.fw_options(**(features or {}))
+
+    def transcribe(self, audios):
+        from mmaccel.bench.asr_suite import _run_faster_whisper
+
+        return _run_faster_whisper(self.peer, audios, self.options)
+
+
+def test_quick_asr_suite_compares_methods_and_peers(tiny_en_asr, monkeypatch):
     """One ragged batch of three clips: a lossless method and faster-whisper beside greedy (the HF peer: below)."""
+    from mmaccel.bench import asr_suite
+
     if not (SPHINX_DATA / "librivox").is_dir():
         pytest.skip("apt-get install pocketsphinx-testdata")
     pytest.importorskip("faster_whisper")
+    monkeypatch.setattr(asr_suite, "FasterWhisperProcess", _FasterWhisperHere)
     methods = [MethodSpec("greedy"), MethodSpec("ngram", {"k": 3}),
                MethodSpec("faster-whisper", {"compute_type": "int8"}, label="fw-int8")]
     suite = build_asr_suite(methods=methods, tts_utterances=0, pipeline=tiny_en_asr)

@@ -42,11 +42,13 @@ def test_finding_speech_first_keeps_torch_threads(monkeypatch):
     for name in [m for m in sys.modules if m.startswith("silero_vad")]:
         monkeypatch.delitem(sys.modules, name)
     vad._package.cache_clear()
-    torch.set_num_threads(2)
+    found = torch.get_num_threads()
+    torch.set_num_threads(2)            # not the package's 1, on any machine
     try:
         vad.speech_regions(np.zeros(SAMPLE_RATE, dtype=np.float32))
         assert torch.get_num_threads() == 2
     finally:
+        torch.set_num_threads(found)
         vad._package.cache_clear()
 
 
