@@ -1,5 +1,8 @@
 """Shared fixtures: tiny random Llama-layout LMs (target and a smaller draft), seeded, and a tiny
-local Hugging Face LM directory (random weights, word-level tokenizer) built offline."""
+local Hugging Face LM directory (random weights, word-level tokenizer) built offline; a scripted
+schedule for adaptive drafting."""
+
+import itertools
 
 import pytest
 import torch
@@ -67,3 +70,16 @@ def tiny_en_asr():
         return ASRPipeline.from_pretrained("builtin:tiny.en")
     except ModelNotFoundError as err:
         pytest.skip(f"Whisper tiny.en not installed: {err}")
+
+
+def scripted(monkeypatch, lengths):
+    """Adaptive drafting's passes draft `lengths` in turn (a tree: all of it or nothing), not what the clock says."""
+    from mmaccel.core.adaptive import DraftLengths
+
+    turns = itertools.cycle(lengths)
+
+    def choose(self, active):
+        k = next(turns)
+        return (self.most if k else 0) if self.tree else min(k, self.most)
+
+    monkeypatch.setattr(DraftLengths, "choose", choose)

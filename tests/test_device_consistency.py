@@ -191,7 +191,7 @@ def test_speech_methods_on_a_cuda_device(speech_pipes, method, params):
     if not os.path.isfile(clip):
         pytest.skip("apt-get install pocketsphinx-testdata")
     cpu, cuda = speech_pipes
-    expected = cpu.transcribe([clip], method, **params)
+    expected = cpu.transcribe([clip], method, adaptive=False, **params)     # a GPU drafts k every pass
     with emulated_cuda():
         out = cuda.transcribe([clip], method, **params)
     assert out.texts == expected.texts and expected.stats.nfe <= out.stats.nfe <= expected.stats.nfe + 1

@@ -184,7 +184,9 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
               "heads": ", ".join(Path(f).name for f in asr.heads_source.split(", ")) if asr.heads_source else None,
               "draft": Path(asr.draft_source).name if asr.draft_source else None,
               "assistant": asr.assistant.name if asr.assistant else None,
-              "threads": torch.get_num_threads(), "quick": quick, "timestamps": timestamps, "vad": vad}
+              "threads": torch.get_num_threads(), "quick": quick, "timestamps": timestamps, "vad": vad,
+              "drafting": "adaptive: each pass drafts up to k, or none, by measured acceptance and cost "
+                          "(mmaccel.core.adaptive), unless a row says adaptive=false"}
     return Suite("asr", config, methods, batches, run_batch, quality, claims_lossless, verify_identical=True,
                  primary_quality="wer", warmup=warmup, finish=finish)
 
@@ -195,6 +197,7 @@ def claims_lossless(spec: MethodSpec) -> bool:
     if spec.name in PEERS:
         return spec.name.startswith("hf-")
     params = dict(spec.params)
+    params.pop("adaptive", None)                                  # which passes draft: the tokens stay greedy's
     if params.pop("encoder", "fp32") != "fp32":
         return False
     return build_asr_method(spec.name, **params).lossless

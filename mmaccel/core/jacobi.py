@@ -31,6 +31,8 @@ class JacobiProposer(Proposer):
     position-fixed noise). `init` picks fresh guesses (see the module doc); "above" needs the row
     width `stride`."""
 
+    skips = False       # the window is its own state: every pass iterates it
+
     def __init__(self, window: int = 8, mode: str = "greedy", init: str = "repeat", stride: int | None = None):
         check(window >= 1, f"Jacobi window must be >= 1, got {window}")
         check(mode in ("greedy", "sample", "coupled"), f"unknown Jacobi mode {mode!r}; use greedy, sample or coupled")

@@ -15,6 +15,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from mmaccel.core.adaptive import AdaptiveDrafting
 from mmaccel.core.jacobi import INITS, JacobiProposer
 from mmaccel.core.model import DecoderModel
 from mmaccel.core.plugin import NEEDS, MethodPlugin, param, registry
@@ -72,21 +73,23 @@ class Method:
         for need in self.needs:
             _need(resources, need, self.name)
 
-    def loop_config(self, resources: Resources) -> LoopConfig:
+    def loop_config(self, resources: Resources, adaptive: AdaptiveDrafting | None = None) -> LoopConfig:
         params = dict(self.rule_params)
         if self.make_rule_params is not None:
             params.update(self.make_rule_params(resources))
         return LoopConfig(proposer=self.make_proposer(resources), rule=self.rule, k=self.k, tree=self.tree,
-                          coupled=self.coupled, rule_params=params or None)
+                          coupled=self.coupled, rule_params=params or None, adaptive=adaptive)
 
     def run(self, resources: Resources, inputs: Any, *, max_new_tokens: int, sampling: Sampling = Sampling(),
-            seed: int = 0, eos_token_id: int | None = None, prompt_tokens: list[list[int]] | None = None) -> Generation:
-        """Decode `inputs` (whatever the target's `prefill` takes) with this method."""
+            seed: int = 0, eos_token_id: int | None = None, prompt_tokens: list[list[int]] | None = None,
+            adaptive: AdaptiveDrafting | None = None) -> Generation:
+        """Decode `inputs` (whatever the target's `prefill` takes) with this method; with `adaptive` (the pass
+        costs measured so far), greedy passes draft only what pays (`mmaccel.core.adaptive`)."""
         self.check_needs(resources)
         if self.runner is not None:
             return self.runner(resources, inputs, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
                                eos_token_id=eos_token_id)
-        return decode(resources.model, inputs, self.loop_config(resources), max_new_tokens=max_new_tokens,
+        return decode(resources.model, inputs, self.loop_config(resources, adaptive), max_new_tokens=max_new_tokens,
                       sampling=sampling, seed=seed, eos_token_id=eos_token_id, prompt_tokens=prompt_tokens)
 
 

@@ -61,6 +61,7 @@ class Proposer:
     needs_hidden = False            # reads DraftContext.target_hidden
     needs_committed_hidden = False  # reads DraftContext.committed_hidden (all newly committed positions)
     drafts_from_prompt = False      # offers `start_drafting`: greedy drafts before the target's prefill
+    skips = True                    # keeps up through passes that draft nothing (`skip`): adaptive drafting
 
     def start(self, inputs: Any, room: int, ctx: DraftContext) -> None:
         """Called once after the target's prefill and first token."""
@@ -78,9 +79,24 @@ class Proposer:
         `accepted_tokens` reads the lists back from the device when indexed; its `padded` [B, L] holds
         the same tokens on the device (row b's first num_accepted[b]), for a proposer that must not wait."""
 
+    def skip(self, ctx: DraftContext, next_token: Tensor) -> None:
+        """A pass drafted nothing (adaptive drafting: a plain step): active row b emitted `next_token[b]`.
+        Proposers that read what they need from the context each time have nothing to do."""
+
     def passes(self) -> int:
         """Draft forward passes run since the last call (for DecodeStats)."""
         return 0
+
+
+def join_ragged(a: Tensor, a_counts: Tensor, b: Tensor, b_counts: Tensor) -> tuple[Tensor, Tensor]:
+    """Two padded blocks joined row by row: row r is a[r, :a_counts[r]] then b[r, :b_counts[r]], then padding
+    ([B, La + Lb, ...], and the counts summed)."""
+    both = torch.cat([a, b.to(a.device, a.dtype)], 1)
+    j = torch.arange(both.shape[1], device=both.device)[None, :]
+    first = a_counts.to(both.device)[:, None]
+    source = torch.where(j < first, j, a.shape[1] + j - first).clamp(max=both.shape[1] - 1)
+    source = source.view(*source.shape, *[1] * (both.dim() - 2)).expand(-1, -1, *both.shape[2:])
+    return both.gather(1, source), a_counts + b_counts.to(a_counts.device)
 
 
 def _sample_draft(logits: Tensor, ctx: DraftContext, index: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -172,6 +188,13 @@ class DraftModelProposer(Proposer):
         self.pending = torch.zeros(logits.shape[0], 0, dtype=torch.long, device=logits.device)
         self.pending_counts = self._fed_pending = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
         return self._chain(logits, None, None, k).tokens
+
+    def skip(self, ctx, next_token):
+        """The token waits with the others the draft has not seen, fed with them at the next proposal."""
+        dev = self.pending.device
+        active = torch.ones_like(next_token, dtype=torch.bool) if ctx.active is None else ctx.active
+        self.pending, self.pending_counts = join_ragged(self.pending, self.pending_counts,
+                                                        next_token.to(dev)[:, None], active.to(dev).long())
 
     def _feed_pending(self, step=None) -> Tensor:
         self._fed_pending = self.pending_counts

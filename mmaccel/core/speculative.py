@@ -6,6 +6,7 @@ token), so the baseline and every method share one code path, one sampler and on
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -14,9 +15,10 @@ import torch
 from torch import Tensor
 
 from mmaccel.core.acceptance import RULES, Verdict
+from mmaccel.core.adaptive import AdaptiveDrafting, DraftLengths
 from mmaccel.core.driver import AcceptedLengths, AllDone, DecodeCall, Emission, Generation, RowLists
 from mmaccel.core.model import DecoderModel, on_host
-from mmaccel.core.proposers import DraftContext, Proposer
+from mmaccel.core.proposers import DraftContext, Proposer, join_ragged
 from mmaccel.core.sampling import Sampling, TokenSampler
 from mmaccel.core.tree import chain_tree, verify_tree_greedy, verify_tree_sampled
 from mmaccel.errors import check
@@ -24,7 +26,9 @@ from mmaccel.errors import check
 
 @dataclass
 class LoopConfig:
-    """How one decode call runs. `k` drafts per pass (chain) or a `tree` of (depth, width)."""
+    """How one decode call runs. `k` drafts per pass (chain) or a `tree` of (depth, width); with `adaptive`
+    (the pass costs measured so far), each greedy pass on the host drafts at most that many, or none
+    (`mmaccel.core.adaptive`)."""
 
     proposer: Proposer | None = None
     # a name in RULES, or a rule function with their signature (a method's own acceptance, outside the core)
@@ -33,6 +37,7 @@ class LoopConfig:
     tree: tuple[int, int] | None = None
     coupled: bool = False
     rule_params: dict[str, Any] | None = None
+    adaptive: AdaptiveDrafting | None = None
 
     def __post_init__(self):
         check(callable(self.rule) or self.rule in RULES,
@@ -96,6 +101,7 @@ class _Loop:
         self.ahead = _drafts_ahead(model, config, self.rule)
         self.skip_filler = self.rule == "greedy" and getattr(model, "skips_filler", False) and on_host(self.device)
         self.block = None       # (drafts, logits) of a prefill that also scored the first drafts
+        self.lengths_chosen: DraftLengths | None = None     # adaptive drafting (set by `start`)
 
     def start(self, call: DecodeCall, inputs: Any, seed: int, eos: int | None, prompts: list[list[int]] | None) -> None:
         """The prefill (scoring the first drafts too where they come ahead), the first token and the proposer."""
@@ -124,6 +130,12 @@ class _Loop:
         hidden = self.state.hidden
         self.hidden = None if hidden is None else hidden[:, -1]
         self.committed = None if hidden is None or self.ahead else (hidden, torch.full((B,), hidden.shape[1], device=dev))
+        self.unread = self.committed is not None      # committed features no proposal has read yet
+        adaptive = self.config.adaptive
+        if (adaptive is not None and self.proposer is not None and self.proposer.skips and self.rule == "greedy"
+                and on_host(self.device)):
+            method = (type(self.proposer).__name__, self.config.k, self.config.tree)
+            self.lengths_chosen = adaptive.for_call(method, B, self.width, self.config.tree is not None)
         if self.proposer is not None and not self.ahead:
             with call.stats.timed("draft"):
                 self.proposer.start(inputs, self.room, self.context())
@@ -139,27 +151,39 @@ class _Loop:
     def step(self, call: DecodeCall) -> None:
         """One pass: draft, score on the target, accept, roll back, emit."""
         ctx = self.context()
-        drafts, draft_probs, tree, lengths = self._draft(call, ctx)
+        chooser, block = self.lengths_chosen, self.block is not None
+        active = None if chooser is None else ctx.active.tolist()
+        k = self.width if chooser is None or block else chooser.choose(active)
+        started = time.perf_counter()
+        drafts, draft_probs, tree, lengths = self._draft(call, ctx, k)
         with call.stats.timed("verify"):
             fed, logits, drafts = self._score(call, drafts, tree, lengths)
             verdict, path, target_probs = _verify(self.rule, self.params, logits, drafts, draft_probs, tree,
                                                   self.sampling, self.sampler, ctx)
-        self._commit(call, ctx, verdict, path, target_probs, drafts, fed, tree)
+        self._commit(call, ctx, verdict, path, target_probs, drafts, fed, tree, skipped=k == 0)
+        if chooser is not None:
+            width = fed.shape[1] - (0 if block else 1)      # drafts fed (a tree's nodes after its root)
+            own = [width] * len(active) if lengths is None else lengths.tolist()
+            chooser.record(width, own, verdict.num_accepted.tolist(), active,
+                           None if block else time.perf_counter() - started)
 
-    def _draft(self, call: DecodeCall, ctx: DraftContext):
-        """(drafts [B, K] or None, their probs or None, a tree or None, drafts or nodes per row or None)."""
+    def _draft(self, call: DecodeCall, ctx: DraftContext, k: int):
+        """(drafts [B, K] or None, their probs or None, a tree or None, drafts or nodes per row or None) of a
+        pass drafting at most `k` (0: none, a plain step)."""
         lengths = None          # [B] drafts (chain) or nodes (tree) per row before the filler, where known
         with call.stats.timed("draft"):
             if self.block is not None:
                 drafts, probs, tree = self.block[0], None, None
-            elif self.proposer is None:
+            elif self.proposer is None or k == 0:
                 drafts, probs, tree = self.pending.new_zeros(self.pending.shape[0], 0), None, None
             elif self.config.tree is None:
-                d = self.proposer.propose(ctx, self.config.k)
+                self.unread = False
+                d = self.proposer.propose(ctx, min(k, self.config.k))
                 drafts, probs, tree, lengths = d.tokens, d.probs, None, d.lengths
                 if d.alternatives is not None:      # the chain with runner-up siblings: a tree
                     tree, lengths = chain_tree(self.pending, d.tokens, d.lengths, d.alternatives)
             else:
+                self.unread = False
                 drafts, probs, tree = None, None, self.proposer.propose_tree(ctx, *self.config.tree)
         if self.proposer is not None:
             call.draft_passes(self.proposer.passes())
@@ -191,8 +215,9 @@ class _Loop:
             return fed, logits, drafts
 
     def _commit(self, call: DecodeCall, ctx: DraftContext, verdict: Verdict, path: Tensor | None, target_probs: Tensor,
-                drafts: Tensor | None, fed: Tensor, tree) -> None:
-        """Roll the cache back to the accepted tokens, tell the proposer, emit, count."""
+                drafts: Tensor | None, fed: Tensor, tree, skipped: bool = False) -> None:
+        """Roll the cache back to the accepted tokens, tell the proposer (that the pass drafted nothing, where
+        `skipped`), emit, count."""
         dev = self.out.done.device
         n, nxt = verdict.num_accepted.to(dev), verdict.next_token.to(dev)
         active = ~self.out.done
@@ -205,7 +230,10 @@ class _Loop:
             last_node = _row_index(path, n)
         if self.state.hidden is not None:
             self._keep_hidden(active, n, path, last_node)
-        if self.proposer is not None:
+        if self.proposer is not None and skipped:
+            with call.stats.timed("draft"):
+                self.proposer.skip(ctx, nxt)
+        elif self.proposer is not None:
             ctx.target_choices = verdict.choices if tree is None else None
             with call.stats.timed("draft"):
                 self.proposer.observe(ctx, verdict.num_accepted, nxt, target_probs, RowLists(lambda kept=kept, n=n: [
@@ -226,7 +254,10 @@ class _Loop:
         if getattr(self.proposer, "needs_committed_hidden", False):    # the accepted path, pending's first
             picked = hidden if path is None else hidden.gather(
                 1, path.clamp(0, hidden.shape[1] - 1).to(hidden.device)[:, :, None].expand(-1, -1, hidden.shape[-1]))
-            self.committed = (picked, torch.where(active, n + 1, 0))
+            counts = torch.where(active, n + 1, 0)
+            # after a pass that drafted nothing, the features no proposal has read yet come first
+            self.committed = join_ragged(*self.committed, picked, counts) if self.unread else (picked, counts)
+            self.unread = True
 
 
 def _drafts_ahead(model: DecoderModel, config: LoopConfig, rule_name: str) -> bool:

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmaccel.core.model import DecodeState
-from mmaccel.core.proposers import Draft, DraftContext, DraftModelProposer
+from mmaccel.core.proposers import Draft, DraftContext, DraftModelProposer, join_ragged
 from mmaccel.errors import check
 from mmaccel.speech.decoder import EncodedAudio, ShortlistProjection, WhisperDecoderModel
 from mmaccel.speech.draft import WhisperDraft, new_draft
@@ -254,6 +254,11 @@ class EagleProposer(DraftModelProposer):
         self._passes += 1
         active = ctx.active if ctx.active is not None else torch.ones_like(ctx.pending, dtype=torch.bool)
         return self._chain(logits, self.draft.shortlist, active, k)
+
+    def skip(self, ctx, next_token):
+        """The loop keeps the plain step's feature after the unread ones; its token goes after theirs."""
+        active = torch.ones_like(next_token, dtype=torch.bool) if ctx.active is None else ctx.active
+        self.committed, _ = join_ragged(self.committed, ctx.committed_counts, next_token[:, None], active.long())
 
     def observe(self, ctx, num_accepted, next_token, target_probs, accepted_tokens):
         self.state.rollback(self._fed)        # drafted entries hold the head's guessed features

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from mmaccel.core.adaptive import AdaptiveDrafting
 from mmaccel.core.methods import Method, Resources
 from mmaccel.core.model import on_host
 from mmaccel.core.plugin import MethodPlugin
@@ -119,6 +120,8 @@ class ASRPipeline:
         self.assistant: Assistant | None = None  # another Whisper, for speculative-cross
         self._eagle: tuple[EagleHead, EagleDecoder] | None = None     # built once per head (int8 on a CPU)
         self._encoders = {"fp32": bundle.model.model.encoder}            # precision -> encoder, built on first use
+        # the pass costs adaptive drafting measured, kept for the pipeline's lifetime (with and without timestamps)
+        self._adaptive = {False: AdaptiveDrafting(), True: AdaptiveDrafting()}
 
     @classmethod
     def from_pretrained(cls, source: str = "builtin:base", *, heads: str | os.PathLike | list | None = "auto",
@@ -205,7 +208,7 @@ class ASRPipeline:
                    max_new_tokens: int = MAX_NEW_TOKENS, progress: Callable[[int, int], None] | None = None,
                    encoder: str = "fp32", timestamps: bool = False, word_timestamps: bool = False,
                    vad_filter: bool = False, vad_parameters: VadParameters | dict | None = None,
-                   **method_params: Any) -> ASROutput:
+                   adaptive: bool = True, **method_params: Any) -> ASROutput:
         """Transcribe one input or a list (paths, arrays with `sample_rate`, `Audio`s).
 
         `language`: a language code, or None to detect each input's from its first 30 s (on an
@@ -228,8 +231,11 @@ class ASRPipeline:
         transcript rather than an error.
 
         `method`: a name from `mmaccel.speech.methods.ASR_REGISTRY` or a Method; `method_params`
-        configure it (k, depth, width, exit_layer, num_beams, ...). `progress(done, total)` is called
-        after each batch with the 30-s windows transcribed so far and their total.
+        configure it (k, depth, width, exit_layer, num_beams, ...). With `adaptive` (on a CPU) a draft
+        method drafts at most its k per pass, fewer or none where its drafts are rarely accepted or a
+        verify pass costs too much at this batch size (`mmaccel.core.adaptive`); the tokens stay the same.
+        `progress(done, total)` is called after each batch with the 30-s windows transcribed so far and
+        their total.
         """
         check(isinstance(batch_size, int) and batch_size >= 1, f"batch_size must be an int >= 1, got {batch_size!r}")
         check(isinstance(max_new_tokens, int) and 1 <= max_new_tokens <= MAX_NEW_TOKENS,
@@ -237,6 +243,7 @@ class ASRPipeline:
         check(isinstance(timestamps, bool), f"timestamps must be True or False, got {timestamps!r}")
         check(isinstance(word_timestamps, bool), f"word_timestamps must be True or False, got {word_timestamps!r}")
         check(isinstance(vad_filter, bool), f"vad_filter must be True or False, got {vad_filter!r}")
+        check(isinstance(adaptive, bool), f"adaptive must be True or False, got {adaptive!r}")
         vad = VadParameters.of(vad_parameters) if vad_filter else None
         timestamps = timestamps or word_timestamps
         spec = build_asr_method(method, **method_params)
@@ -244,7 +251,7 @@ class ASRPipeline:
         tokens = self.bundle.tokens
         job = _Job(spec, self.resources(spec, timestamps), self.encoder(encoder), max_new_tokens, task,
                    TimestampRules(tokens.no_timestamps, tokens.end_of_text, len(prompt)) if timestamps else None,
-                   self.alignment_heads() if word_timestamps else None)
+                   self.alignment_heads() if word_timestamps else None, self._adaptive[timestamps] if adaptive else None)
         stats = DecodeStats()
         transcripts, windows = audio_windows(audio, sample_rate, vad, follow=timestamps)
         if language is None and tokens.multilingual:
@@ -295,7 +302,7 @@ class ASRPipeline:
         t0 = time.perf_counter()
         eot = self.bundle.tokens.end_of_text
         gen = job.spec.run(job.resources, inputs, max_new_tokens=job.max_new_tokens, sampling=Sampling(),
-                           eos_token_id=eot, prompt_tokens=prompts)
+                           eos_token_id=eot, prompt_tokens=prompts, adaptive=job.adaptive)
         stats = stats + gen.stats
         stats.time_s["decode"] = stats.time_s.get("decode", 0.0) + time.perf_counter() - t0
         scores = None
@@ -338,6 +345,7 @@ class _Job:
     task: str
     rules: TimestampRules | None            # timestamp mode
     heads: list[tuple[int, int]] | None     # alignment heads, for word timestamps
+    adaptive: AdaptiveDrafting | None       # the pass costs of adaptive drafting; None: every pass drafts k
 
 
 def _present(path: Path) -> Path | None:

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from mmaccel.core.adaptive import AdaptiveDrafting
 from mmaccel.core.methods import Resources
 from mmaccel.core.sampling import Sampling
 from mmaccel.errors import InputError
@@ -15,6 +16,7 @@ from mmaccel.speech.eagle import EagleDecoder, EagleProposer, new_eagle_head
 from mmaccel.speech.heads import WhisperHeads, load_heads, merge_heads, new_exit_heads, save_heads
 from mmaccel.speech.methods import build_asr_method
 from mmaccel.speech.train.eagle import batch, first_entry, unroll_mask, unrolled
+from tests.conftest import scripted
 from tests.speech.conftest import EOT, PROMPT, VOCAB, features
 
 SHORTLIST = torch.tensor([0, 5, 12, 17, 23, 33, 40, 41, 50, EOT])
@@ -147,7 +149,7 @@ def test_a_feature_view_keeps_the_layer_outputs_and_changes_nothing_else(tiny_de
         tiny_decoder.feature_view((4,))
 
 
-def test_a_head_that_knows_the_answer_is_accepted_and_the_output_is_greedys(tiny_decoder):
+def test_a_head_that_knows_the_answer_is_accepted_and_the_output_is_greedys(tiny_decoder, monkeypatch):
     # fitted with the training passes to two utterances' greedy transcripts, the head's drafts must be
     # accepted there, batched, on the int8 path the pipeline uses on a CPU
     x = features(2, seed=3)
@@ -190,6 +192,13 @@ def test_a_head_that_knows_the_answer_is_accepted_and_the_output_is_greedys(tiny
                                                                prompt_tokens=[PROMPT] * 2)
     assert plain.tokens == greedy.tokens and plain.stats.mean_accepted > 2.0
     assert plain.stats.nfe < greedy.stats.nfe
+    # adaptive drafting, every other pass plain: the head catches up on those passes' features and tokens
+    # (were one lost, its drafts would be a position off and rejected)
+    scripted(monkeypatch, (4, 0))
+    adapted = build_asr_method("eagle", k=4, stop_below=0.0).run(resources, tiny_decoder.encode(x, PROMPT),
+                                                                 max_new_tokens=16, eos_token_id=EOT,
+                                                                 prompt_tokens=[PROMPT] * 2, adaptive=AdaptiveDrafting())
+    assert adapted.tokens == greedy.tokens and adapted.stats.mean_accepted > 1.6
     assert EagleProposer(resources.extras["eagle"]).drafts_from_prompt      # the prefill verified the first drafts
 
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch import nn
 
+from mmaccel.core.adaptive import AdaptiveDrafting
 from mmaccel.core.methods import Resources
 from mmaccel.errors import InputError
 from mmaccel.speech.decoder import EncodedAudio
@@ -12,6 +13,7 @@ from mmaccel.speech.draft import trainable
 from mmaccel.speech.heads import WhisperHeads, load_heads, new_medusa_heads, save_heads
 from mmaccel.speech.medusa_block import block_forward, new_medusa_block
 from mmaccel.speech.methods import build_asr_method
+from tests.conftest import scripted
 from tests.speech.conftest import EOT, PROMPT, features
 
 SHORTLIST = torch.tensor([0, 5, 12, 17, 23, 33, 40, 41, 50, EOT])
@@ -61,7 +63,7 @@ def test_medusa_block_equals_greedy(tiny_decoder, params, vocab):
                                              eos_token_id=EOT)
 
 
-def test_a_block_that_knows_the_answer_is_accepted(tiny_hf, tiny_decoder):
+def test_a_block_that_knows_the_answer_is_accepted(tiny_hf, tiny_decoder, monkeypatch):
     # the block (with head 0) fitted to one utterance's greedy transcript must have its drafts
     # accepted there: the decode loop feeds it the same hidden-state sequence training saw
     x = features(1, seed=3)
@@ -88,10 +90,18 @@ def test_a_block_that_knows_the_answer_is_accepted(tiny_hf, tiny_decoder):
         opt.step()
     block.layer.hf.requires_grad_(False)
     block.heads.requires_grad_(False)
+    for p in tiny_hf.parameters():      # the shared model's tied projection took gradients: none for later tests
+        p.grad = None
     fast = build_asr_method("medusa-block", depth=1, width=1).run(
         Resources(tiny_decoder, extras={"medusa_block": block}), tiny_decoder.encode(x, PROMPT), max_new_tokens=16,
         eos_token_id=EOT)
     assert fast.tokens == greedy.tokens and fast.stats.mean_accepted > 1.5
+    # adaptive drafting, two plain passes after each tree: the block reads those passes' states too
+    scripted(monkeypatch, (1, 0, 0))
+    adapted = build_asr_method("medusa-block", depth=1, width=1).run(
+        Resources(tiny_decoder, extras={"medusa_block": block}), tiny_decoder.encode(x, PROMPT), max_new_tokens=16,
+        eos_token_id=EOT, adaptive=AdaptiveDrafting())
+    assert adapted.tokens == greedy.tokens and adapted.stats.accepted_hist.get(2, 0) >= 3
 
 
 def test_heads_file_carries_the_block(tiny_decoder, tmp_path):

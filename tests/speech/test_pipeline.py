@@ -144,7 +144,7 @@ def test_shipped_base_heads_and_draft_decoder_draft_losslessly(files):
     if asr.draft is not None:
         methods += [("speculative", {"k": 4}), ("tree", {"depth": 4, "width": 2})]
     for method, params in methods:
-        out = asr.transcribe(clips, method, **params)
+        out = asr.transcribe(clips, method, adaptive=False, **params)        # every pass drafts: the heads' own gain
         assert out.texts == greedy.texts and out.stats.mean_accepted > 1.0, method
     calm = asr.transcribe(clips, "calm", threshold=1.0)
     assert calm.texts == greedy.texts and calm.stats.mean_exit_layer == 6.0
@@ -159,5 +159,7 @@ def test_shipped_tiny_en_eagle_head_drafts_losslessly(tiny_en_asr, files):
     assert head is not None and list(head.feature_layers) == [0, 2]
     greedy = tiny_en_asr.transcribe(files[:3], "greedy", batch_size=3)
     for params in ({"k": 4, "stop_below": 0.0}, {"k": 8, "stop_below": 0.5}):
-        out = tiny_en_asr.transcribe(files[:3], "eagle", batch_size=2, **params)     # a batch of two, then one alone
+        out = tiny_en_asr.transcribe(files[:3], "eagle", batch_size=2, adaptive=False, **params)   # two, then one
         assert out.texts == greedy.texts and out.stats.mean_accepted > 1.0, params
+    adapted = tiny_en_asr.transcribe(files[:3], "eagle", batch_size=2, k=8)    # drafting what pays (the default)
+    assert adapted.texts == greedy.texts and adapted.stats.draft_passes > 0

@@ -1,0 +1,148 @@
+"""Adaptive drafting: each pass drafts as many tokens as are expected to pay, none when drafting does not.
+
+A draft method's best draft length depends on how often its drafts are accepted (high in the domain its
+drafter was trained on, low outside it) and on what a verify pass costs at this batch size (on a CPU a
+pass over k + 1 tokens costs nearly (k + 1) plain steps at batch 8, hardly more than one at batch 1). Neither
+is known before decoding. So, as ADED (Liu et al. 2024) and SVIP (Zhang et al. 2025) do for LLMs, the
+length is chosen as the call decodes: from each row's acceptance so far and, unlike them, from the measured
+seconds of this process's passes by the number of drafts they fed (0: a plain greedy step). A row's
+acceptance is kept as how often it accepted at least j drafts, for each j (not one rate per draft: drafts
+are accepted in runs, so a rate would undervalue long chains). A pass drafts the k that maximises
+expected tokens per second, and k = 0 (a plain step, the proposer catching up later)
+when no k beats plain decoding; after `PROBE_AFTER` plain steps in a row it drafts once more to see
+whether acceptance came back.
+
+Greedy verification emits greedy's tokens whatever k each pass takes, so the choice changes the speed
+only. It reads the accepted counts and the clock every pass, so it runs on the host; on a GPU (where the
+loop never waits for the host) and under sampled rules (whose seeded draws depend on the pass widths) k
+stays fixed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PROBE_AFTER = 8         # plain steps in a row before drafting again to re-measure acceptance
+DECAY = 0.8             # weight of a row's earlier passes in its acceptance estimate, per pass
+PRIOR_TRIES = 2.0       # pseudo-passes of the method's pooled reach that start every row's estimate
+PRIOR_REACH = 0.8       # before any pass: a row accepts at least j drafts 0.8 ** j of the time
+MEAN_RATE = 0.2         # how fast a draft count's mean seconds follows new passes
+SURE_AFTER = 3          # passes of one draft count after which its own mean is used rather than the line
+
+
+@dataclass
+class PassCosts:
+    """Seconds of one pass by the drafts it fed (0: a plain step) for one target, method and batch size."""
+
+    seconds: dict[int, float] = field(default_factory=dict)
+    seen: dict[int, int] = field(default_factory=dict)
+
+    def add(self, drafts: int, seconds: float) -> None:
+        mean = self.seconds.get(drafts)
+        self.seconds[drafts] = seconds if mean is None else mean + MEAN_RATE * (seconds - mean)
+        self.seen[drafts] = self.seen.get(drafts, 0) + 1
+
+    def estimate(self, drafts: int) -> float | None:
+        """Expected seconds of a pass feeding `drafts` drafts: their own mean once seen `SURE_AFTER` times; else a
+        line through the means of the draft counts seen (weighted by how often). With one count d seen besides
+        plain steps, half the extra cost of d drafts is taken as the price of drafting at all and half as growing
+        with the count (measured on Whisper base: one draft costs 0.6-0.65 of four's extra). None while unknown."""
+        if drafts == 0 or self.seen.get(drafts, 0) >= SURE_AFTER:
+            return self.seconds.get(drafts)
+        points = [(d, s, min(self.seen[d], 8)) for d, s in self.seconds.items() if d > 0]
+        if len(points) == 1 and 0 in self.seconds:
+            (d, s, _), plain = points[0], self.seconds[0]
+            return plain + (s - plain) * (1 + drafts / d) / 2
+        if len(points) < 2:
+            return self.seconds.get(drafts)
+        total = sum(w for _, _, w in points)
+        mean_d = sum(w * d for d, _, w in points) / total
+        mean_s = sum(w * s for _, s, w in points) / total
+        spread = sum(w * (d - mean_d) ** 2 for d, _, w in points)
+        slope = max(sum(w * (d - mean_d) * (s - mean_s) for d, s, w in points) / spread, 0.0)
+        return max(mean_s + slope * (drafts - mean_d), 1e-9)
+
+
+@dataclass
+class AdaptiveDrafting:
+    """What a pipeline has measured: pass costs by (method, batch size), and by method how often rows accepted at
+    least j drafts (`reach[method][j - 1]`, of the passes that drafted j: a new call's prior). Hand it to
+    `LoopConfig(adaptive=...)`; a pipeline keeps one for its lifetime, so later calls start from what earlier
+    ones measured."""
+
+    costs: dict[tuple, PassCosts] = field(default_factory=dict)
+    reach: dict[tuple, list[float]] = field(default_factory=dict)
+
+    def for_call(self, method: tuple, rows: int, most: int, tree: bool) -> DraftLengths:
+        """The chooser of one decode call of `method` (a key) over `rows` rows, drafting at most `most` tokens
+        (a tree's node count: all or none) per pass."""
+        return DraftLengths(self.costs.setdefault((*method, rows), PassCosts()), self.reach.setdefault(method, []),
+                            rows, most, tree)
+
+
+class DraftLengths:
+    """The draft length of each pass of one decode call (see the module doc)."""
+
+    def __init__(self, costs: PassCosts, reach: list[float], rows: int, most: int, tree: bool):
+        self.costs, self.most, self.tree = costs, most, tree
+        self.reach = reach                      # the method's pooled reach, updated as this call decodes
+        reach.extend(PRIOR_REACH ** j for j in range(len(reach) + 1, most + 1))
+        # row r's decayed count of passes that accepted at least j drafts (hits[r][j - 1]) of those drafting j
+        self.hits = [[0.0] * most for _ in range(rows)]
+        self.tries = [[0.0] * most for _ in range(rows)]
+        self.tree_tokens: float | None = None                         # tokens per tree pass and row, decayed
+        self.drafted = False                                          # a pass of this call drafted
+        self.plain_run = 0                                            # plain passes since the last that drafted
+
+    def choose(self, active: list[bool]) -> int:
+        if not self.drafted:
+            return self.most                    # this call's rows show their acceptance first
+        if 0 not in self.costs.seconds:
+            return 0                            # one plain step measures what drafting has to beat
+        if self.costs.estimate(self.most) is None:
+            return self.most                    # ... and a full draft what it costs
+        plain = self.costs.estimate(0)
+        options = [self.most] if self.tree else range(1, self.most + 1)
+        rates = {k: self._tokens(k, active) / (self.costs.estimate(k) or float("inf")) for k in options}
+        best = max(rates, key=rates.get)
+        if rates[best] > 1.0 / plain or self.plain_run >= PROBE_AFTER:
+            return best
+        return 0
+
+    def record(self, drafts: int, own: list[int], accepted: list[int], active: list[bool],
+               seconds: float | None) -> None:
+        """A pass fed `drafts` drafts (row r's own first `own[r]`), row r kept `accepted[r]` of them; it took
+        `seconds` (None: not a pass of its own, e.g. drafts the prefill scored)."""
+        if seconds is not None:
+            self.costs.add(drafts, seconds)
+        if drafts == 0:
+            self.plain_run += 1
+            return
+        self.drafted, self.plain_run = True, 0
+        rows = [r for r, a in enumerate(active) if a]
+        if not rows:
+            return
+        if self.tree:
+            tokens = sum(accepted[r] + 1 for r in rows) / len(rows)
+            self.tree_tokens = tokens if self.tree_tokens is None else DECAY * self.tree_tokens + (1 - DECAY) * tokens
+        reach = self.reach
+        for j in range(1, self.most + 1):
+            judged = [r for r in rows if own[r] >= j]
+            for r in judged:
+                self.hits[r][j - 1] = DECAY * self.hits[r][j - 1] + (accepted[r] >= j)
+                self.tries[r][j - 1] = DECAY * self.tries[r][j - 1] + 1
+            if judged:
+                share = sum(accepted[r] >= j for r in judged) / len(judged)
+                reach[j - 1] += MEAN_RATE * (share - reach[j - 1])
+
+    def _tokens(self, k: int, active: list[bool]) -> float:
+        """Expected tokens per active row of a pass drafting `k`: 1 + the sum over j <= k of how often the row
+        accepts at least j drafts."""
+        rows = [r for r, a in enumerate(active) if a] or [0]
+        if self.tree:
+            return self.tree_tokens if self.tree_tokens is not None else 1.0
+        total = float(len(rows))
+        for r in rows:
+            for j in range(1, k + 1):
+                total += (self.hits[r][j - 1] + PRIOR_TRIES * self.reach[j - 1]) / (self.tries[r][j - 1] + PRIOR_TRIES)
+        return total / len(rows)

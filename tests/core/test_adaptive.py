@@ -1,0 +1,125 @@
+"""Adaptive drafting: greedy's tokens whatever each pass drafts; draft lengths from acceptance and measured cost."""
+
+import pytest
+import torch
+
+from mmaccel.core.adaptive import PROBE_AFTER, AdaptiveDrafting, DraftLengths, PassCosts
+from mmaccel.core.methods import Resources, build_method
+from mmaccel.core.proposers import MedusaHead, join_ragged
+from mmaccel.core.sampling import Sampling
+from mmaccel.core.speculative import decode
+from tests.conftest import scripted
+
+METHODS = [("speculative", {"k": 3}), ("speculative", {"k": 4, "stop_below": 0.9, "siblings": 2}),
+           ("tree", {"depth": 3, "width": 2}), ("ngram", {"k": 3}), ("early-exit", {"k": 3, "exit_layer": 1}),
+           ("medusa", {"depth": 3, "width": 2})]
+
+
+@pytest.fixture(scope="module")
+def resources(target, draft):
+    torch.manual_seed(0)
+    heads = torch.nn.ModuleList(MedusaHead(64, 97) for _ in range(3))
+    return Resources(model=target, draft=draft, heads=heads)
+
+
+def run(resources, inputs, name, params, adaptive=None, **kw):
+    config = build_method(name, **params).loop_config(resources, adaptive)
+    return decode(resources.model, inputs, config, prompt_tokens=inputs, **kw)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("name, params", METHODS)
+def test_passes_drafting_less_or_nothing_keep_greedys_tokens(resources, prompts, monkeypatch, batch, name, params):
+    scripted(monkeypatch, (3, 0, 0, 2, 0, 1))
+    base = run(resources, prompts[:batch], "ar", {}, max_new_tokens=24)
+    out = run(resources, prompts[:batch], name, params, AdaptiveDrafting(), max_new_tokens=24)
+    assert out.tokens == base.tokens
+    assert out.stats.accepted_hist.get(1, 0) > 0         # plain steps happened
+
+
+def test_a_perfect_draft_is_accepted_whole_after_plain_steps(target, prompts, monkeypatch):
+    # the draft (the target itself) catches up on the tokens of the plain steps: were one missed, its
+    # next drafts would be off by a position and rejected
+    scripted(monkeypatch, (3, 0, 0))
+    resources = Resources(model=target, draft=target)
+    base = run(resources, prompts, "ar", {}, max_new_tokens=24)
+    out = run(resources, prompts, "speculative", {"k": 3}, AdaptiveDrafting(), max_new_tokens=24)
+    assert out.tokens == base.tokens and set(out.stats.accepted_hist) == {1, 4}
+
+
+def test_the_measured_choice_keeps_greedys_tokens_and_costs_carry_over(resources, prompts):
+    adaptive = AdaptiveDrafting()
+    base = run(resources, prompts, "ar", {}, max_new_tokens=24)
+    for _ in range(2):
+        assert run(resources, prompts, "speculative", {"k": 3}, adaptive, max_new_tokens=24).tokens == base.tokens
+    (key, costs), = adaptive.costs.items()
+    assert key == ("DraftModelProposer", 3, None, len(prompts)) and 0 in costs.seconds and sum(costs.seen.values()) > 4
+    assert len(adaptive.reach[key[:3]]) == 3                    # by method, whatever the batch size
+
+
+def test_sampled_rules_keep_k_fixed(resources, prompts):
+    """Seeded draws depend on the pass widths: a sampled run drafts k every pass, adaptive or not."""
+    sampling = Sampling(temperature=1.0)
+    fixed = run(resources, prompts, "speculative", {"k": 3}, max_new_tokens=16, sampling=sampling, seed=3)
+    adaptive = AdaptiveDrafting()
+    out = run(resources, prompts, "speculative", {"k": 3}, adaptive, max_new_tokens=16, sampling=sampling, seed=3)
+    assert out.tokens == fixed.tokens and out.stats.nfe == fixed.stats.nfe and not adaptive.costs
+
+
+def _costs(plain=1.0, per_draft=0.5, most=4):
+    costs = PassCosts()
+    for _ in range(3):
+        for d in range(most + 1):
+            costs.add(d, plain + per_draft * d)
+    return costs
+
+
+def test_drafting_stops_when_drafts_are_rejected_and_probes_again():
+    lengths = DraftLengths(_costs(), [], rows=2, most=4, tree=False)
+    assert lengths.choose([True, True]) == 4                    # the first pass drafts
+    for _ in range(3):
+        lengths.record(4, [4, 4], [0, 0], [True, True], 3.0)
+    assert lengths.choose([True, True]) == 0
+    for _ in range(PROBE_AFTER):
+        lengths.record(0, [0, 0], [0, 0], [True, True], 1.0)
+    assert lengths.choose([True, True]) >= 1                    # drafts once more to see acceptance
+
+
+def test_accepted_drafts_keep_the_longest_chain_that_pays():
+    lengths = DraftLengths(_costs(), [], rows=2, most=4, tree=False)
+    for _ in range(3):
+        lengths.record(4, [4, 4], [4, 4], [True, True], 3.0)
+    assert lengths.choose([True, True]) == 4
+    expensive = DraftLengths(_costs(per_draft=2.0), [], rows=1, most=4, tree=False)
+    for _ in range(3):
+        expensive.record(4, [4], [2], [True], 9.0)              # ~2 of 4 accepted: not worth 3x a plain step
+    assert expensive.choose([True]) == 0
+
+
+def test_a_plain_step_is_measured_once_before_choosing():
+    costs = PassCosts()
+    lengths = DraftLengths(costs, [], rows=1, most=3, tree=True)
+    assert lengths.choose([True]) == 3
+    lengths.record(3, [3], [3], [True], 2.0)
+    assert lengths.choose([True]) == 0                          # what drafting has to beat
+    lengths.record(0, [0], [0], [True], 1.0)
+    assert lengths.choose([True]) == 3                          # a tree: 4 tokens for 2 s against 1 for 1 s
+
+
+def test_pass_costs_between_the_counts_seen():
+    costs = PassCosts()
+    costs.add(4, 3.0)
+    assert costs.estimate(4) == 3.0 and costs.estimate(2) is None and costs.estimate(0) is None
+    costs.add(0, 1.0)                                   # half of 4 drafts' extra second is drafting at all
+    assert costs.estimate(2) == pytest.approx(2.5) and costs.estimate(1) == pytest.approx(2.25)
+    costs.add(2, 2.0)                                   # then a line through the draft counts seen
+    assert costs.estimate(3) == pytest.approx(2.5) and costs.estimate(1) == pytest.approx(1.5)
+
+
+def test_join_ragged_keeps_each_rows_own_entries_in_order():
+    a, b = torch.tensor([[1, 2, 0], [3, 0, 0]]), torch.tensor([[7, 8], [9, 0]])
+    joined, counts = join_ragged(a, torch.tensor([2, 1]), b, torch.tensor([2, 1]))
+    assert counts.tolist() == [4, 2] and joined[0, :4].tolist() == [1, 2, 7, 8] and joined[1, :2].tolist() == [3, 9]
+    features, _ = join_ragged(a[..., None].expand(-1, -1, 2), torch.tensor([2, 1]), b[..., None].expand(-1, -1, 2),
+                              torch.tensor([2, 1]))
+    assert features[0, :4, 1].tolist() == [1, 2, 7, 8] and features.shape == (2, 5, 2)
