@@ -137,6 +137,8 @@ def test_asr_transcribe_prints_transcripts_and_reports_bad_files(capsys, tmp_pat
     assert rc == 1
     assert f"{FILES[1]}\tHe was not an old-sposed young man." in out and "missing.wav\tERROR: audio file not found" in out
     assert '"method": "greedy"' in err and '"rtfx"' in err
+    assert main(["asr", "transcribe", FILES[1], "--model", "builtin:tiny.en", "--method", "eagle", "--fixed-k"]) == 0
+    assert "He was not an old-sposed young man." in capsys.readouterr().out
     assert main(["asr", "transcribe", FILES[1], "--model", "builtin:tiny.en", "--method", "nope"]) == 2
     assert "unknown method 'nope'" in capsys.readouterr().err
     assert main(["asr", "transcribe", FILES[1], "--model", "builtin:tiny.en", "--method", "speculative",

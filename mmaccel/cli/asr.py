@@ -38,7 +38,8 @@ def cmd_asr_transcribe(args: argparse.Namespace) -> int:
                              task=args.task, encoder=args.encoder,
                              timestamps=args.timestamps or formats not in (None, ["txt"]),
                              word_timestamps=args.word_timestamps, vad_filter=args.vad or bool(args.vad_param),
-                             vad_parameters=dict(args.vad_param), progress=advance, **dict(args.param))
+                             vad_parameters=dict(args.vad_param), adaptive=not args.fixed_k, progress=advance,
+                             **dict(args.param))
     status = print_transcripts([(t.source, t.error, t.text) for t in out.transcripts])
     for t in out.transcripts:
         if formats is not None and t.error is None:
@@ -134,6 +135,9 @@ def _add_transcribe(asr_sub) -> None:
                     help="another Whisper for speculative-cross (builtin:tiny.en or a local HF Whisper directory)")
     at.add_argument("--method", default="greedy")
     add_param_option(at, "depth=4")
+    at.add_argument("--fixed-k", action="store_true",
+                    help="every pass of a draft method drafts its k (default: up to k, or none, as acceptance and "
+                         "the measured pass costs say it pays; the transcript is the same)")
     at.add_argument("--batch-size", type=int, default=8)
     at.add_argument("--language", default="en", help="language code, or 'auto' to detect each file's (multilingual models)")
     at.add_argument("--task", default="transcribe", choices=("transcribe", "translate"),
