@@ -5,12 +5,13 @@ drafter was trained on, low outside it) and on what a verify pass costs at this 
 pass over k + 1 tokens costs nearly (k + 1) plain steps at batch 8, hardly more than one at batch 1). Neither
 is known before decoding. So, as ADED (Liu et al. 2024) and SVIP (Zhang et al. 2025) do for LLMs, the
 length is chosen as the call decodes: from each row's acceptance so far and, unlike them, from the measured
-seconds of this process's passes by the number of drafts they fed (0: a plain greedy step). A row's
-acceptance is kept as how often it accepted at least j drafts, for each j (not one rate per draft: drafts
-are accepted in runs, so a rate would undervalue long chains). A pass drafts the k that maximises
-expected tokens per second, and k = 0 (a plain step, the proposer catching up later)
-when no k beats plain decoding; after `PROBE_AFTER` plain steps in a row it drafts once more to see
-whether acceptance came back.
+seconds of this process's passes by the draft length (0: a plain greedy step). A row's acceptance is kept
+as how often it accepted at least j drafts, for each j (not one rate per draft: drafts are accepted in
+runs, so a rate would undervalue long chains), starting from what the method's earlier rows and calls
+showed. A pass drafts the k that maximises expected tokens per second (a tree: all of it or nothing), and
+k = 0 (a plain step, the proposer catching up later) when no k beats plain decoding. After a run of plain
+steps of the method (`PROBE_AFTER`, longer where a draft pass costs several plain steps) it drafts once
+more to see whether acceptance came back.
 
 Greedy verification emits greedy's tokens whatever k each pass takes, so the choice changes the speed
 only. It reads the accepted counts and the clock every pass, so it runs on the host; on a GPU (where the
@@ -22,17 +23,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-PROBE_AFTER = 8         # plain steps in a row before drafting again to re-measure acceptance
+PROBE_AFTER = 2         # plain steps of a method, at least, before it drafts again to re-measure acceptance
+PROBE_SHARE = 0.01      # ... and more where a probe costs more: its expected loss is at most this share of them
 DECAY = 0.8             # weight of a row's earlier passes in its acceptance estimate, per pass
 PRIOR_TRIES = 2.0       # pseudo-passes of the method's pooled reach that start every row's estimate
 PRIOR_REACH = 0.8       # before any pass: a row accepts at least j drafts 0.8 ** j of the time
-MEAN_RATE = 0.2         # how fast a draft count's mean seconds follows new passes
+MEAN_RATE = 0.2         # how fast a draft count's mean seconds (and the pooled reach) follow new passes
 SURE_AFTER = 3          # passes of one draft count after which its own mean is used rather than the line
 
 
 @dataclass
 class PassCosts:
-    """Seconds of one pass by the drafts it fed (0: a plain step) for one target, method and batch size."""
+    """Seconds of one pass by its draft length (0: a plain step; a tree: its nodes) for one target, method and
+    batch size."""
 
     seconds: dict[int, float] = field(default_factory=dict)
     seen: dict[int, int] = field(default_factory=dict)
@@ -64,70 +67,73 @@ class PassCosts:
 
 
 @dataclass
+class Pooled:
+    """What one method measured over every call and row: how often a pass that drafted j accepted at least j
+    (`reach[j - 1]`: a new row's prior), and its plain steps since it last drafted (probes count them)."""
+
+    reach: list[float] = field(default_factory=list)
+    plain_run: int = 0
+
+
+@dataclass
 class AdaptiveDrafting:
-    """What a pipeline has measured: pass costs by (method, batch size), and by method how often rows accepted at
-    least j drafts (`reach[method][j - 1]`, of the passes that drafted j: a new call's prior). Hand it to
-    `LoopConfig(adaptive=...)`; a pipeline keeps one for its lifetime, so later calls start from what earlier
-    ones measured."""
+    """What a pipeline has measured: pass costs by (method, batch size) and acceptance by method (`Pooled`). Hand
+    it to `LoopConfig(adaptive=...)`; a pipeline keeps one for its lifetime, so each call starts from what the
+    earlier ones measured."""
 
     costs: dict[tuple, PassCosts] = field(default_factory=dict)
-    reach: dict[tuple, list[float]] = field(default_factory=dict)
+    pooled: dict[tuple, Pooled] = field(default_factory=dict)
 
-    def for_call(self, method: tuple, rows: int, most: int, tree: bool) -> DraftLengths:
-        """The chooser of one decode call of `method` (a key) over `rows` rows, drafting at most `most` tokens
-        (a tree's node count: all or none) per pass."""
-        return DraftLengths(self.costs.setdefault((*method, rows), PassCosts()), self.reach.setdefault(method, []),
-                            rows, most, tree)
+    def for_call(self, method: tuple, rows: int, most: int, depth: int | None = None) -> DraftLengths:
+        """The chooser of one decode call of `method` (a key) over `rows` rows, drafting at most `most` tokens a
+        pass; a tree of `depth` (`most` nodes) drafts all of them or none."""
+        return DraftLengths(self.costs.setdefault((*method, rows), PassCosts()),
+                            self.pooled.setdefault(method, Pooled()), rows, most, depth)
 
 
 class DraftLengths:
     """The draft length of each pass of one decode call (see the module doc)."""
 
-    def __init__(self, costs: PassCosts, reach: list[float], rows: int, most: int, tree: bool):
-        self.costs, self.most, self.tree = costs, most, tree
-        self.reach = reach                      # the method's pooled reach, updated as this call decodes
-        reach.extend(PRIOR_REACH ** j for j in range(len(reach) + 1, most + 1))
+    def __init__(self, costs: PassCosts, pooled: Pooled, rows: int, most: int, depth: int | None = None):
+        self.costs, self.pooled, self.most = costs, pooled, most
+        self.tree = depth is not None
+        self.depth = most if depth is None else depth          # the most drafts one path can accept
+        pooled.reach.extend(PRIOR_REACH ** j for j in range(len(pooled.reach) + 1, self.depth + 1))
         # row r's decayed count of passes that accepted at least j drafts (hits[r][j - 1]) of those drafting j
-        self.hits = [[0.0] * most for _ in range(rows)]
-        self.tries = [[0.0] * most for _ in range(rows)]
-        self.tree_tokens: float | None = None                         # tokens per tree pass and row, decayed
-        self.drafted = False                                          # a pass of this call drafted
-        self.plain_run = 0                                            # plain passes since the last that drafted
+        self.hits = [[0.0] * self.depth for _ in range(rows)]
+        self.tries = [[0.0] * self.depth for _ in range(rows)]
 
     def choose(self, active: list[bool]) -> int:
-        if not self.drafted:
-            return self.most                    # this call's rows show their acceptance first
-        if 0 not in self.costs.seconds:
-            return 0                            # one plain step measures what drafting has to beat
-        if self.costs.estimate(self.most) is None:
-            return self.most                    # ... and a full draft what it costs
-        plain = self.costs.estimate(0)
+        costs = self.costs
+        if costs.estimate(self.most) is None:
+            return self.most                    # the first pass at this batch size shows what drafting costs
+        if 0 not in costs.seconds:
+            return 0                            # ... and a plain step what it has to beat
+        plain = costs.estimate(0)
         options = [self.most] if self.tree else range(1, self.most + 1)
-        rates = {k: self._tokens(k, active) / (self.costs.estimate(k) or float("inf")) for k in options}
-        best = max(rates, key=rates.get)
-        if rates[best] > 1.0 / plain or self.plain_run >= PROBE_AFTER:
+        tokens = {k: self._tokens(k, active) for k in options}
+        seconds = {k: costs.estimate(k) or float("inf") for k in options}
+        best = max(options, key=lambda k: tokens[k] / seconds[k])
+        if tokens[best] / seconds[best] > 1.0 / plain:
             return best
-        return 0
+        # a probe costs what its pass takes beyond the plain steps it is expected to save
+        loss = (seconds[best] - plain * tokens[best]) / plain
+        return best if self.pooled.plain_run >= max(PROBE_AFTER, loss / PROBE_SHARE) else 0
 
-    def record(self, drafts: int, own: list[int], accepted: list[int], active: list[bool],
+    def record(self, drafts: int, own: list[int] | None, accepted: list[int], active: list[bool],
                seconds: float | None) -> None:
-        """A pass fed `drafts` drafts (row r's own first `own[r]`), row r kept `accepted[r]` of them; it took
-        `seconds` (None: not a pass of its own, e.g. drafts the prefill scored)."""
+        """A pass chose `drafts` (row r fed its own first `own[r]`, None: all; a tree: its nodes), row r kept
+        `accepted[r]` of them; it took `seconds` (None: not a pass of its own, e.g. drafts the prefill scored)."""
         if seconds is not None:
             self.costs.add(drafts, seconds)
         if drafts == 0:
-            self.plain_run += 1
+            self.pooled.plain_run += 1
             return
-        self.drafted, self.plain_run = True, 0
+        self.pooled.plain_run = 0
         rows = [r for r, a in enumerate(active) if a]
-        if not rows:
-            return
-        if self.tree:
-            tokens = sum(accepted[r] + 1 for r in rows) / len(rows)
-            self.tree_tokens = tokens if self.tree_tokens is None else DECAY * self.tree_tokens + (1 - DECAY) * tokens
-        reach = self.reach
-        for j in range(1, self.most + 1):
-            judged = [r for r in rows if own[r] >= j]
+        reach = self.pooled.reach
+        for j in range(1, min(drafts, self.depth) + 1):
+            judged = [r for r in rows if own is None or own[r] >= j]
             for r in judged:
                 self.hits[r][j - 1] = DECAY * self.hits[r][j - 1] + (accepted[r] >= j)
                 self.tries[r][j - 1] = DECAY * self.tries[r][j - 1] + 1
@@ -136,13 +142,11 @@ class DraftLengths:
                 reach[j - 1] += MEAN_RATE * (share - reach[j - 1])
 
     def _tokens(self, k: int, active: list[bool]) -> float:
-        """Expected tokens per active row of a pass drafting `k`: 1 + the sum over j <= k of how often the row
-        accepts at least j drafts."""
+        """Expected tokens per active row of a pass drafting `k` (a tree: its depth): 1 + the sum over j <= k of
+        how often the row accepts at least j drafts."""
         rows = [r for r, a in enumerate(active) if a] or [0]
-        if self.tree:
-            return self.tree_tokens if self.tree_tokens is not None else 1.0
-        total = float(len(rows))
+        reach, total = self.pooled.reach, float(len(rows))
         for r in rows:
-            for j in range(1, k + 1):
-                total += (self.hits[r][j - 1] + PRIOR_TRIES * self.reach[j - 1]) / (self.tries[r][j - 1] + PRIOR_TRIES)
+            for j in range(1, min(k, self.depth) + 1):
+                total += (self.hits[r][j - 1] + PRIOR_TRIES * reach[j - 1]) / (self.tries[r][j - 1] + PRIOR_TRIES)
         return total / len(rows)

@@ -44,7 +44,8 @@ class DraftContext:
     target_hidden: Tensor | None = None  # [B, d] target hidden state that predicted `pending`
     active: Tensor | None = None         # [B] rows still generating
     # for proposers with `needs_committed_hidden`: the target's hidden states [B, L, d] of the positions
-    # committed since the previous proposal (the prompt's after prefill), row b's first counts[b]
+    # committed since the previous proposal (at first: the last prompt position's, which predicted
+    # pending), row b's first counts[b]
     committed_hidden: Tensor | None = None
     committed_counts: Tensor | None = None
     # [B, C] every row's emitted tokens on the device (generated index order, -1 after the first
@@ -169,8 +170,7 @@ class DraftModelProposer(Proposer):
         return n
 
     def start(self, inputs, room, ctx):
-        self.state = self.draft.prefill(inputs, room)
-        self._passes += 1
+        self.opened, self.state = (inputs, room), None      # the draft's prefill waits for a first proposal
         self.pending = ctx.pending[:, None]                 # [B, P] tokens the draft has not seen yet
         self.pending_counts = torch.ones_like(ctx.pending)  # [B] row b's first counts[b] of them
 
@@ -196,7 +196,14 @@ class DraftModelProposer(Proposer):
         self.pending, self.pending_counts = join_ragged(self.pending, self.pending_counts,
                                                         next_token.to(dev)[:, None], active.to(dev).long())
 
+    def _open(self) -> None:
+        """The draft's prefill, at the first proposal of a call (a call whose passes all skip never runs it)."""
+        if self.state is None:
+            self.state = self.draft.prefill(*self.opened)
+            self._passes += 1
+
     def _feed_pending(self, step=None) -> Tensor:
+        self._open()
         self._fed_pending = self.pending_counts
         out = append_padded(self.draft, self.state, self.pending, self.pending_counts, step)
         self._passes += 1

@@ -102,13 +102,22 @@ class _Loop:
         self.skip_filler = self.rule == "greedy" and getattr(model, "skips_filler", False) and on_host(self.device)
         self.block = None       # (drafts, logits) of a prefill that also scored the first drafts
         self.lengths_chosen: DraftLengths | None = None     # adaptive drafting (set by `start`)
+        self.first_k = self.width                           # drafts the first pass asks for
 
     def start(self, call: DecodeCall, inputs: Any, seed: int, eos: int | None, prompts: list[list[int]] | None) -> None:
         """The prefill (scoring the first drafts too where they come ahead), the first token and the proposer."""
-        self.ahead = self.ahead and self.proposer.can_start_drafting(inputs)
+        adaptive = self.config.adaptive
+        if (adaptive is not None and self.proposer is not None and self.proposer.skips and self.rule == "greedy"
+                and on_host(self.device)):
+            rows = len(prompts) if prompts is not None else getattr(inputs, "batch_size", None)
+            check(rows is not None, "adaptive drafting needs the batch size before the prefill: pass prompt_tokens")
+            method = (type(self.proposer).__name__, self.config.k, self.config.tree)
+            self.lengths_chosen = adaptive.for_call(method, rows, self.width, self.config.tree and self.config.tree[0])
+            self.first_k = self.lengths_chosen.choose([True] * rows)
+        self.ahead = self.ahead and self.first_k > 0 and self.proposer.can_start_drafting(inputs)
         if self.ahead:
             with call.stats.timed("draft"):
-                drafts = self.proposer.start_drafting(inputs, self.room, self.config.k)
+                drafts = self.proposer.start_drafting(inputs, self.room, self.first_k)
             call.draft_passes(self.proposer.passes())
         with call.prefill():
             if self.ahead:
@@ -129,13 +138,9 @@ class _Loop:
         self.spent = torch.zeros(B, dtype=torch.float64, device=dev)        # relaxed rules' deviation per row
         hidden = self.state.hidden
         self.hidden = None if hidden is None else hidden[:, -1]
-        self.committed = None if hidden is None or self.ahead else (hidden, torch.full((B,), hidden.shape[1], device=dev))
+        # committed features start at the last prompt position's, which predicted pending
+        self.committed = None if hidden is None or self.ahead else (hidden[:, -1:], torch.ones(B, dtype=torch.long, device=dev))
         self.unread = self.committed is not None      # committed features no proposal has read yet
-        adaptive = self.config.adaptive
-        if (adaptive is not None and self.proposer is not None and self.proposer.skips and self.rule == "greedy"
-                and on_host(self.device)):
-            method = (type(self.proposer).__name__, self.config.k, self.config.tree)
-            self.lengths_chosen = adaptive.for_call(method, B, self.width, self.config.tree is not None)
         if self.proposer is not None and not self.ahead:
             with call.stats.timed("draft"):
                 self.proposer.start(inputs, self.room, self.context())
@@ -153,24 +158,23 @@ class _Loop:
         ctx = self.context()
         chooser, block = self.lengths_chosen, self.block is not None
         active = None if chooser is None else ctx.active.tolist()
-        k = self.width if chooser is None or block else chooser.choose(active)
+        k = self.width if chooser is None else self.first_k if block else chooser.choose(active)
         started = time.perf_counter()
-        drafts, draft_probs, tree, lengths = self._draft(call, ctx, k)
+        drafts, draft_probs, tree, lengths, own = self._draft(call, ctx, k)
         with call.stats.timed("verify"):
             fed, logits, drafts = self._score(call, drafts, tree, lengths)
             verdict, path, target_probs = _verify(self.rule, self.params, logits, drafts, draft_probs, tree,
                                                   self.sampling, self.sampler, ctx)
         self._commit(call, ctx, verdict, path, target_probs, drafts, fed, tree, skipped=k == 0)
         if chooser is not None:
-            width = fed.shape[1] - (0 if block else 1)      # drafts fed (a tree's nodes after its root)
-            own = [width] * len(active) if lengths is None else lengths.tolist()
-            chooser.record(width, own, verdict.num_accepted.tolist(), active,
+            chooser.record(k, None if own is None else own.tolist(), verdict.num_accepted.tolist(), active,
                            None if block else time.perf_counter() - started)
 
     def _draft(self, call: DecodeCall, ctx: DraftContext, k: int):
-        """(drafts [B, K] or None, their probs or None, a tree or None, drafts or nodes per row or None) of a
-        pass drafting at most `k` (0: none, a plain step)."""
-        lengths = None          # [B] drafts (chain) or nodes (tree) per row before the filler, where known
+        """(drafts [B, K] or None, their probs or None, a tree or None, drafts or nodes per row before the filler,
+        a chain's own drafts per row; both None where every row has all) of a pass drafting at most `k` (0: a
+        plain step)."""
+        lengths = own = None
         with call.stats.timed("draft"):
             if self.block is not None:
                 drafts, probs, tree = self.block[0], None, None
@@ -180,6 +184,7 @@ class _Loop:
                 self.unread = False
                 d = self.proposer.propose(ctx, min(k, self.config.k))
                 drafts, probs, tree, lengths = d.tokens, d.probs, None, d.lengths
+                own = d.lengths
                 if d.alternatives is not None:      # the chain with runner-up siblings: a tree
                     tree, lengths = chain_tree(self.pending, d.tokens, d.lengths, d.alternatives)
             else:
@@ -187,7 +192,7 @@ class _Loop:
                 drafts, probs, tree = None, None, self.proposer.propose_tree(ctx, *self.config.tree)
         if self.proposer is not None:
             call.draft_passes(self.proposer.passes())
-        return drafts, probs, tree, lengths
+        return drafts, probs, tree, lengths, own
 
     def _score(self, call: DecodeCall, drafts: Tensor | None, tree, lengths: Tensor | None):
         """The target's logits over the fed block: (fed, logits, drafts as they are verified)."""

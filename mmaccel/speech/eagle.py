@@ -227,8 +227,8 @@ class EagleProposer(DraftModelProposer):
 
     def start(self, inputs, room, ctx):
         check(ctx.committed_hidden is not None, "EAGLE needs the target's hidden states; the model returned none")
-        self.state = self.draft.prefill(inputs, room + 1)
-        self.first = True
+        self.opened, self.state = (inputs, room + 1), None      # the head's prefill waits for a first proposal
+        self.committed = ctx.pending[:, None]                   # the last prompt position's next token
 
     def can_start_drafting(self, inputs) -> bool:
         return inputs.prompt.shape[1] >= 2      # the start feature goes with the prompt's tokens after the first
@@ -236,7 +236,6 @@ class EagleProposer(DraftModelProposer):
     def start_drafting(self, inputs, room, k):
         check(k >= 1, f"draft length k must be >= 1, got {k}")
         self.state = self.draft.prefill(inputs, room + 1)
-        self.first = False        # the target's features start at the last prompt position, as fed next
         logits = self.draft.start(self.state, inputs.prompt)
         self._passes += 1
         active = torch.ones(inputs.batch_size, dtype=torch.bool, device=logits.device)
@@ -246,8 +245,7 @@ class EagleProposer(DraftModelProposer):
         check(k >= 1, f"draft length k must be >= 1, got {k}")
         check(ctx.sampling.greedy, "EAGLE drafts are verified by greedy match here; it takes no temperature")
         hidden, counts, tokens = ctx.committed_hidden, ctx.committed_counts, self.committed
-        if self.first:            # the head's sequence starts at the last prompt position, followed by pending
-            hidden, counts, tokens, self.first = hidden[:, -1:], counts.clamp(max=1), ctx.pending[:, None], False
+        self._open()
         check(tokens is not None and tokens.shape[1] == hidden.shape[1],
               "EAGLE pairs each committed feature with the token after it: observe the last verification first")
         logits = self.draft.feed(self.state, hidden, tokens, counts)

@@ -60,13 +60,10 @@ class BlockHeadsProposer(HeadsProposer):
         check(ctx.committed_hidden is not None, "Medusa-Block needs the target's hidden states; the model returned none")
         self.state = self.block.new_state(ctx.pending.shape[0], room + 1)
         self.state.extras["inputs"] = inputs
-        self.first = True
 
     def _logits(self, ctx: DraftContext, n: int) -> Tensor:
         check(n <= len(self.heads), f"asked for {n} drafts but only {len(self.heads)} Medusa heads are loaded")
         hidden, counts = ctx.committed_hidden, ctx.committed_counts          # counts on the device: no read-back
-        if self.first:                          # the block's sequence starts at the last prompt position
-            hidden, counts, self.first = hidden[:, -1:], counts.clamp(max=1), False
         out = block_forward(self.block, self.state, hidden)
         self.state.rollback(hidden.shape[1] - counts)               # rows that committed fewer
         last = (counts - 1).clamp(min=0).to(out.device)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mmaccel.core.adaptive import PROBE_AFTER, AdaptiveDrafting, DraftLengths, PassCosts
+from mmaccel.core.adaptive import PROBE_AFTER, AdaptiveDrafting, DraftLengths, PassCosts, Pooled
 from mmaccel.core.methods import Resources, build_method
 from mmaccel.core.proposers import MedusaHead, join_ragged
 from mmaccel.core.sampling import Sampling
@@ -54,7 +54,7 @@ def test_the_measured_choice_keeps_greedys_tokens_and_costs_carry_over(resources
         assert run(resources, prompts, "speculative", {"k": 3}, adaptive, max_new_tokens=24).tokens == base.tokens
     (key, costs), = adaptive.costs.items()
     assert key == ("DraftModelProposer", 3, None, len(prompts)) and 0 in costs.seconds and sum(costs.seen.values()) > 4
-    assert len(adaptive.reach[key[:3]]) == 3                    # by method, whatever the batch size
+    assert len(adaptive.pooled[key[:3]].reach) == 3             # by method, whatever the batch size
 
 
 def test_sampled_rules_keep_k_fixed(resources, prompts):
@@ -74,36 +74,65 @@ def _costs(plain=1.0, per_draft=0.5, most=4):
     return costs
 
 
+def _plain_steps_before_a_probe(lengths, rows=1):
+    for n in range(1000):
+        if lengths.choose([True] * rows):
+            return n
+        lengths.record(0, None, [0] * rows, [True] * rows, 1.0)
+
+
 def test_drafting_stops_when_drafts_are_rejected_and_probes_again():
-    lengths = DraftLengths(_costs(), [], rows=2, most=4, tree=False)
-    assert lengths.choose([True, True]) == 4                    # the first pass drafts
+    lengths = DraftLengths(_costs(), Pooled(), rows=2, most=4)
     for _ in range(3):
         lengths.record(4, [4, 4], [0, 0], [True, True], 3.0)
     assert lengths.choose([True, True]) == 0
-    for _ in range(PROBE_AFTER):
-        lengths.record(0, [0, 0], [0, 0], [True, True], 1.0)
-    assert lengths.choose([True, True]) >= 1                    # drafts once more to see acceptance
+    # drafts once more to see acceptance, after more plain steps where a probe costs more
+    cheap = _plain_steps_before_a_probe(lengths, 2)
+    assert cheap >= PROBE_AFTER
+    costly = DraftLengths(_costs(per_draft=2.0), Pooled(), rows=1, most=4)
+    for _ in range(3):
+        costly.record(4, None, [0], [True], 9.0)
+    assert _plain_steps_before_a_probe(costly) > 3 * cheap
+
+
+def test_a_new_call_starts_from_what_the_methods_earlier_calls_showed():
+    adaptive = AdaptiveDrafting()
+    adaptive.costs[("m", 4, None, 1)] = _costs()
+    first = adaptive.for_call(("m", 4, None), rows=1, most=4)
+    assert first.choose([True]) >= 1                            # the prior: drafts are often accepted
+    for _ in range(6):
+        first.record(first.choose([True]) or 1, None, [0], [True], 2.0)
+    second = adaptive.for_call(("m", 4, None), rows=1, most=4)
+    assert second.choose([True]) == 0                           # its rows start plain: the method's drafts fail
+    assert adaptive.for_call(("other", 4, None), rows=1, most=4).choose([True]) >= 1
 
 
 def test_accepted_drafts_keep_the_longest_chain_that_pays():
-    lengths = DraftLengths(_costs(), [], rows=2, most=4, tree=False)
+    lengths = DraftLengths(_costs(), Pooled(), rows=2, most=4)
     for _ in range(3):
         lengths.record(4, [4, 4], [4, 4], [True, True], 3.0)
     assert lengths.choose([True, True]) == 4
-    expensive = DraftLengths(_costs(per_draft=2.0), [], rows=1, most=4, tree=False)
+    expensive = DraftLengths(_costs(per_draft=2.0), Pooled(), rows=1, most=4)
     for _ in range(3):
         expensive.record(4, [4], [2], [True], 9.0)              # ~2 of 4 accepted: not worth 3x a plain step
     assert expensive.choose([True]) == 0
+    short = DraftLengths(_costs(), Pooled(), rows=1, most=4)
+    for _ in range(3):
+        short.record(4, [1], [1], [True], 3.0)                  # this row's chains stop after one draft:
+    assert short.choose([True]) == 1                            # judged on the one it fed
 
 
 def test_a_plain_step_is_measured_once_before_choosing():
     costs = PassCosts()
-    lengths = DraftLengths(costs, [], rows=1, most=3, tree=True)
-    assert lengths.choose([True]) == 3
-    lengths.record(3, [3], [3], [True], 2.0)
+    lengths = DraftLengths(costs, Pooled(), rows=1, most=3, depth=2)
+    assert lengths.choose([True]) == 3                          # a tree of 3 nodes, 2 deep
+    lengths.record(3, None, [2], [True], 2.0)
     assert lengths.choose([True]) == 0                          # what drafting has to beat
-    lengths.record(0, [0], [0], [True], 1.0)
-    assert lengths.choose([True]) == 3                          # a tree: 4 tokens for 2 s against 1 for 1 s
+    lengths.record(0, None, [0], [True], 1.0)
+    assert lengths.choose([True]) == 3                          # about 3 tokens for 2 s against 1 for 1 s
+    for _ in range(4):
+        lengths.record(3, None, [0], [True], 2.0)
+    assert lengths.choose([True]) == 0
 
 
 def test_pass_costs_between_the_counts_seen():
