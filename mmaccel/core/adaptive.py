@@ -24,11 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 PROBE_AFTER = 2         # plain steps of a method, at least, before it drafts again to re-measure acceptance
-PROBE_SHARE = 0.01      # ... and more where a probe costs more: its expected loss is at most this share of them
+PROBE_SHARE = 0.03      # ... and more where a probe costs more: its expected loss is at most this share of them
 DECAY = 0.8             # weight of a row's earlier passes in its acceptance estimate, per pass
 PRIOR_TRIES = 2.0       # pseudo-passes of the method's pooled reach that start every row's estimate
 PRIOR_REACH = 0.8       # before any pass: a row accepts at least j drafts 0.8 ** j of the time
-MEAN_RATE = 0.2         # how fast a draft count's mean seconds (and the pooled reach) follow new passes
+MEAN_RATE = 0.2         # how fast a draft length's mean seconds follow new passes
+POOLED_RATE = 0.05      # ... and the method's pooled reach (a prior: the method's usual, not its latest)
 SURE_AFTER = 3          # passes of one draft count after which its own mean is used rather than the line
 
 
@@ -139,7 +140,7 @@ class DraftLengths:
                 self.tries[r][j - 1] = DECAY * self.tries[r][j - 1] + 1
             if judged:
                 share = sum(accepted[r] >= j for r in judged) / len(judged)
-                reach[j - 1] += MEAN_RATE * (share - reach[j - 1])
+                reach[j - 1] += POOLED_RATE * (share - reach[j - 1])
 
     def _tokens(self, k: int, active: list[bool]) -> float:
         """Expected tokens per active row of a pass drafting `k` (a tree: its depth): 1 + the sum over j <= k of

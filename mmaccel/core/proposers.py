@@ -80,6 +80,10 @@ class Proposer:
         `accepted_tokens` reads the lists back from the device when indexed; its `padded` [B, L] holds
         the same tokens on the device (row b's first num_accepted[b]), for a proposer that must not wait."""
 
+    def ready(self) -> None:
+        """Before a pass that drafts (outside the time adaptive drafting measures for it): set up, once per call,
+        what proposals need (a draft model's prefill, which a call that never drafts does not run)."""
+
     def skip(self, ctx: DraftContext, next_token: Tensor) -> None:
         """A pass drafted nothing (adaptive drafting: a plain step): active row b emitted `next_token[b]`.
         Proposers that read what they need from the context each time have nothing to do."""
@@ -170,7 +174,7 @@ class DraftModelProposer(Proposer):
         return n
 
     def start(self, inputs, room, ctx):
-        self.opened, self.state = (inputs, room), None      # the draft's prefill waits for a first proposal
+        self.opened, self.state = (inputs, room), None      # the draft's prefill waits for a first proposal (`ready`)
         self.pending = ctx.pending[:, None]                 # [B, P] tokens the draft has not seen yet
         self.pending_counts = torch.ones_like(ctx.pending)  # [B] row b's first counts[b] of them
 
@@ -196,14 +200,13 @@ class DraftModelProposer(Proposer):
         self.pending, self.pending_counts = join_ragged(self.pending, self.pending_counts,
                                                         next_token.to(dev)[:, None], active.to(dev).long())
 
-    def _open(self) -> None:
-        """The draft's prefill, at the first proposal of a call (a call whose passes all skip never runs it)."""
+    def ready(self) -> None:
         if self.state is None:
             self.state = self.draft.prefill(*self.opened)
             self._passes += 1
 
     def _feed_pending(self, step=None) -> Tensor:
-        self._open()
+        self.ready()
         self._fed_pending = self.pending_counts
         out = append_padded(self.draft, self.state, self.pending, self.pending_counts, step)
         self._passes += 1

@@ -159,6 +159,9 @@ class _Loop:
         chooser, block = self.lengths_chosen, self.block is not None
         active = None if chooser is None else ctx.active.tolist()
         k = self.width if chooser is None else self.first_k if block else chooser.choose(active)
+        if k and not block:
+            with call.stats.timed("draft"):
+                self.proposer.ready()
         started = time.perf_counter()
         drafts, draft_probs, tree, lengths, own = self._draft(call, ctx, k)
         with call.stats.timed("verify"):

@@ -227,7 +227,7 @@ class EagleProposer(DraftModelProposer):
 
     def start(self, inputs, room, ctx):
         check(ctx.committed_hidden is not None, "EAGLE needs the target's hidden states; the model returned none")
-        self.opened, self.state = (inputs, room + 1), None      # the head's prefill waits for a first proposal
+        self.opened, self.state = (inputs, room + 1), None      # the head's prefill waits for a first proposal (`ready`)
         self.committed = ctx.pending[:, None]                   # the last prompt position's next token
 
     def can_start_drafting(self, inputs) -> bool:
@@ -245,7 +245,7 @@ class EagleProposer(DraftModelProposer):
         check(k >= 1, f"draft length k must be >= 1, got {k}")
         check(ctx.sampling.greedy, "EAGLE drafts are verified by greedy match here; it takes no temperature")
         hidden, counts, tokens = ctx.committed_hidden, ctx.committed_counts, self.committed
-        self._open()
+        self.ready()
         check(tokens is not None and tokens.shape[1] == hidden.shape[1],
               "EAGLE pairs each committed feature with the token after it: observe the last verification first")
         logits = self.draft.feed(self.state, hidden, tokens, counts)

@@ -27,10 +27,12 @@ def run(resources, inputs, name, params, adaptive=None, **kw):
     return decode(resources.model, inputs, config, prompt_tokens=inputs, **kw)
 
 
+@pytest.mark.parametrize("schedule", [(3, 0, 0, 2, 0, 1), (0, 0, 3, 0, 2, 1)])       # the second starts plain
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("name, params", METHODS)
-def test_passes_drafting_less_or_nothing_keep_greedys_tokens(resources, prompts, monkeypatch, batch, name, params):
-    scripted(monkeypatch, (3, 0, 0, 2, 0, 1))
+def test_passes_drafting_less_or_nothing_keep_greedys_tokens(resources, prompts, monkeypatch, batch, name, params,
+                                                             schedule):
+    scripted(monkeypatch, schedule)
     base = run(resources, prompts[:batch], "ar", {}, max_new_tokens=24)
     out = run(resources, prompts[:batch], name, params, AdaptiveDrafting(), max_new_tokens=24)
     assert out.tokens == base.tokens
@@ -100,7 +102,7 @@ def test_a_new_call_starts_from_what_the_methods_earlier_calls_showed():
     adaptive.costs[("m", 4, None, 1)] = _costs()
     first = adaptive.for_call(("m", 4, None), rows=1, most=4)
     assert first.choose([True]) >= 1                            # the prior: drafts are often accepted
-    for _ in range(6):
+    for _ in range(30):
         first.record(first.choose([True]) or 1, None, [0], [True], 2.0)
     second = adaptive.for_call(("m", 4, None), rows=1, most=4)
     assert second.choose([True]) == 0                           # its rows start plain: the method's drafts fail

@@ -193,12 +193,14 @@ def test_a_head_that_knows_the_answer_is_accepted_and_the_output_is_greedys(tiny
     assert plain.tokens == greedy.tokens and plain.stats.mean_accepted > 2.0
     assert plain.stats.nfe < greedy.stats.nfe
     # adaptive drafting, every other pass plain: the head catches up on those passes' features and tokens
-    # (were one lost, its drafts would be a position off and rejected)
-    scripted(monkeypatch, (4, 0))
-    adapted = build_asr_method("eagle", k=4, stop_below=0.0).run(resources, tiny_decoder.encode(x, PROMPT),
-                                                                 max_new_tokens=16, eos_token_id=EOT,
-                                                                 prompt_tokens=[PROMPT] * 2, adaptive=AdaptiveDrafting())
-    assert adapted.tokens == greedy.tokens and adapted.stats.mean_accepted > 1.6
+    # (were one lost, its drafts would be a position off and rejected); the second schedule starts plain,
+    # with no drafts ahead of the prefill
+    for schedule in ((4, 0), (0, 4)):
+        scripted(monkeypatch, schedule)
+        adapted = build_asr_method("eagle", k=4, stop_below=0.0).run(
+            resources, tiny_decoder.encode(x, PROMPT), max_new_tokens=16, eos_token_id=EOT,
+            prompt_tokens=[PROMPT] * 2, adaptive=AdaptiveDrafting())
+        assert adapted.tokens == greedy.tokens and adapted.stats.mean_accepted > 1.6
     assert EagleProposer(resources.extras["eagle"]).drafts_from_prompt      # the prefill verified the first drafts
 
 

@@ -96,12 +96,13 @@ def test_a_block_that_knows_the_answer_is_accepted(tiny_hf, tiny_decoder, monkey
         Resources(tiny_decoder, extras={"medusa_block": block}), tiny_decoder.encode(x, PROMPT), max_new_tokens=16,
         eos_token_id=EOT)
     assert fast.tokens == greedy.tokens and fast.stats.mean_accepted > 1.5
-    # adaptive drafting, two plain passes after each tree: the block reads those passes' states too
-    scripted(monkeypatch, (1, 0, 0))
-    adapted = build_asr_method("medusa-block", depth=1, width=1).run(
-        Resources(tiny_decoder, extras={"medusa_block": block}), tiny_decoder.encode(x, PROMPT), max_new_tokens=16,
-        eos_token_id=EOT, adaptive=AdaptiveDrafting())
-    assert adapted.tokens == greedy.tokens and adapted.stats.accepted_hist.get(2, 0) >= 3
+    # adaptive drafting, two plain passes beside each tree: the block reads those passes' states too
+    for schedule in ((1, 0, 0), (0, 0, 1)):
+        scripted(monkeypatch, schedule)
+        adapted = build_asr_method("medusa-block", depth=1, width=1).run(
+            Resources(tiny_decoder, extras={"medusa_block": block}), tiny_decoder.encode(x, PROMPT),
+            max_new_tokens=16, eos_token_id=EOT, adaptive=AdaptiveDrafting())
+        assert adapted.tokens == greedy.tokens and adapted.stats.accepted_hist.get(2, 0) >= 3
 
 
 def test_heads_file_carries_the_block(tiny_decoder, tmp_path):
