@@ -28,7 +28,7 @@ def main() -> None:
           "drafts up to k, or nothing, by the acceptance and pass costs measured so far; `mmaccel.core.adaptive`) "
           f"against greedy in the same run (decoder speed-up), and the target: at least {TARGET} at batch 1 and 8 "
           "on both splits. *Fixed k* is the same method drafting k every pass, in the same run (`adaptive=false` "
-          "rows, so far for the two headline methods: runs of other processes differ by more than the effect). "
+          "rows, for the two headline methods: runs of other processes differ by more than the effect). "
           "Produced by `bash benchmarks/asr_adaptive/run.sh`; table by `benchmarks/asr_adaptive/table.py`.\n")
     for stem, title in SPLITS.items():
         path = HERE / f"{stem}.json"
@@ -38,7 +38,7 @@ def main() -> None:
         doc = json.loads(path.read_text())
         rows = {(r["method"], r["batch"]): r for r in doc["results"]}
         print(f"## {title}\n\n{doc['config']['audio']}, {doc['config']['audio_s']} s; {doc['device']}; "
-              f"`{doc['command']}`\n")
+              f"run {doc['date']}; `{doc['command']}`\n")
         print("| method | batch | adaptive | fixed k | adaptive / fixed | passes per token | identical to greedy | "
               f"≥ {TARGET} |")
         print("|---|---|---|---|---|---|---|---|")

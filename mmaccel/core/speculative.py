@@ -107,7 +107,7 @@ class _Loop:
     def start(self, call: DecodeCall, inputs: Any, seed: int, eos: int | None, prompts: list[list[int]] | None) -> None:
         """The prefill (scoring the first drafts too where they come ahead), the first token and the proposer."""
         adaptive = self.config.adaptive
-        if (adaptive is not None and self.proposer is not None and self.proposer.skips and self.rule == "greedy"
+        if (adaptive is not None and getattr(self.proposer, "skips", False) and self.rule == "greedy"
                 and on_host(self.device)):
             rows = len(prompts) if prompts is not None else getattr(inputs, "batch_size", None)
             check(rows is not None, "adaptive drafting needs the batch size before the prefill: pass prompt_tokens")
@@ -159,7 +159,7 @@ class _Loop:
         chooser, block = self.lengths_chosen, self.block is not None
         active = None if chooser is None else ctx.active.tolist()
         k = self.width if chooser is None else self.first_k if block else chooser.choose(active)
-        if k and not block:
+        if chooser is not None and k and not block:     # outside the pass time the chooser measures
             with call.stats.timed("draft"):
                 self.proposer.ready()
         started = time.perf_counter()
