@@ -2,8 +2,9 @@
 
 A suite says how to run one method on one batch (`run_batch`) and how to score outputs against the
 baseline's (`quality`); the harness does the rest: warm-up (excluded), interleaving (all methods on
-batch i before batch i+1, so machine noise hits them alike), aggregation, ratios, and the JSON /
-Markdown / PNG outputs. Ratios are baseline / method, so > 1 is better.
+batch i before batch i+1, so machine noise hits them alike; their order rotates from batch to batch, so
+no method always runs first or right after another), aggregation, ratios, and the JSON / Markdown / PNG
+outputs. Ratios are baseline / method, so > 1 is better.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def run_suite(suite: Suite, seed: int = 0, log: Callable[[str], None] = print) -
         outputs = {spec.key: [] for spec in suite.methods}
         stats = {spec.key: DecodeStats() for spec in suite.methods}
         for i, inputs in enumerate(progress(batches, desc=f"{suite.name} batch size {batch_size}", unit="batch")):
-            for spec in suite.methods:
+            for spec in rotated(suite.methods, i):
                 out, st = suite.run_batch(spec, inputs, seed + i)
                 outputs[spec.key].extend(out)
                 stats[spec.key] = stats[spec.key] + st
@@ -105,6 +106,12 @@ def run_suite(suite: Suite, seed: int = 0, log: Callable[[str], None] = print) -
     if suite.finish is not None:
         suite.finish(doc)
     return doc
+
+
+def rotated(methods: list[MethodSpec], i: int) -> list[MethodSpec]:
+    """The order the methods run on batch `i`: the list turned left by i (the first batch keeps it)."""
+    i %= len(methods)
+    return methods[i:] + methods[:i]
 
 
 def device_name(device: torch.device | None = None) -> str:

@@ -30,7 +30,7 @@ PRIOR_TRIES = 2.0       # pseudo-passes of the method's pooled reach that start 
 PRIOR_REACH = 0.8       # before any pass: a row accepts at least j drafts 0.8 ** j of the time
 MEAN_RATE = 0.2         # how fast a draft length's mean seconds follow new passes
 POOLED_RATE = 0.05      # ... and the method's pooled reach (a prior: the method's usual, not its latest)
-SURE_AFTER = 3          # passes of one draft count after which its own mean is used rather than the line
+SURE_AFTER = 3          # passes of one draft length after which its own mean is used rather than the line
 
 
 @dataclass

@@ -85,8 +85,9 @@ class Proposer:
         what proposals need (a draft model's prefill, which a call that never drafts does not run)."""
 
     def skip(self, ctx: DraftContext, next_token: Tensor) -> None:
-        """A pass drafted nothing (adaptive drafting: a plain step): active row b emitted `next_token[b]`.
-        Proposers that read what they need from the context each time have nothing to do."""
+        """A pass drafted nothing (adaptive drafting: a plain step): active row b (`ctx.active`, which the loop
+        always sets) emitted `next_token[b]`. Proposers that read what they need from the context each time have
+        nothing to do."""
 
     def passes(self) -> int:
         """Draft forward passes run since the last call (for DecodeStats)."""
@@ -196,9 +197,8 @@ class DraftModelProposer(Proposer):
     def skip(self, ctx, next_token):
         """The token waits with the others the draft has not seen, fed with them at the next proposal."""
         dev = self.pending.device
-        active = torch.ones_like(next_token, dtype=torch.bool) if ctx.active is None else ctx.active
         self.pending, self.pending_counts = join_ragged(self.pending, self.pending_counts,
-                                                        next_token.to(dev)[:, None], active.to(dev).long())
+                                                        next_token.to(dev)[:, None], ctx.active.to(dev).long())
 
     def ready(self) -> None:
         if self.state is None:

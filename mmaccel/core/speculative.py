@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -82,6 +82,15 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
     call.stats.deviation_per_row = loop.spent.tolist()
     call.stats.deviation = float(sum(call.stats.deviation_per_row))
     return call.result(loop.out, max_new_tokens, loop.lengths)
+
+
+class _Drafted(NamedTuple):
+    """A pass's drafts, as `_Loop._draft` returns them."""
+    tokens: Tensor | None       # [B, K] a chain's drafts (None for a tree)
+    probs: Tensor | None        # the draft's probabilities of them (sampled rules)
+    tree: Any                   # a tree of drafts, or None
+    lengths: Tensor | None      # drafts or nodes per row before the filler (None: every row has all)
+    own: Tensor | None          # a chain's own drafts per row, siblings aside (None: every row has all)
 
 
 class _Loop:
@@ -163,20 +172,18 @@ class _Loop:
             with call.stats.timed("draft"):
                 self.proposer.ready()
         started = time.perf_counter()
-        drafts, draft_probs, tree, lengths, own = self._draft(call, ctx, k)
+        d = self._draft(call, ctx, k)
         with call.stats.timed("verify"):
-            fed, logits, drafts = self._score(call, drafts, tree, lengths)
-            verdict, path, target_probs = _verify(self.rule, self.params, logits, drafts, draft_probs, tree,
+            fed, logits, drafts = self._score(call, d.tokens, d.tree, d.lengths)
+            verdict, path, target_probs = _verify(self.rule, self.params, logits, drafts, d.probs, d.tree,
                                                   self.sampling, self.sampler, ctx)
-        self._commit(call, ctx, verdict, path, target_probs, drafts, fed, tree, skipped=k == 0)
+        self._commit(call, ctx, verdict, path, target_probs, drafts, fed, d.tree, skipped=k == 0)
         if chooser is not None:
-            chooser.record(k, None if own is None else own.tolist(), verdict.num_accepted.tolist(), active,
+            chooser.record(k, None if d.own is None else d.own.tolist(), verdict.num_accepted.tolist(), active,
                            None if block else time.perf_counter() - started)
 
-    def _draft(self, call: DecodeCall, ctx: DraftContext, k: int):
-        """(drafts [B, K] or None, their probs or None, a tree or None, drafts or nodes per row before the filler,
-        a chain's own drafts per row; both None where every row has all) of a pass drafting at most `k` (0: a
-        plain step)."""
+    def _draft(self, call: DecodeCall, ctx: DraftContext, k: int) -> _Drafted:
+        """What a pass drafting at most `k` (0: a plain step) feeds the target."""
         lengths = own = None
         with call.stats.timed("draft"):
             if self.block is not None:
@@ -195,7 +202,7 @@ class _Loop:
                 drafts, probs, tree = None, None, self.proposer.propose_tree(ctx, *self.config.tree)
         if self.proposer is not None:
             call.draft_passes(self.proposer.passes())
-        return drafts, probs, tree, lengths, own
+        return _Drafted(drafts, probs, tree, lengths, own)
 
     def _score(self, call: DecodeCall, drafts: Tensor | None, tree, lengths: Tensor | None):
         """The target's logits over the fed block: (fed, logits, drafts as they are verified)."""

@@ -255,8 +255,7 @@ class EagleProposer(DraftModelProposer):
 
     def skip(self, ctx, next_token):
         """The loop keeps the plain step's feature after the unread ones; its token goes after theirs."""
-        active = torch.ones_like(next_token, dtype=torch.bool) if ctx.active is None else ctx.active
-        self.committed, _ = join_ragged(self.committed, ctx.committed_counts, next_token[:, None], active.long())
+        self.committed, _ = join_ragged(self.committed, ctx.committed_counts, next_token[:, None], ctx.active.long())
 
     def observe(self, ctx, num_accepted, next_token, target_probs, accepted_tokens):
         self.state.rollback(self._fed)        # drafted entries hold the head's guessed features

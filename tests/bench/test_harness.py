@@ -47,6 +47,25 @@ def test_suite_document_shape_and_ratios(pipe, tmp_path):
     assert json.loads(paths[0].read_text()) == doc
 
 
+def test_methods_run_in_an_order_that_rotates_from_batch_to_batch(pipe):
+    methods = [MethodSpec("ar"), MethodSpec("speculative", {"k": 3}), MethodSpec("ngram", {"k": 2})]
+    suite = tiny_suite(pipe, methods)
+    calls, run = [], suite.run_batch
+
+    def recording(spec, inputs, seed):
+        calls.append((spec.name, tuple(inputs), seed))
+        return run(spec, inputs, seed)
+
+    suite.run_batch, suite.warmup = recording, None
+    doc = run_suite(suite, log=lambda m: None)
+    names = [name for name, _, _ in calls]
+    assert names == ["ar", "speculative", "ngram", "speculative", "ngram", "ar",        # batch size 1
+                     "ar", "speculative", "ngram", "speculative", "ngram", "ar"]        # batch size 2
+    assert {seed for name, inputs, seed in calls if inputs == ("a dog ran far",)} == {1}    # every method, same seed
+    for r in doc["results"]:        # outputs in input order whatever the order the methods ran in
+        assert r["quality"]["identical_to_ar"] == 1.0
+
+
 def test_a_lossless_claim_is_checked_against_the_baseline(pipe):
     methods = [MethodSpec("ar"), MethodSpec("speculative", {"k": 3})]
     doc = run_suite(tiny_suite(pipe, methods, corrupt="speculative"), log=lambda m: None)
