@@ -192,7 +192,19 @@ class DraftModelProposer(Proposer):
         logits = self.state.logits
         self.pending = torch.zeros(logits.shape[0], 0, dtype=torch.long, device=logits.device)
         self.pending_counts = self._fed_pending = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
-        return self._chain(logits, None, None, k).tokens
+        opening = getattr(self.draft, "opening", lambda inputs: None)(inputs)
+        if opening is None:
+            return self._chain(logits, None, None, k).tokens
+        # tokens the draft takes as given (fed now, so verified and rolled back like drafts), then its chain
+        if k == opening.shape[1]:
+            self._fed, self._tree, self._branched, self._drafts = 0, None, False, opening
+            return opening
+        step, shortlist = self._greedy_step()
+        logits = step(self.state, opening)[:, -1]
+        self._passes += 1
+        chain = self._chain(logits, shortlist, None, k - opening.shape[1]).tokens
+        self._fed, self._drafts = self._fed + opening.shape[1], torch.cat([opening, chain], 1)
+        return self._drafts
 
     def skip(self, ctx, next_token):
         """The token waits with the others the draft has not seen, fed with them at the next proposal."""

@@ -77,6 +77,7 @@ class WhisperDecoderModel:
         self._ops = [LayerOps(layer, quantized) for layer in decoder.layers[: self.num_layers]]
         self.quantized = quantized
         self.feature_layers: tuple[int, ...] = ()     # see `feature_view`
+        self.reads_timestamps_as_none = False          # see `as_read` (drafts trained without timestamps)
         self.vocab_size = cfg.vocab_size
         self.num_heads = cfg.decoder_attention_heads
         self.head_dim = cfg.d_model // self.num_heads
@@ -334,10 +335,25 @@ class WhisperDecoderModel:
             positions = positions.to(self.device)
             expect(positions < self.max_positions, beyond)
             pos = table[positions.clamp(max=self.max_positions - 1)]
-        h = F.embedding(tokens, self.decoder.embed_tokens.weight)
+        h = F.embedding(self.as_read(state, tokens), self.decoder.embed_tokens.weight)
         if self.embed_scale != 1.0:
             h = h * self.embed_scale
         return h + pos, step
+
+    def as_read(self, state: DecodeState, tokens: Tensor) -> Tensor:
+        """`tokens` as this model embeds them: a draft (`reads_timestamps_as_none`) decoding in timestamp mode reads
+        every timestamp as <|notimestamps|>, so that the transcript it sees is the one it was trained on (the first
+        timestamp stands where <|notimestamps|> ends the prompt without timestamps); the cache keeps the real ids."""
+        rules = state.extras["inputs"].rules if self.reads_timestamps_as_none and "inputs" in state.extras else None
+        return tokens if rules is None else tokens.clamp(max=rules.no_timestamps)
+
+    def opening(self, inputs: EncodedAudio) -> Tensor | None:
+        """The first transcript tokens [B, W] a draft that reads timestamps as <|notimestamps|> takes as given when
+        it drafts ahead of the target's prefill: in timestamp mode <|0.00|> (the usual first timestamp; read as
+        <|notimestamps|>, after which the draft was trained to guess the text), so that its first drafts are
+        <|0.00|> and the text after it. None: it drafts from the prompt alone."""
+        rules = inputs.rules if self.reads_timestamps_as_none else None
+        return None if rules is None else torch.full((inputs.batch_size, 1), rules.timestamp_begin, device=self.device)
 
     def begin(self, state: DecodeState, num_new: int, tree_mask: Tensor | None = None) -> tuple[LayerStep, Tensor]:
         """Claim `num_new` cache slots per row; returns the pass's `LayerStep` and the old lengths [B]

@@ -56,9 +56,11 @@ class WhisperDraft:
         projection = None
         if self.vocab is not None:
             projection = ShortlistProjection(target.decoder.embed_tokens.weight, self.vocab, quantized=quantized)
-        return target._same_switches(WhisperDecoderModel(
+        model = target._same_switches(WhisperDecoderModel(
             self.hf, target.suppress_tokens, target.begin_suppress_tokens, cross_layers=self.layers,
             projection=projection, cross_window=self.cross_window, quantized=quantized))
+        model.reads_timestamps_as_none = True       # trained on transcripts without timestamps
+        return model
 
 
 def new_draft(target_hf, layers: list[int] | tuple[int, ...] = (0, -1), cross_window: int | None = None) -> WhisperDraft:

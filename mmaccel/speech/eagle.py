@@ -152,7 +152,7 @@ class EagleDecoder:
 
     def outputs(self, state: DecodeState, x: Tensor, tokens: Tensor) -> Tensor:
         """Append pairs (normalised features [B, T, d], tokens [B, T]); the head's outputs g [B, T, d] (causal)."""
-        emb = F.embedding(tokens.to(self.embedding.device), self.embedding) * self.embed_scale
+        emb = F.embedding(self.block.as_read(state, tokens.to(self.embedding.device)), self.embedding) * self.embed_scale
         # fc stays in fp32: int8 products quantise their input per tensor, which would drown the
         # embedding half in the feature half's range
         h = self.head.fc(torch.cat([emb, x.to(emb.dtype)], -1))
@@ -231,15 +231,29 @@ class EagleProposer(DraftModelProposer):
         self.committed = ctx.pending[:, None]                   # the last prompt position's next token
 
     def can_start_drafting(self, inputs) -> bool:
-        return inputs.prompt.shape[1] >= 2      # the start feature goes with the prompt's tokens after the first
+        # the start feature goes with the tokens after the prompt's first (the opening's too)
+        opening = self.draft.block.opening(inputs)
+        return inputs.prompt.shape[1] + (0 if opening is None else opening.shape[1]) >= 2
 
     def start_drafting(self, inputs, room, k):
         check(k >= 1, f"draft length k must be >= 1, got {k}")
         self.state = self.draft.prefill(inputs, room + 1)
-        logits = self.draft.start(self.state, inputs.prompt)
+        # tokens the head takes as given (`WhisperDecoderModel.opening`): entries after the prompt's, dropped
+        # after verification like the drafted ones, then its chain
+        opening = self.draft.block.opening(inputs)
+        given = 0 if opening is None else opening.shape[1]
+        logits = self.draft.start(self.state, inputs.prompt if opening is None else torch.cat([inputs.prompt, opening], 1))
         self._passes += 1
+        if k == given:
+            self.state.rollback(given)
+            self._fed, self._tree, self._branched, self._drafts = 0, None, False, opening
+            return opening
         active = torch.ones(inputs.batch_size, dtype=torch.bool, device=logits.device)
-        return self._chain(logits, self.draft.shortlist, active, k).tokens
+        chain = self._chain(logits, self.draft.shortlist, active, k - given).tokens
+        if opening is None:
+            return chain
+        self._fed, self._drafts = self._fed + given, torch.cat([opening, chain], 1)
+        return self._drafts
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         check(k >= 1, f"draft length k must be >= 1, got {k}")

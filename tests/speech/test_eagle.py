@@ -8,6 +8,7 @@ from torch import nn
 
 from mmaccel.core.adaptive import AdaptiveDrafting
 from mmaccel.core.methods import Resources
+from mmaccel.core.proposers import DraftModelProposer
 from mmaccel.core.sampling import Sampling
 from mmaccel.errors import InputError
 from mmaccel.speech.decoder import EncodedAudio
@@ -262,3 +263,31 @@ def test_bad_eagle_calls_are_named(tiny_decoder):
     for bad in [(3,), (1, 1), (-1,)]:
         with pytest.raises(InputError, match="feature layers must be distinct target layers in"):
             new_eagle_head(tiny_decoder, feature_layers=bad)
+
+
+def test_in_timestamp_mode_drafts_ahead_open_with_the_first_timestamp_then_draft_as_without(tiny_en_asr):
+    """Drafts trained without timestamps read each as <|notimestamps|>: ahead of the prefill in timestamp mode they
+    take <|0.00|> as given (where <|notimestamps|> ends the prompt without timestamps), so what they draft after it
+    is what they draft without timestamps, the EAGLE head and the draft decoder alike."""
+    from mmaccel.speech.audio import load_audio, log_mel, split_long
+    from mmaccel.speech.data import real_utterances
+    from mmaccel.speech.draft import new_draft
+    from mmaccel.speech.timestamps import TimestampRules
+
+    asr, tokens = tiny_en_asr, tiny_en_asr.bundle.tokens
+    clip = split_long(load_audio(real_utterances()[0].audio_filepath))[0]
+    x = log_mel(asr.bundle.feature_extractor, [clip])
+    plain_prompt, timed_prompt = asr.bundle.prompt("en"), asr.bundle.prompt("en", "transcribe", True)
+    rules = TimestampRules(tokens.no_timestamps, tokens.end_of_text, len(timed_prompt))
+    draft = new_draft(asr.model.hf, (0, -1))
+    draft.vocab = torch.arange(tokens.end_of_text + 1)                  # the text tokens and <|endoftext|>
+    for make in (lambda: EagleProposer(asr.resources().extras["eagle"]),
+                 lambda: DraftModelProposer(draft.decoder_model(asr.model))):
+        plain = make().start_drafting(asr.model.encode(x, plain_prompt), 32, 4)
+        timed_inputs = asr.model.encode(x, timed_prompt, rules=rules)
+        proposer = make()
+        assert proposer.can_start_drafting(timed_inputs)        # tiny.en's timed prompt is <|startoftranscript|> alone
+        timed = proposer.start_drafting(timed_inputs, 32, 4)
+        assert timed[0, 0] == rules.timestamp_begin and timed[0, 1:].tolist() == plain[0, :3].tolist()
+        assert proposer._fed == 3                                # <|0.00|> and two drafts: rolled back as drafts are
+        assert proposer.start_drafting(timed_inputs, 32, 1).tolist() == [[rules.timestamp_begin]]
