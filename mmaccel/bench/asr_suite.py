@@ -34,6 +34,7 @@ import torch
 from transformers.modeling_outputs import BaseModelOutput
 
 from mmaccel.bench.harness import MethodSpec, Suite
+from mmaccel.core.quant import fast_bf16_matmul
 from mmaccel.core.stats import DecodeStats, track_peak_memory
 from mmaccel.errors import InputError, check
 from mmaccel.metrics.wer import corpus_wer, normalizer_version
@@ -71,17 +72,21 @@ DEFAULT_METHODS = [
 ]
 FULL_TTS, QUICK_TTS = 60, 6
 # with the product's features on (`--timestamps`, `--vad`): the lossless methods that gain most, against
-# faster-whisper with the same features; also on the bf16 encoder, as faster-whisper int8 runs a cheaper encoder
-# too (each utterance is a padded 30-s window, so the encoder is over half of the time whatever the decoder does)
+# faster-whisper with the same features
 FEATURE_METHODS = [
     MethodSpec("greedy"),
     MethodSpec("eagle", {"k": 4, "stop_below": 0.0}, label="eagle-k4"),
     MethodSpec("speculative", {"k": 4}, label="speculative-k4"),
+    MethodSpec("faster-whisper", {"compute_type": "int8"}, label="faster-whisper-int8"),
+    MethodSpec("faster-whisper", {"compute_type": "float32"}, label="faster-whisper-fp32"),
+]
+# ... and on the bf16 encoder where bf16 products run natively (faster-whisper int8 runs a cheaper encoder too, and
+# each utterance is a padded 30-s window, so the encoder is over half of the time whatever the decoder does);
+# without bf16 units they are emulated, several times slower than fp32 (measured: RTFx 0.5 against 1.9)
+BF16_FEATURE_METHODS = [
     MethodSpec("greedy", {"encoder": "bf16"}, label="greedy-enc-bf16"),
     MethodSpec("eagle", {"k": 4, "stop_below": 0.0, "encoder": "bf16"}, label="eagle-k4-enc-bf16"),
     MethodSpec("speculative", {"k": 4, "encoder": "bf16"}, label="speculative-k4-enc-bf16"),
-    MethodSpec("faster-whisper", {"compute_type": "int8"}, label="faster-whisper-int8"),
-    MethodSpec("faster-whisper", {"compute_type": "float32"}, label="faster-whisper-fp32"),
 ]
 TIMESTAMPS = ("segments", "words")
 
@@ -120,13 +125,16 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
     """`heads` / `draft`: as `mmaccel asr transcribe` takes them ("auto", "none", or files; heads comma-separated).
     `split`: "in-domain" (the real clips and held-out TTS utterances) or "ood" (`load_corpus`).
     `timestamps` ("segments" or "words") and `vad`: every method (faster-whisper too) decodes with these
-    features on; the default methods are then `FEATURE_METHODS`."""
+    features on; the default methods are then `FEATURE_METHODS` (and `BF16_FEATURE_METHODS` where bf16 is native)."""
     from mmaccel.speech.pipeline import ASRPipeline, draft_option, heads_option
 
     check(timestamps in (None, *TIMESTAMPS), f"timestamps must be one of {TIMESTAMPS}, got {timestamps!r}")
     features = {"timestamps": timestamps is not None, "word_timestamps": timestamps == "words", "vad_filter": vad}
     featured = timestamps is not None or vad
-    methods = methods or (FEATURE_METHODS if featured else DEFAULT_METHODS)
+    if not methods and featured:
+        bf16 = BF16_FEATURE_METHODS if fast_bf16_matmul(torch.device(device or "cpu")) else []
+        methods = FEATURE_METHODS[:3] + bf16 + FEATURE_METHODS[3:]
+    methods = methods or DEFAULT_METHODS
     hf = [m.name for m in methods if m.name.startswith("hf-")]
     check(not (featured and hf), f"{hf[0] if hf else ''} decodes without timestamps or VAD; leave it out of a "
           "--timestamps / --vad run")

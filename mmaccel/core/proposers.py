@@ -195,15 +195,20 @@ class DraftModelProposer(Proposer):
         opening = getattr(self.draft, "opening", lambda inputs: None)(inputs)
         if opening is None:
             return self._chain(logits, None, None, k).tokens
-        # tokens the draft takes as given (fed now, so verified and rolled back like drafts), then its chain
         if k == opening.shape[1]:
-            self._fed, self._tree, self._branched, self._drafts = 0, None, False, opening
-            return opening
+            return self._opened(opening)
         step, shortlist = self._greedy_step()
         logits = step(self.state, opening)[:, -1]
         self._passes += 1
-        chain = self._chain(logits, shortlist, None, k - opening.shape[1]).tokens
-        self._fed, self._drafts = self._fed + opening.shape[1], torch.cat([opening, chain], 1)
+        return self._opened(opening, self._chain(logits, shortlist, None, k - opening.shape[1]).tokens)
+
+    def _opened(self, opening: Tensor, chain: Tensor | None = None) -> Tensor:
+        """Drafts ahead that start with tokens the draft takes as given (`opening` [B, W], fed to it before `chain`,
+        so verified and rolled back as drafts are); without a chain, the opening is all and nothing was fed."""
+        if chain is None:
+            self._fed, self._tree, self._branched, self._drafts = 0, None, False, opening
+        else:
+            self._fed, self._drafts = self._fed + opening.shape[1], torch.cat([opening, chain], 1)
         return self._drafts
 
     def skip(self, ctx, next_token):

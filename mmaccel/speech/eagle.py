@@ -246,14 +246,10 @@ class EagleProposer(DraftModelProposer):
         self._passes += 1
         if k == given:
             self.state.rollback(given)
-            self._fed, self._tree, self._branched, self._drafts = 0, None, False, opening
-            return opening
+            return self._opened(opening)
         active = torch.ones(inputs.batch_size, dtype=torch.bool, device=logits.device)
         chain = self._chain(logits, self.draft.shortlist, active, k - given).tokens
-        if opening is None:
-            return chain
-        self._fed, self._drafts = self._fed + given, torch.cat([opening, chain], 1)
-        return self._drafts
+        return chain if opening is None else self._opened(opening, chain)
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         check(k >= 1, f"draft length k must be >= 1, got {k}")

@@ -1,0 +1,126 @@
+"""The page of issue 47 item 5 (benchmarks/asr_features/README.md) from the JSON the scripts here wrote.
+
+Usage: .venv/bin/python benchmarks/asr_features/table.py > benchmarks/asr_features/README.md
+"""
+
+import json
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PEER = "faster-whisper-int8"
+RTFX_TARGET, DELAY_MEDIAN, DELAY_P90, STREAM_WER, VAD_WER, TIME_MEDIAN, TIME_P90 = 1.3, 2.0, 4.0, 1.0, 0.5, 0.10, 0.30
+
+
+def load(name: str) -> dict | None:
+    path = HERE / name
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def yes(ok: bool) -> str:
+    return "yes" if ok else "**no**"
+
+
+def speed(doc: dict | None, title: str) -> None:
+    print(f"### {title}\n")
+    if doc is None:
+        print("Not run yet.\n")
+        return
+    c = doc["config"]
+    print(f"{c['audio']}, {c['audio_s']} s; {doc['device']}; run {doc['date']}. RTFx: audio seconds per second of "
+          "transcription (features, encoder, decoding, segments, word alignment, VAD).\n")
+    print(f"| method | batch | RTFx | × {PEER} | WER | {PEER} WER | decoder speed-up | passes per token | "
+          f"≥ {RTFX_TARGET}× at ≤ its WER |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    peers = {r["batch"]: r for r in doc["results"] if r["method"] == PEER}
+    for r in doc["results"]:
+        if r["method"].startswith("faster-whisper"):
+            continue
+        q, peer = r["quality"], peers[r["batch"]]["quality"]
+        ratio = q["rtfx"] / peer["rtfx"]
+        print(f"| {r['method']} | {r['batch']} | {q['rtfx']:.2f} | {ratio:.2f} | {q['wer']:.2f} | {peer['wer']:.2f} | "
+              f"{q.get('decoder_speedup', 1.0):.3f} | {q.get('passes_per_token', 1.0):.3f} | "
+              f"{yes(ratio >= RTFX_TARGET and q['wer'] <= peer['wer'])} |")
+    fp32 = {r["batch"]: r["quality"] for r in doc["results"] if r["method"] == "faster-whisper-fp32"}
+    print("\n" + "; ".join(f"batch {b}: {PEER} RTFx {peers[b]['quality']['rtfx']:.2f}, faster-whisper-fp32 "
+                           f"{fp32[b]['rtfx']:.2f} (WER {fp32[b]['wer']:.2f})" for b in sorted(fp32)) + "\n")
+
+
+def main() -> None:
+    print("# Whisper with the product's features on, against faster-whisper (issue 47 item 5)\n")
+    print("Whisper base on 2 CPU cores. Every number on this page comes from a script in this folder; the command "
+          "is in each JSON. Run them on an idle machine: `bash benchmarks/asr_features/run.sh` (speed, streaming), "
+          "`parity.py`, `vad_wer.py`, `long_audio.py`; this page: `table.py > README.md`.\n")
+    print("## Speed with word timestamps and VAD on (`mmaccel bench asr --timestamps words --vad`)\n")
+    print("Every method, faster-whisper too, decodes with word timestamps and Silero VAD; faster-whisper at batch 1 "
+          "is `WhisperModel.transcribe`, at batch 8 its `BatchedInferencePipeline`. Our methods are lossless against "
+          "greedy on the same encoder; `enc-bf16` rows run the encoder in bf16 (relaxed: their WER is the price, "
+          "reported), as faster-whisper int8 runs its encoder in int8; they mean something only where bf16 products "
+          "are native (the device names `avx512_bf16` or `amx_bf16`; elsewhere they are emulated, several times "
+          "slower, and `bench asr` leaves them out).\n")
+    speed(load("words_vad.json"), "In domain")
+    speed(load("words_vad_ood.json"), "Out of domain")
+    print("## Live transcription (`mmaccel bench asr-stream`)\n")
+    stream = load("stream.json")
+    if stream is None:
+        print("Not run yet.\n")
+    else:
+        c = stream["config"]
+        print(f"{c['audio']}, {c['audio_s']} s played at real time in {c['chunk_s']}-s chunks; {stream['device']}; "
+              f"run {stream['date']}. Delay: wall time of a word's commit minus the moment its end was spoken.\n")
+        print(f"| method | words | median delay (s) | p90 (s) | max (s) | WER streamed | WER offline | median ≤ "
+              f"{DELAY_MEDIAN}, p90 ≤ {DELAY_P90}, WER within {STREAM_WER} |")
+        print("|---|---|---|---|---|---|---|---|")
+        for r in stream["results"]:
+            ok = r["delay_median_s"] <= DELAY_MEDIAN and r["delay_p90_s"] <= DELAY_P90 and \
+                r["wer_stream"] <= r["wer_offline"] + STREAM_WER
+            print(f"| {r['method']} | {r['words']} | {r['delay_median_s']:.2f} | {r['delay_p90_s']:.2f} | "
+                  f"{r['delay_max_s']:.2f} | {r['wer_stream']:.2f} | {r['wer_offline']:.2f} | {yes(ok)} |")
+        print()
+    print("## Word times against faster-whisper's (`parity.py`)\n")
+    print("Our greedy word timestamps against faster-whisper's on the same weights and audio (no VAD), where both "
+          "give the same words; the JSON lists every utterance whose words differ.\n")
+    print(f"| split | faster-whisper | utterances | same words | word times | median abs Δ (s) | p90 (s) | max (s) | "
+          f"median ≤ {TIME_MEDIAN}, p90 ≤ {TIME_P90} |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in ("parity.json", "parity_ood.json"):
+        doc = load(name)
+        if doc is None:
+            print(f"| {name}: not run yet | | | | | | | | |")
+            continue
+        for compute, r in doc["results"].items():
+            ok = r["median_abs_delta_s"] <= TIME_MEDIAN and r["p90_abs_delta_s"] <= TIME_P90
+            print(f"| {doc['split']} | {compute} | {r['utterances']} | {r['same_words']} | {r['word_times']} | "
+                  f"{r['median_abs_delta_s']:.3f} | {r['p90_abs_delta_s']:.3f} | {r['max_abs_delta_s']:.3f} | {yes(ok)} |")
+    print()
+    print("## VAD on clean speech (`vad_wer.py`)\n")
+    doc = load("vad_wer.json")
+    if doc is None:
+        print("Not run yet.\n")
+    else:
+        print(f"{doc['audio']}; greedy, batch {doc['batch']}; {doc['device']}.\n")
+        print(f"| word timestamps | WER, VAD off | WER, VAD on | transcripts changed | on ≤ off + {VAD_WER} |")
+        print("|---|---|---|---|---|")
+        for words in (False, True):
+            off, on = (next(r for r in doc["results"] if r["word_timestamps"] == words and r["vad"] == v)
+                       for v in (False, True))
+            print(f"| {'yes' if words else 'no'} | {off['wer']:.2f} | {on['wer']:.2f} | "
+                  f"{on.get('changed_transcripts', '—')} | {yes(on['wer'] <= off['wer'] + VAD_WER)} |")
+        print()
+    print("## Long audio (`long_audio.py`)\n")
+    doc = load("long_audio.json")
+    if doc is None:
+        print("Not run yet.\n")
+    else:
+        print(f"The in-domain corpus repeated into one file, transcribed from disk with {doc['features']} at batch "
+              f"{doc['batch']}, each in a fresh process; memory: the process's peak resident set, and what the "
+              f"transcription added to the loaded model; {doc['device']}.\n")
+        print("| tool | minutes | RTFx | WER | loaded (MB) | peak (MB) | added (MB) |")
+        print("|---|---|---|---|---|---|---|")
+        for r in doc["results"]:
+            print(f"| {r['tool']} | {r['minutes']:g} | {r['rtfx']:.2f} | {r['wer']:.2f} | {r['loaded_mb']} | "
+                  f"{r['peak_mb']} | {r['added_mb']} |")
+        print()
+
+
+if __name__ == "__main__":
+    main()
