@@ -45,6 +45,23 @@ def speed(doc: dict | None, title: str) -> None:
                            f"{fp32[b]['rtfx']:.2f} (WER {fp32[b]['wer']:.2f})" for b in sorted(fp32)) + "\n")
 
 
+def encoder_cost(doc: dict | None) -> None:
+    print("### The encoder's fixed cost (`encoder_cost.py`)\n")
+    if doc is None:
+        print("Not run yet.\n")
+        return
+    print("Every utterance is one padded 30-s window through the encoder, for faster-whisper as for us, whatever the "
+          f"decoding method. Seconds per window, median of {len(doc['results'][0]['rounds'])} interleaved rounds; "
+          f"{doc['device']}; run {doc['date']}.\n")
+    batches = sorted({r["batch"] for r in doc["results"]})
+    print("| encoder | " + " | ".join(f"batch {b} (s per window)" for b in batches) + " |")
+    print("|---|" + "---|" * len(batches))
+    cost = {(r["encoder"], r["batch"]): r["seconds_per_window"] for r in doc["results"]}
+    for name in dict.fromkeys(r["encoder"] for r in doc["results"]):
+        print(f"| {name} | " + " | ".join(f"{cost[name, b]:.3f}" for b in batches) + " |")
+    print()
+
+
 def main() -> None:
     print("# Whisper with the product's features on, against faster-whisper (issue 47 item 5)\n")
     print("Whisper base on 2 CPU cores. Every number on this page comes from a script in this folder; the command "
@@ -59,6 +76,7 @@ def main() -> None:
           "slower, and `bench asr` leaves them out).\n")
     speed(load("words_vad.json"), "In domain")
     speed(load("words_vad_ood.json"), "Out of domain")
+    encoder_cost(load("encoder_cost.json"))
     print("## Live transcription (`mmaccel bench asr-stream`)\n")
     stream = load("stream.json")
     if stream is None:

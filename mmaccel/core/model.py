@@ -62,7 +62,9 @@ class DecoderModel(Protocol):
     [S], ascending) and `shortlist_step` (`step`'s logits at those ids only, [B, T, S]); greedy
     drafting (`DraftModelProposer`) then never builds full-vocabulary logits. A model offering
     `prefill_with(inputs, room, tokens [B, T]) -> (state, logits [B, 1 + T, V])` (prefill and a step
-    over `tokens` in one pass) has greedy drafts of its first tokens verified by its prefill pass.
+    over `tokens` in one pass) has greedy drafts of its first tokens verified by its prefill pass; a
+    draft model offering `opening(inputs) -> Tensor [B, W] | None` starts those drafts with the W
+    tokens it returns, taken as given (Whisper's first timestamp in timestamp mode).
     A model with `skips_filler = True` takes `step(..., valid=[B])`: only the first valid[b] tokens
     (tree nodes) of row b need logits, and it may leave the rest out of its products (their logits
     and cache entries are arbitrary; the loop rolls them back). Greedy verification then skips

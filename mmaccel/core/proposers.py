@@ -192,7 +192,7 @@ class DraftModelProposer(Proposer):
         logits = self.state.logits
         self.pending = torch.zeros(logits.shape[0], 0, dtype=torch.long, device=logits.device)
         self.pending_counts = self._fed_pending = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
-        opening = getattr(self.draft, "opening", lambda inputs: None)(inputs)
+        opening = self.draft.opening(inputs) if hasattr(self.draft, "opening") else None     # see DecoderModel
         if opening is None:
             return self._chain(logits, None, None, k).tokens
         if k == opening.shape[1]:

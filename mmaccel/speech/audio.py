@@ -136,9 +136,13 @@ def _check_rate(rate, name: str) -> int:
     return int(rate)
 
 
+def check_finite(samples: np.ndarray, name: str) -> None:
+    check(bool(np.isfinite(samples).all()), f"{name}: audio contains NaN or inf samples")
+
+
 def _mono(samples: np.ndarray, name: str) -> np.ndarray:
     """[samples, channels] float32 -> [samples], the channels' mean (a new array)."""
-    check(bool(np.isfinite(samples).all()), f"{name}: audio contains NaN or inf samples")
+    check_finite(samples, name)
     return samples.mean(axis=1) if samples.shape[1] > 1 else samples[:, 0].copy()
 
 

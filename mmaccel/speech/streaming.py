@@ -24,7 +24,7 @@ import numpy as np
 
 from mmaccel.errors import check
 from mmaccel.speech.alignment import Word
-from mmaccel.speech.audio import SAMPLE_RATE, WINDOW_S, Audio, Resampler, is_silent
+from mmaccel.speech.audio import SAMPLE_RATE, WINDOW_S, Audio, Resampler, check_finite, is_silent
 
 TOLERANCE_S = 0.5        # a hypothesis word that starts up to this much before the last committed end may be new
 MAX_REPEAT = 5           # ... unless it repeats the committed words' tail (up to this many words)
@@ -112,7 +112,7 @@ class Streamer:
         """Add a chunk of samples (mono, the stream's sample rate); decode when `min_chunk_s` has gathered."""
         chunk = np.asarray(chunk, dtype=np.float32)
         check(chunk.ndim == 1, f"a stream's chunks are mono sample arrays, got shape {chunk.shape}")
-        check(bool(np.isfinite(chunk).all()), "a stream chunk contains NaN or inf samples")
+        check_finite(chunk, "a stream chunk")
         samples = self.resample(chunk)
         if self.t0 is None:
             self.t0 = self.clock() - len(samples) / SAMPLE_RATE
