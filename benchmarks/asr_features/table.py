@@ -20,14 +20,20 @@ def yes(ok: bool) -> str:
     return "yes" if ok else "**no**"
 
 
+def padding(config: dict) -> str:
+    """The run's log-mel padding: runs before it was recorded padded with the log-mel of silence."""
+    how = config.get("mel_padding", "silence")
+    return f"log-mel padded with {how}" + ("" if how == "zeros" else " (faster-whisper pads with zeros: WER not comparable)")
+
+
 def speed(doc: dict | None, title: str) -> None:
     print(f"### {title}\n")
     if doc is None:
         print("Not run yet.\n")
         return
     c = doc["config"]
-    print(f"{c['audio']}, {c['audio_s']} s; {doc['device']}; run {doc['date']}. RTFx: audio seconds per second of "
-          "transcription (features, encoder, decoding, segments, word alignment, VAD).\n")
+    print(f"{c['audio']}, {c['audio_s']} s; {doc['device']}; run {doc['date']}; {padding(c)}. RTFx: audio seconds "
+          "per second of transcription (features, encoder, decoding, segments, word alignment, VAD).\n")
     print(f"| method | batch | RTFx | × {PEER} | WER | {PEER} WER | decoder speed-up | passes per token | "
           f"≥ {RTFX_TARGET}× at ≤ its WER |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -84,7 +90,7 @@ def main() -> None:
     else:
         c = stream["config"]
         print(f"{c['audio']}, {c['audio_s']} s played at real time in {c['chunk_s']}-s chunks; {stream['device']}; "
-              f"run {stream['date']}. Delay: wall time of a word's commit minus the moment its end was spoken.\n")
+              f"run {stream['date']}; {padding(c)}. Delay: wall time of a word's commit minus the moment its end was spoken.\n")
         print(f"| method | words | median delay (s) | p90 (s) | max (s) | WER streamed | WER offline | median ≤ "
               f"{DELAY_MEDIAN}, p90 ≤ {DELAY_P90}, WER within {STREAM_WER} |")
         print("|---|---|---|---|---|---|---|---|")

@@ -38,7 +38,7 @@ def main() -> None:
             print(rows[-1], flush=True)
         rows[-1]["changed_transcripts"] = sum(a != b for a, b in zip(texts[False], texts[True]))
     doc = {"command": "python benchmarks/asr_features/vad_wer.py --out benchmarks/asr_features/vad_wer.json",
-           "device": device_name(), "model": "builtin:base", "method": "greedy", "batch": 8,
+           "device": device_name(), "model": "builtin:base", "mel_padding": asr.mel_padding, "method": "greedy", "batch": 8,
            "audio": f"{len(corpus)} in-domain utterances (18 real clips, 60 held-out TTS), clean",
            "wer": f"corpus WER, {normalizer_version()}", "results": rows}
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")

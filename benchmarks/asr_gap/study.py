@@ -12,10 +12,17 @@ Whisper base on the same weights, English. Decoders:
   timestamps, temperature fallback, conditioned on earlier text).
 
 Where our greedy and faster-whisper float32's greedy (the same decoding rules) give different tokens, the first
-token they differ at is looked up in our model's log-probabilities there: fp32 numerics (and the two mel front
-ends) can only flip near-ties, so a small margin is numerics; a token one side suppresses is a rule.
+token they differ at is looked up in our model's log-probabilities there: fp32 numerics can only flip near-ties, so
+a small margin is numerics; a token one side suppresses is a rule; a large margin with no rule involved means the
+model saw other input.
 
-Usage: .venv/bin/python benchmarks/asr_gap/study.py --out benchmarks/asr_gap/study.json  (about 15 min on 2 cores)
+The finding (first run, 2026-11-29): with the log-mel of silence after a clip shorter than 30 s (what transformers'
+feature extractor gives, our front end until then) 38 of 48 transcripts differed from faster-whisper float32's,
+34 of them by a margin no numerics flip, none by suppression: the input differed. openai-whisper's `transcribe` and
+faster-whisper pad a window's log-mel with zeros after the audio's frames; with that rule (`audio.log_mel`, now the
+pipeline's default) our greedy gives faster-whisper float32's tokens. Both paddings are run here.
+
+Usage: .venv/bin/python benchmarks/asr_gap/study.py --out benchmarks/asr_gap/study.json  (about 40 min on 2 cores)
 """
 
 import argparse
@@ -93,18 +100,20 @@ def build_split(root: Path) -> list[dict]:
 
 
 def ours(utterances: list[dict]) -> tuple[dict, dict]:
-    """Our decoders' texts, and greedy's generated tokens (no timestamps)."""
+    """Our decoders' texts, and greedy's generated tokens (no timestamps) by log-mel padding."""
     from mmaccel.speech.pipeline import ASRPipeline
 
     asr = ASRPipeline.from_pretrained("builtin:base")
     audios = [u["audio"] for u in utterances]
     texts, tokens = {}, {}
-    for label, method, options in (("ours greedy", "greedy", {}), ("ours greedy, timestamps", "greedy",
-                                   {"timestamps": True}), ("ours beam 5", "beam", {"num_beams": 5})):
+    for label, method, options, padding in (
+            ("ours greedy", "greedy", {}, "zeros"), ("ours greedy, timestamps", "greedy", {"timestamps": True}, "zeros"),
+            ("ours beam 5", "beam", {"num_beams": 5}, "zeros"), ("ours greedy, log-mel of silence", "greedy", {}, "silence")):
+        asr.mel_padding = padding
         out = asr.transcribe(audios, method, batch_size=8, **options)
         texts[label] = out.texts
-        if label == "ours greedy":
-            tokens = {u["id"]: t.tokens for u, t in zip(utterances, out.transcripts)}
+        if method == "greedy" and not options:
+            tokens[padding] = {u["id"]: t.tokens for u, t in zip(utterances, out.transcripts)}
     return texts, tokens
 
 
@@ -133,9 +142,9 @@ def faster_whisper(utterances: list[dict]) -> tuple[dict, dict]:
     return texts, tokens
 
 
-def first_differences(utterances: list[dict], mine: dict, theirs: dict) -> list[dict]:
+def first_differences(utterances: list[dict], mine: dict, theirs: dict, padding: str) -> list[dict]:
     """For each utterance whose greedy tokens differ: where, both tokens, and our model's log-probabilities of
-    them there (teacher-forced on our tokens)."""
+    them there (teacher-forced on our tokens, the log-mel padded as ours was)."""
     import torch
 
     from mmaccel.speech.audio import log_mel
@@ -155,7 +164,7 @@ def first_differences(utterances: list[dict], mine: dict, theirs: dict) -> list[
         at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         x, y = (a + [eot])[at], (b + [eot])[at]
         with torch.inference_mode():
-            features = log_mel(bundle.feature_extractor, [u["audio"]])
+            features = log_mel(bundle.feature_extractor, [u["audio"]], padding)
             logits = bundle.model(input_features=features, decoder_input_ids=torch.tensor([prompt + a[:at]])).logits
         logp = torch.log_softmax(logits[0, -1].float(), -1)
         tok = bundle.tokenizer.decode
@@ -176,7 +185,8 @@ def main() -> None:
     texts, our_tokens = ours(utterances)
     peer, their_tokens = faster_whisper(utterances)
     texts.update(peer)
-    differences = first_differences(utterances, our_tokens, their_tokens)
+    differences = {padding: first_differences(utterances, tokens, their_tokens, padding)
+                   for padding, tokens in our_tokens.items()}
 
     def wer(rows: list[str], keep=lambda u: True) -> float:
         pairs = [(r, h) for u, r, h in zip(utterances, refs, rows) if keep(u)]
@@ -184,24 +194,27 @@ def main() -> None:
 
     table = {label: {"wer": wer(rows), **{how: wer(rows, lambda u, h=how: u["degradation"] == h)
                                            for how in DEGRADATIONS}} for label, rows in texts.items()}
-    near = [d for d in differences if abs(d["margin"]) < NEAR_TIE]
+
+    def compared(differences: list[dict]) -> dict:
+        return {"same_tokens": len(utterances) - len(differences), "differ": len(differences),
+                "near_ties": sum(abs(d["margin"]) < NEAR_TIE for d in differences),
+                "their_token_suppressed_by_us": sum(d["theirs_suppressed_here"] for d in differences),
+                "first_differences": differences}
+
     doc = {"command": "python benchmarks/asr_gap/study.py --out benchmarks/asr_gap/study.json",
            "device": device_name(), "model": "builtin:base", "wer": f"corpus WER, {normalizer_version()}",
            "split": {"utterances": len(utterances), "text": f"package descriptions of {PACKAGES}",
                      "voices": [v for _, v in VOICES], "degradations": list(DEGRADATIONS)},
            "wer_by_decoder": table,
-           "greedy_vs_faster_whisper_float32": {
-               "same_tokens": len(utterances) - len(differences), "differ": len(differences),
-               "near_ties": len(near), "their_token_suppressed_by_us": sum(d["theirs_suppressed_here"]
-                                                                          for d in differences),
-               "first_differences": differences},
+           "greedy_vs_faster_whisper_float32": {padding: compared(d) for padding, d in differences.items()},
            "utterances": [{k: v for k, v in u.items() if k != "audio"} | {label: rows[i] for label, rows in texts.items()}
                           for i, u in enumerate(utterances)]}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
     for label, row in table.items():
         print(f"{label:42s} " + " ".join(f"{k}={v}" for k, v in row.items()))
-    print({k: v for k, v in doc["greedy_vs_faster_whisper_float32"].items() if k != "first_differences"})
+    for padding, row in doc["greedy_vs_faster_whisper_float32"].items():
+        print(padding, {k: v for k, v in row.items() if k != "first_differences"})
 
 
 if __name__ == "__main__":

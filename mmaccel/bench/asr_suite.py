@@ -197,6 +197,7 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
               "draft": Path(asr.draft_source).name if asr.draft_source else None,
               "assistant": asr.assistant.name if asr.assistant else None,
               "threads": torch.get_num_threads(), "quick": quick, "timestamps": timestamps, "vad": vad,
+              "mel_padding": asr.mel_padding,
               "drafting": "adaptive: each pass drafts up to k, or none, by measured acceptance and cost "
                           "(mmaccel.core.adaptive), unless a row says adaptive=false"}
     return Suite("asr", config, methods, batches, run_batch, quality, claims_lossless, verify_identical=True,

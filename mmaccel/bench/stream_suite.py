@@ -71,7 +71,7 @@ def run_stream_bench(model: str = "builtin:base", methods: list[MethodSpec] | No
                      "wall_s": round(wall, 2), "transcript": streamed})
     return {"suite": "asr-stream", "date": dt.date.today().isoformat(), "device": device_name(asr.model.device),
             "torch": torch.__version__, "threads": torch.get_num_threads(), "load_before": round(load_before, 2),
-            "config": {"model": asr.bundle.name, "audio_s": round(audio_s, 1), "chunk_s": CHUNK_S,
+            "config": {"model": asr.bundle.name, "mel_padding": asr.mel_padding, "audio_s": round(audio_s, 1), "chunk_s": CHUNK_S,
                        "min_chunk_s": min_chunk_s, "trim_s": trim_s, "pause_s": PAUSE_S, "quick": quick,
                        "audio": f"{'the first ' + str(QUICK_CLIPS) if quick else 'all'} real clips, one stream",
                        "wer": f"corpus WER, {normalizer_version()}"},

@@ -23,6 +23,8 @@ WINDOW_S = 30.0            # Whisper's receptive field
 SILENCE_RMS = 1e-4         # below this root-mean-square level a clip counts as silent
 CUT_SEARCH_S = 5.0         # a long-audio cut is placed at the quietest point of the last 5 s of a window
 CUT_FRAME_S = 0.1          # ... measured over 100 ms frames
+HOP = 160                  # samples per log-mel frame
+PADDINGS = ("zeros", "silence")     # how `log_mel` fills a window's frames after a clip shorter than 30 s
 
 AudioLike = str | os.PathLike | np.ndarray | Tensor | tuple
 
@@ -199,12 +201,27 @@ def _cuts(n: int, window: int, samples: np.ndarray):
     yield start, n
 
 
-def log_mel(feature_extractor, audios: list[Audio]) -> Tensor:
-    """Whisper log-mel features [B, mels, 3000] of clips of at most 30 s (zero-padded), as
-    transformers' `WhisperFeatureExtractor` computes them (the reference front end)."""
+def log_mel(feature_extractor, audios: list[Audio], padding: str = "zeros") -> Tensor:
+    """Whisper log-mel features [B, mels, 3000] of clips of at most 30 s (transformers'
+    `WhisperFeatureExtractor` computes the clip's frames). The frames after a shorter clip:
+
+    - "zeros": 0 in the normalised log-mel, as openai-whisper's `transcribe` (it cuts a window's
+      frames at the end of the audio and pads the log-mel with zeros) and faster-whisper do. With it
+      our greedy gives faster-whisper float32's tokens on the same weights (`benchmarks/asr_gap`);
+    - "silence": the log-mel of the clip padded with digital silence (what the feature extractor
+      alone gives: at the floor, 8 decades below the clip's loudest bin), on which the Whisfusion
+      decoder was trained.
+
+    The choice moves transcripts far more than numerics do (the window is mostly padding for a short
+    clip): on the WER-gap split it was the whole difference between our greedy and faster-whisper's."""
     check(len(audios) > 0, "no audio to featurise")
+    check(padding in PADDINGS, f"unknown log-mel padding {padding!r}; choose from {', '.join(PADDINGS)}")
     for a in audios:
         check(a.duration <= WINDOW_S + 1e-6, f"{a.source}: {a.duration:.1f} s is longer than one "
               f"{WINDOW_S:.0f} s window; split it with split_long first")
-    out = feature_extractor([a.samples for a in audios], sampling_rate=SAMPLE_RATE, return_tensors="pt")
-    return out["input_features"]
+    features = feature_extractor([a.samples for a in audios], sampling_rate=SAMPLE_RATE,
+                                 return_tensors="pt")["input_features"]
+    if padding == "zeros":
+        for row, a in zip(features, audios):
+            row[:, len(a.samples) // HOP:] = 0.0        # the clip's frames: as many as whole hops in it
+    return features

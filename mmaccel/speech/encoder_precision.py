@@ -16,7 +16,9 @@ The fp32 encoder is never modified: a variant is a copy, built once per pipeline
 Measured on Whisper base (`benchmarks/asr_base_encoder*.json`): bf16 keeps the WER (5.94 against 6.21
 in domain, 41.3 against 41.9 on the noisy out-of-domain split) at a 1.5x cheaper encoder; int8 costs
 3.4 points in domain and breaks on noisy audio (93 %: one activation scale per call loses the speech).
-Prefer bf16.
+Prefer bf16 where it is native. On a CPU without bf16 units nothing here beats fp32 at equal WER, and
+neither does faster-whisper: CTranslate2's int8 encoder took 1.25-1.28 s per window against our fp32's
+1.13-1.17 s on an AVX2-only CPU (`benchmarks/asr_features/encoder_cost.json`); the encoder costs both the same.
 """
 
 from __future__ import annotations

@@ -120,6 +120,9 @@ class ASRPipeline:
         self.assistant: Assistant | None = None  # another Whisper, for speculative-cross
         self._eagle: tuple[EagleHead, EagleDecoder] | None = None     # built once per head (int8 on a CPU)
         self._encoders = {"fp32": bundle.model.model.encoder}            # precision -> encoder, built on first use
+        # the log-mel of a window after a clip shorter than 30 s (`audio.log_mel`): "zeros" as openai-whisper's
+        # transcribe and faster-whisper; "silence" as transformers' feature extractor alone
+        self.mel_padding = "zeros"
         # the pass costs adaptive drafting measured, kept for the pipeline's lifetime (with and without timestamps)
         self._adaptive = {False: AdaptiveDrafting(), True: AdaptiveDrafting()}
 
@@ -296,7 +299,7 @@ class ASRPipeline:
         stats = DecodeStats()
         prompts = [self.bundle.prompt(t.language, job.task, job.rules is not None) for t in owners]
         with stats.timed("features"):
-            features = log_mel(self.bundle.feature_extractor, [w.audio for w in batch])
+            features = log_mel(self.bundle.feature_extractor, [w.audio for w in batch], self.mel_padding)
         with stats.timed("encoder"):
             inputs = self.model.encode(features, prompts, [w.duration for w in batch], job.encoder, job.rules)
         t0 = time.perf_counter()
@@ -328,7 +331,7 @@ class ASRPipeline:
         firsts = [w for w in windows if w.index == 0]
         for start in range(0, len(firsts), batch_size):
             batch = firsts[start : start + batch_size]
-            features = log_mel(self.bundle.feature_extractor, [w.audio for w in batch])
+            features = log_mel(self.bundle.feature_extractor, [w.audio for w in batch], self.mel_padding)
             for w, probs in zip(batch, language_probabilities(self.model, features, self.bundle.tokens, encoder)):
                 code, p = next(iter(probs.items()))
                 transcripts[w.input].language, transcripts[w.input].language_probability = code, p

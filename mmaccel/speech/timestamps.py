@@ -108,9 +108,17 @@ def split_segments(tokens: list[int], rules: TimestampRules, window_s: float,
     timestamp is complete. One that ends inside an unclosed segment is complete up to the last closed
     segment's end: the next window of a long input starts there and the tail is dropped, unless
     `keep_tail` (no window follows) makes it a segment ending at the window's end. Without consecutive
-    timestamps the window is one segment, ending at its last timestamp (if any after 0.00)."""
-    begin = rules.timestamp_begin
+    timestamps the window is one segment, ending at its last timestamp (if any after 0.00). No time is
+    past the window's audio (`window_s`): the model may place the last timestamp in the padding after a
+    short clip, where faster-whisper lets a segment run past the end of the file."""
     tokens = [t for t in tokens if t != rules.end_of_text]
+    segments, complete = _segments(tokens, rules, window_s, keep_tail)
+    return [(min(a, window_s), min(b, window_s), piece) for a, b, piece in segments], min(complete, window_s)
+
+
+def _segments(tokens: list[int], rules: TimestampRules, window_s: float,
+              keep_tail: bool) -> tuple[list[tuple[float, float, list[int]]], float]:
+    begin = rules.timestamp_begin
     timed = [t >= begin for t in tokens]
     cuts = [i for i in range(1, len(tokens)) if timed[i] and timed[i - 1]]
     if not cuts:

@@ -88,9 +88,10 @@ def test_words_start_at_spaces_and_punctuation_and_punctuation_joins_its_neighbo
 
 
 def test_word_timestamps_match_faster_whisper_on_tiny_en(tiny_en_asr):
-    """Same weights, same clips, greedy: where the transcripts agree (two of the three clips; on the third
-    CTranslate2 writes "cold-hearted" where we write "coldhearted"), the same words, with times within the
-    issue's bounds (median |delta| <= 0.10 s, 90th percentile <= 0.30 s)."""
+    """Same weights, same clips, greedy, the same log-mel padding: the same words, with times within the issue's
+    bounds (median |delta| <= 0.10 s, 90th percentile <= 0.30 s). (With the log-mel of silence after the clip,
+    as transformers' feature extractor pads, the third clip read "coldhearted" where faster-whisper reads
+    "cold-hearted".)"""
     if not LIBRIVOX.is_dir():
         pytest.skip("apt-get install pocketsphinx-testdata")
     fw = pytest.importorskip("faster_whisper")
@@ -99,19 +100,17 @@ def test_word_timestamps_match_faster_whisper_on_tiny_en(tiny_en_asr):
     clips = FILES[:3]
     ours = tiny_en_asr.transcribe(clips, "greedy", word_timestamps=True)
     peer = fw.WhisperModel(str(ct2_model_dir("tiny.en")), device="cpu", compute_type="float32", cpu_threads=2)
-    deltas, same = [], 0
+    deltas = []
     for clip, transcript in zip(clips, ours.transcripts):
         segments, _ = peer.transcribe(clip, language="en", word_timestamps=True, beam_size=1, temperature=0.0)
         theirs = [w for s in segments for w in s.words]
         mine = [w for s in transcript.segments for w in s.words]
-        if [w.word for w in mine] != [w.word for w in theirs]:     # another transcript (CTranslate2's numerics)
-            continue
-        same += 1
+        assert [w.word for w in mine] == [w.word for w in theirs]
         deltas += [abs(a.start - b.start) for a, b in zip(mine, theirs)] + [abs(a.end - b.end) for a, b in zip(mine, theirs)]
         assert all(s.start <= s.words[0].start for s in transcript.segments)
         assert all(0 <= w.start <= w.end <= transcript.duration + 0.02 for w in mine)
         assert all(0 < w.probability <= 1 for w in mine)
-    assert same >= 2 and np.median(deltas) <= 0.10 and np.percentile(deltas, 90) <= 0.30
+    assert np.median(deltas) <= 0.10 and np.percentile(deltas, 90) <= 0.30
 
 
 def test_a_model_without_alignment_heads_refuses_word_timestamps(tiny_en_asr, monkeypatch):

@@ -97,6 +97,22 @@ def test_log_mel_refuses_a_window_longer_than_30_s():
         log_mel(fe, [Audio(tone(31.0, SAMPLE_RATE))])
 
 
+def test_log_mel_pads_a_short_clip_with_zeros_as_whisper_transcribe_does_or_with_silence():
+    import torch
+    from transformers import WhisperFeatureExtractor
+
+    fe = WhisperFeatureExtractor(feature_size=80)
+    clip = Audio(tone(2.0037, SAMPLE_RATE))                  # not a whole number of hops
+    n = len(clip.samples) // 160                              # the clip's frames
+    alone = fe([clip.samples], sampling_rate=SAMPLE_RATE, return_tensors="pt")["input_features"]
+    zeros, silence = log_mel(fe, [clip]), log_mel(fe, [clip], "silence")
+    assert torch.equal(silence, alone) and bool(alone[..., n + 3:].eq(alone.min()).all())    # at the floor
+    assert torch.equal(zeros[..., :n], alone[..., :n]) and not zeros[..., n:].any()
+    assert alone.min() < -0.5                                 # so the two paddings differ
+    with pytest.raises(InputError, match="padding 'reflect'"):
+        log_mel(fe, [clip], "reflect")
+
+
 def test_time_map_borders_snap_and_words():
     place = TimeMap(((0.0, 0.0, 7.0), (7.0, 27.0, 3.0)), snap=0.4)
     assert place(2.0) == 2.0 and place(8.0) == 28.0

@@ -38,6 +38,7 @@ from mmaccel.errors import InputError, ModelNotFoundError, check
 FORMAT, FORMAT_VERSION = "mmaccel-whisfusion", 1
 WEIGHTS_FILE, CONFIG_FILE = "whisfusion.safetensors", "whisfusion.json"
 MASK = -1                       # token id of a masked canvas position
+TRAINED_PADDING = "silence"     # the log-mel padding (`audio.log_mel`) the shipped decoder was trained on
 SHORTLIST = "shortlist"         # the tensor of output ids in a saved file
 
 

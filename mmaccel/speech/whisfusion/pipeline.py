@@ -28,7 +28,7 @@ from mmaccel.speech.pipeline import ASROutput
 from mmaccel.speech.timestamps import Segment
 from mmaccel.speech.transcript import WindowResult, join_windows
 from mmaccel.speech.whisfusion.methods import WHISFUSION_REGISTRY, EncodedWindows, build_whisfusion_method
-from mmaccel.speech.whisfusion.model import WhisfusionDecoder, read_config
+from mmaccel.speech.whisfusion.model import TRAINED_PADDING, WhisfusionDecoder, read_config
 from mmaccel.speech.whisper import WhisperBundle, load_whisper
 from mmaccel.speech.windows import audio_windows
 
@@ -88,7 +88,7 @@ class WhisfusionPipeline:
         for start in range(0, len(windows), batch_size):
             batch = windows[start:start + batch_size]
             with stats.timed("features"):
-                features = log_mel(self.bundle.feature_extractor, [w.audio for w in batch])
+                features = log_mel(self.bundle.feature_extractor, [w.audio for w in batch], TRAINED_PADDING)
             with stats.timed("encoder"):
                 states = encoder(features.to(device)).last_hidden_state
             encoded = EncodedWindows(states, [w.duration for w in batch], prompt, eot,

@@ -57,7 +57,7 @@ from mmaccel.speech.ctc.train import pack, plan_windows
 from mmaccel.speech.data import build_tts_corpus, read_manifest
 from mmaccel.speech.train.common import log as log_line
 from mmaccel.speech.train.common import optimizer_step, release_freed_memory, warmup_cosine
-from mmaccel.speech.whisfusion.model import MASK, WhisfusionDecoder
+from mmaccel.speech.whisfusion.model import MASK, TRAINED_PADDING, WhisfusionDecoder
 from mmaccel.speech.whisper import load_whisper
 
 STAGES = ("features", "train", "eval", "export")
@@ -95,7 +95,7 @@ def stage_features(args, out: Path, bundle) -> None:
             audios = [Audio(pack([load_audio(utterances[u].audio_filepath).samples for u in w], args.gap_s))
                       for w in group]
             with torch.inference_mode():
-                states = encoder(log_mel(bundle.feature_extractor, audios)).last_hidden_state
+                states = encoder(log_mel(bundle.feature_extractor, audios, TRAINED_PADDING)).last_hidden_state
             for w, audio, s in zip(group, audios, states):
                 text = " ".join(utterances[u].text.strip() for u in w)
                 rows.append({"states": s.to(torch.float16).clone(), "seconds": audio.duration,
