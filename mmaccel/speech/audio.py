@@ -139,6 +139,7 @@ def _check_rate(rate, name: str) -> int:
 
 
 def check_finite(samples: np.ndarray, name: str) -> None:
+    """Refuse samples with a NaN or inf in one line naming their source."""
     check(bool(np.isfinite(samples).all()), f"{name}: audio contains NaN or inf samples")
 
 

@@ -90,6 +90,9 @@ def test_segments_are_read_as_openai_whisper_reads_them():
     assert split_segments([t(0), 1, 2, t(3.0), EOT], RULES, 30.0)[0] == [(0.0, 3.0, [t(0), 1, 2, t(3.0)])]
     assert split_segments([1, 2, EOT], RULES, 12.5)[0] == [(0.0, 12.5, [1, 2])]        # no timestamps at all
     assert split_segments([EOT], RULES, 12.5) == ([], 12.5)
+    # a timestamp in the padding after a short clip: no time passes the clip's end
+    assert split_segments([t(0), 1, t(1.0), t(1.0), 2, t(1.6), EOT], RULES, 1.5) == \
+        ([(0.0, 1.0, [t(0), 1, t(1.0)]), (1.0, 1.5, [t(1.0), 2, t(1.6)])], 1.5)
 
 
 def test_greedy_timestamps_are_hugging_faces_on_tiny_en(tiny_en_asr):
