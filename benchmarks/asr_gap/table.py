@@ -43,7 +43,8 @@ def main() -> None:
         print(f"| {label} | {row['wer']:.2f} | " + " | ".join(f"{row[d]:.2f}" for d in degradations) + " |")
     print("\nfaster-whisper greedy: beam 1, temperature 0, not conditioned on earlier text (as ours); its defaults: "
           "`WhisperModel.transcribe(audio)` as a new user runs it (5 beams, timestamps, temperature fallback, "
-          "conditioned on earlier text). On 8 utterances per degradation a single hallucinated loop moves a "
+          "conditioned on earlier text; its fallback samples unseeded, so that row moves a little from run to "
+          "run). On 8 utterances per degradation a single hallucinated loop moves a "
           "column by tens of points: read the columns as where each decoder struggles, not as a ranking.")
 
 
