@@ -16,6 +16,15 @@ def load(name: str) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+def section(heading: str, name: str) -> dict | None:
+    """Print a section's heading; its JSON, or None (said on the page) where the script has not run yet."""
+    print(f"{heading}\n")
+    doc = load(name)
+    if doc is None:
+        print("Not run yet.\n")
+    return doc
+
+
 def yes(ok: bool) -> str:
     return "yes" if ok else "**no**"
 
@@ -26,10 +35,9 @@ def padding(config: dict) -> str:
     return f"log-mel padded with {how}" + ("" if how == "zeros" else " (faster-whisper pads with zeros: WER not comparable)")
 
 
-def speed(doc: dict | None, title: str) -> None:
-    print(f"### {title}\n")
+def speed(name: str, title: str) -> None:
+    doc = section(f"### {title}", name)
     if doc is None:
-        print("Not run yet.\n")
         return
     c = doc["config"]
     print(f"{c['audio']}, {c['audio_s']} s; {doc['device']}; run {doc['date']}; {padding(c)}. RTFx: audio seconds "
@@ -51,10 +59,9 @@ def speed(doc: dict | None, title: str) -> None:
                            f"{fp32[b]['rtfx']:.2f} (WER {fp32[b]['wer']:.2f})" for b in sorted(fp32)) + "\n")
 
 
-def encoder_cost(doc: dict | None) -> None:
-    print("### The encoder's fixed cost (`encoder_cost.py`)\n")
+def encoder_cost() -> None:
+    doc = section("### The encoder's fixed cost (`encoder_cost.py`)", "encoder_cost.json")
     if doc is None:
-        print("Not run yet.\n")
         return
     print("Every utterance is one padded 30-s window through the encoder, for faster-whisper as for us, whatever the "
           f"decoding method. Seconds per window, median of {len(doc['results'][0]['rounds'])} interleaved rounds; "
@@ -80,14 +87,11 @@ def main() -> None:
           "reported), as faster-whisper int8 runs its encoder in int8; they mean something only where bf16 products "
           "are native (the device names `avx512_bf16` or `amx_bf16`; elsewhere they are emulated, several times "
           "slower, and `bench asr` leaves them out).\n")
-    speed(load("words_vad.json"), "In domain")
-    speed(load("words_vad_ood.json"), "Out of domain")
-    encoder_cost(load("encoder_cost.json"))
-    print("## Live transcription (`mmaccel bench asr-stream`)\n")
-    stream = load("stream.json")
-    if stream is None:
-        print("Not run yet.\n")
-    else:
+    speed("words_vad.json", "In domain")
+    speed("words_vad_ood.json", "Out of domain")
+    encoder_cost()
+    stream = section("## Live transcription (`mmaccel bench asr-stream`)", "stream.json")
+    if stream is not None:
         c = stream["config"]
         print(f"{c['audio']}, {c['audio_s']} s played at real time in {c['chunk_s']}-s chunks; {stream['device']}; "
               f"run {stream['date']}; {padding(c)}. Delay: wall time of a word's commit minus the moment its end was spoken.\n")
@@ -116,11 +120,8 @@ def main() -> None:
             print(f"| {doc['split']} | {compute} | {r['utterances']} | {r['same_words']} | {r['word_times']} | "
                   f"{r['median_abs_delta_s']:.3f} | {r['p90_abs_delta_s']:.3f} | {r['max_abs_delta_s']:.3f} | {yes(ok)} |")
     print()
-    print("## VAD on clean speech (`vad_wer.py`)\n")
-    doc = load("vad_wer.json")
-    if doc is None:
-        print("Not run yet.\n")
-    else:
+    doc = section("## VAD on clean speech (`vad_wer.py`)", "vad_wer.json")
+    if doc is not None:
         print(f"{doc['audio']}; greedy, batch {doc['batch']}; {doc['device']}.\n")
         print(f"| word timestamps | WER, VAD off | WER, VAD on | transcripts changed | on ≤ off + {VAD_WER} |")
         print("|---|---|---|---|---|")
@@ -130,11 +131,8 @@ def main() -> None:
             print(f"| {'yes' if words else 'no'} | {off['wer']:.2f} | {on['wer']:.2f} | "
                   f"{on.get('changed_transcripts', '—')} | {yes(on['wer'] <= off['wer'] + VAD_WER)} |")
         print()
-    print("## Long audio (`long_audio.py`)\n")
-    doc = load("long_audio.json")
-    if doc is None:
-        print("Not run yet.\n")
-    else:
+    doc = section("## Long audio (`long_audio.py`)", "long_audio.json")
+    if doc is not None:
         print(f"The in-domain corpus repeated into one file, transcribed from disk with {doc['features']} at batch "
               f"{doc['batch']}, each in a fresh process; memory: the process's peak resident set, and what the "
               f"transcription added to the loaded model; {doc['device']}.\n")
