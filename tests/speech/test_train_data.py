@@ -52,3 +52,38 @@ def test_the_training_shortlist_widens_only_when_asked(monkeypatch):
     assert training_shortlist(rows, wide, None, start).tolist() == [3, 4, 5, 7, 8]
     wide.init = "a.safetensors"
     assert training_shortlist(rows, wide, None, start).tolist() == [3, 4, 5, 7, 8, 9]
+
+
+def test_eagle_batches_share_one_prompt_and_cover_every_row_once():
+    import torch
+
+    from mmaccel.speech.train.eagle import prompt_batches
+
+    plain, timed = [50, 51, 52], [50, 51]
+    rows = [{"tokens": torch.tensor((plain if i % 3 else timed) + [7]), "prompt_len": 3 if i % 3 else 2}
+            for i in range(11)]
+    order = [10, 3, 0, 7, 1, 9, 6, 2, 5, 8, 4]
+    found = prompt_batches(rows, 3, order)
+    assert sorted(i for b in found for i in b) == list(range(11))
+    for b in found:
+        assert len(b) <= 3 and len({rows[i]["prompt_len"] for i in b}) == 1
+    assert [i for b in found for i in b if i % 3 == 0] == [i for i in order if i % 3 == 0]     # order kept
+
+
+def test_every_kth_chunk_is_labelled_in_timestamp_mode(tiny_en_asr, tmp_path):
+    from mmaccel.speech.data import Utterance, write_manifest
+    from mmaccel.speech.train.data import collect, load_rows
+    from tests.speech.test_pipeline import FILES
+
+    manifest = write_manifest(tmp_path / "m.jsonl", [Utterance(f, "", 1.0, f"u{i}") for i, f in enumerate(FILES[:2])])
+    collect(tiny_en_asr, manifest, tmp_path / "data", 1, None, tmp_path, timestamp_every=2)
+    rows = load_rows(tmp_path / "data")
+    marks = tiny_en_asr.bundle.tokens
+    plain, timed = (r["tokens"][r["prompt_len"]:].tolist() for r in rows)
+    assert rows[0]["tokens"][: rows[0]["prompt_len"]].tolist() == tiny_en_asr.bundle.prompt("en")
+    assert rows[1]["tokens"][: rows[1]["prompt_len"]].tolist() == tiny_en_asr.bundle.prompt("en", timestamps=True)
+    begin = marks.no_timestamps + 1
+    assert not any(t >= begin for t in plain)
+    assert timed[0] >= begin and sum(t >= begin for t in timed) >= 2       # a segment opens and closes
+    for r in rows:                                          # one stored state per transcript token
+        assert r["final"].shape[0] == len(r["tokens"]) - r["prompt_len"]

@@ -4,8 +4,10 @@ The target transcribes the synthetic TTS corpus (`mmaccel.speech.data`) with its
 decoder (self-distillation: greedy verification only needs the draft's arg-max to agree with the
 target's), then one teacher-forced pass over prompt + transcript keeps per position the final hidden
 state and every layer's output, plus the encoder states of the utterance (fp16, [S, d]) for
-training drafts that cross-attend to the audio. Chunks of `batch_size` utterances are written
-atomically, so an interrupted collection resumes where it stopped.
+training drafts that cross-attend to the audio. With `--timestamp-every K`, every K-th chunk is
+labelled in Whisper's timestamp mode (its prompt without <|notimestamps|>, its transcript with the
+timestamp tokens the rules let the target write), so drafts learn both modes. Chunks of `batch_size`
+utterances are written atomically, so an interrupted collection resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from mmaccel.errors import check
 from mmaccel.paths import default_cache_dir
 from mmaccel.progress import progress
 from mmaccel.speech.audio import load_audio, log_mel
@@ -78,6 +81,8 @@ def _add_data_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=None, help="use only the first N training utterances")
     p.add_argument("--eval-limit", type=int, default=160, help="evaluate on the first N held-out utterances")
     p.add_argument("--batch-size", type=int, default=8, help="utterances per labelling batch")
+    p.add_argument("--timestamp-every", type=int, default=0,
+                   help="label every K-th chunk in timestamp mode (0: none; 2: every other chunk)")
     p.add_argument("--from-end", action="store_true",
                    help="label the chunks last to first (a second process beside one walking them in order)")
 
@@ -125,20 +130,24 @@ def collect_splits(asr, args, out: Path) -> None:
         build_tts_corpus(corpus, split, max_sentences=n, **options)
     train_dir, eval_dir = data_dirs(args, out)
     manifests = manifest_paths(args)
-    collect(asr, manifests["train"], train_dir, args.batch_size, args.limit, out, args.from_end)
-    collect(asr, manifests["eval"], eval_dir, args.batch_size, args.eval_limit, out, args.from_end)
+    for manifest, folder, limit in ((manifests["train"], train_dir, args.limit),
+                                    (manifests["eval"], eval_dir, args.eval_limit)):
+        collect(asr, manifest, folder, args.batch_size, limit, out, args.from_end, args.timestamp_every)
 
 
 def collect(asr, manifest: Path, folder: Path, batch_size: int, limit: int | None, out: Path,
-            from_end: bool = False) -> None:
-    """Self-labelled rows, one chunk file per batch of utterances (chunks already written are kept)."""
+            from_end: bool = False, timestamp_every: int = 0) -> None:
+    """Self-labelled rows, one chunk file per batch of utterances (chunks already written are kept);
+    chunk i is labelled in timestamp mode when `timestamp_every` divides i + 1."""
     from mmaccel.core.speculative import LoopConfig, decode
     from mmaccel.speech.pipeline import MAX_NEW_TOKENS
+    from mmaccel.speech.timestamps import TimestampRules
 
+    check(timestamp_every >= 0, f"--timestamp-every must be >= 0, got {timestamp_every}")
     utterances = read_manifest(manifest)[:limit]
     folder.mkdir(parents=True, exist_ok=True)
-    model, prompt = asr.model, asr.bundle.prompt("en")
-    eot = asr.bundle.tokens.end_of_text
+    model, marks = asr.model, asr.bundle.tokens
+    eot = marks.end_of_text
     t0 = time.time()
     starts = range(0, len(utterances), batch_size)
     for start in progress(starts[::-1] if from_end else starts, desc=f"data {folder.name}", unit="batch"):
@@ -146,8 +155,11 @@ def collect(asr, manifest: Path, folder: Path, batch_size: int, limit: int | Non
         if path.is_file():
             continue
         batch = utterances[start : start + batch_size]
+        timestamps = timestamp_every > 0 and (start // batch_size + 1) % timestamp_every == 0
+        prompt = asr.bundle.prompt("en", timestamps=timestamps)
+        rules = TimestampRules(marks.no_timestamps, eot, len(prompt)) if timestamps else None
         features = log_mel(asr.bundle.feature_extractor, [load_audio(u.audio_filepath) for u in batch])
-        inputs = model.encode(features, prompt)
+        inputs = model.encode(features, prompt, rules=rules)
         gen = decode(model, inputs, LoopConfig(), max_new_tokens=MAX_NEW_TOKENS, eos_token_id=eot)
         T = max(len(g) for g in gen.tokens)
         tokens = torch.full((len(batch), T), eot, dtype=torch.long)

@@ -30,7 +30,7 @@ Stages (`--stages` picks some):
 from __future__ import annotations
 
 import argparse
-import math
+from itertools import zip_longest
 from pathlib import Path
 
 import torch
@@ -79,6 +79,16 @@ def unroll_mask(T: int, s: int) -> Tensor:
     i = torch.arange(T)[None, :]
     blocks = [i <= j - s + 1] + [i == j - s + r for r in range(2, s + 1)]
     return torch.cat(blocks, 1)[None, None]
+
+
+def prompt_batches(rows: list[dict], size: int, order: list[int]) -> list[list[int]]:
+    """Batches of at most `size` row indices that share one decoder prompt (rows labelled with and
+    without timestamps differ), in `order` within each prompt; the batches of all prompts in turn."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i in order:
+        groups.setdefault(tuple(rows[i]["tokens"][: rows[i]["prompt_len"]].tolist()), []).append(i)
+    per_prompt = [[g[s : s + size] for s in range(0, len(g), size)] for g in groups.values()]
+    return [b for turn in zip_longest(*per_prompt) for b in turn if b is not None]
 
 
 def batch(rows: list[dict], idx: list[int], lookup: Tensor, prompt: bool,
@@ -152,7 +162,7 @@ def train(asr, head: EagleHead, rows: list[dict], cross: list[dict], args, out: 
     for p in params:
         p.requires_grad_(True)
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
-    steps = math.ceil(len(rows) / args.batch_utterances) * args.epochs
+    steps = len(prompt_batches(rows, args.batch_utterances, list(range(len(rows))))) * args.epochs
     sched = warmup_cosine(opt, steps, warmup=30)
     positions = sum(r["final"].shape[0] - 1 for r in rows)
     log(out, f"train an EAGLE head on {len(rows)} utterances, {positions} positions, shortlist {len(vocab)}, "
@@ -161,9 +171,7 @@ def train(asr, head: EagleHead, rows: list[dict], cross: list[dict], args, out: 
     step = 0
     bar = progress(desc="train EAGLE head", total=steps, unit="step")
     for epoch in range(args.epochs):
-        order = torch.randperm(len(rows)).tolist()
-        for start in range(0, len(rows), args.batch_utterances):
-            idx = order[start : start + args.batch_utterances]
+        for idx in prompt_batches(rows, args.batch_utterances, torch.randperm(len(rows)).tolist()):
             feats, tokens, tgt, nxt, n0 = batch(rows, idx, lookup, True, head.feature_layers)
             inputs = training_state(dm, [cross[i] for i in idx], tokens.shape[1]).extras["inputs"]
             losses = []
@@ -202,8 +210,7 @@ def evaluate(asr, head: EagleHead, rows: list[dict], manifest: Path, passes: int
     weight = target.decoder.embed_tokens.weight[vocab]
     prompt = head.start is not None
     hits, total = torch.zeros(2, passes), torch.zeros(2, passes)
-    for start in range(0, len(rows), 16):
-        idx = list(range(start, min(start + 16, len(rows))))
+    for idx in prompt_batches(rows, 16, list(range(len(rows)))):
         feats, tokens, _, _, n0 = batch(rows, idx, lookup, prompt, head.feature_layers)
         truth = torch.full_like(tokens, -1)     # the target's tokens, whether in the shortlist or not
         for b, i in enumerate(idx):
