@@ -235,11 +235,12 @@ def load_speech(asr, timestamps: bool = False) -> Loaded:
                   {"one": eot, "ragged": eot})
 
 
-def tiny_speech_pipeline(device: str = "cpu", vocab: int | None = None):
+def tiny_speech_pipeline(device: str = "cpu", vocab: int | None = None, drafts_read_timestamps: bool = False):
     """An ASRPipeline over the speech tests' tiny random Whisper (tests/speech/conftest.py) with random Medusa
     heads, exit heads, a Medusa block, an EAGLE head and a draft decoder: every resource but an assistant (that
     needs a tokenizer). For device="cuda" without a GPU, call it inside `emulated_cuda()`. `vocab`: the model's
-    vocabulary size (default the tests' 64; `TIMED_VOCAB` adds timestamp tokens)."""
+    vocabulary size (default the tests' 64; `TIMED_VOCAB` adds timestamp tokens). `drafts_read_timestamps`: the
+    draft decoder and EAGLE head are marked as trained on timestamp-mode transcripts (`WhisperDraft.timestamps`)."""
     from mmaccel.speech.draft import new_draft
     from mmaccel.speech.eagle import new_eagle_head
     from mmaccel.speech.heads import WhisperHeads, new_exit_heads, new_medusa_heads
@@ -250,7 +251,9 @@ def tiny_speech_pipeline(device: str = "cpu", vocab: int | None = None):
 
     hf = tiny_whisper(vocab=vocab or VOCAB).to(device)
     bundle = WhisperBundle("tiny-random", hf, None, None, None, Path("."))
-    asr = ASRPipeline(bundle, draft=new_draft(hf))
+    draft = new_draft(hf)
+    draft.timestamps = drafts_read_timestamps
+    asr = ASRPipeline(bundle, draft=draft)
     torch.manual_seed(5)
     medusa = new_medusa_heads(asr.model, 4).to(asr.model.device)
     for p in medusa.parameters():
@@ -259,6 +262,7 @@ def tiny_speech_pipeline(device: str = "cpu", vocab: int | None = None):
     asr.heads = WhisperHeads(medusa=medusa, exits=exits,
                              block=new_medusa_block(asr.model, new_medusa_heads(asr.model, 4).to(asr.model.device)),
                              eagle=new_eagle_head(asr.model))
+    asr.heads.eagle.layer.timestamps = drafts_read_timestamps
     return asr
 
 

@@ -14,7 +14,8 @@ the training transcripts), like the heads of `mmaccel.speech.heads`.
 
 File: safetensors with the trained tensors only (self-attention, cross-attention query/output,
 MLP and norms of each layer, the final norm; fp16) and the shortlist `vocab`; metadata names the
-target (hidden size, vocabulary, decoder layers), the source layers and the cross-attention window.
+target (hidden size, vocabulary, decoder layers), the source layers, the cross-attention window and
+whether it was trained on timestamp-mode transcripts (`timestamps`).
 
 Two things make the draft cheap to run on a CPU, where a decoding step is bound by memory traffic:
 it cross-attends only to the frames that hold audio plus `cross_window` frames after them (it is
@@ -46,6 +47,9 @@ class WhisperDraft:
     layers: list[int]            # the target layer each draft layer was initialised from
     vocab: Tensor | None = None  # the draft shortlist (token ids)
     cross_window: int | None = None  # frames after the audio it cross-attends to (None: the whole window)
+    # trained on timestamp-mode transcripts too, so it reads and drafts timestamp tokens; a draft trained without
+    # them reads every timestamp as <|notimestamps|> (`WhisperDecoderModel.as_read`)
+    timestamps: bool = False
 
     def decoder_model(self, target: WhisperDecoderModel, quantized: bool = False) -> WhisperDecoderModel:
         """The draft as a DecoderModel: the target's decoding rules, its cross-attention cache
@@ -59,7 +63,7 @@ class WhisperDraft:
         model = target._same_switches(WhisperDecoderModel(
             self.hf, target.suppress_tokens, target.begin_suppress_tokens, cross_layers=self.layers,
             projection=projection, cross_window=self.cross_window, quantized=quantized))
-        model.reads_timestamps_as_none = True       # trained on transcripts without timestamps
+        model.reads_timestamps_as_none = not self.timestamps
         return model
 
 
@@ -125,7 +129,7 @@ def save_draft(path: str | os.PathLike, target_hf, draft: WhisperDraft, info: di
     if draft.vocab is not None:
         tensors["vocab"] = draft.vocab.to(torch.int64).contiguous()
     meta = {"model": _signature(target_hf), "layers": draft.layers, "cross_window": draft.cross_window,
-            "info": info or {}}
+            "timestamps": draft.timestamps, "info": info or {}}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path), metadata={"mmaccel_whisper_draft": json.dumps(meta)})
@@ -144,6 +148,7 @@ def load_draft(path: str | os.PathLike, target_hf) -> WhisperDraft:
                          f"but this model has {_signature(target_hf)}")
     draft = new_draft(target_hf, meta["layers"], meta.get("cross_window"))
     draft.vocab = tensors.pop("vocab", None)
+    draft.timestamps = bool(meta.get("timestamps", False))
     own = trainable(draft)
     missing, unexpected = sorted(set(own) - set(tensors)), sorted(set(tensors) - set(own))
     if missing or unexpected:

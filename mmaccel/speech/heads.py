@@ -96,7 +96,7 @@ def save_heads(path: str | os.PathLike, model: WhisperDecoderModel, heads: Whisp
             tensors[f"block.heads.{name}"] = t.detach().half().contiguous()
     if heads.eagle is not None:
         meta["eagle"] = {"cross_window": heads.eagle.layer.cross_window, "layers": list(heads.eagle.layer.layers),
-                         "feature_layers": list(heads.eagle.feature_layers)}
+                         "feature_layers": list(heads.eagle.feature_layers), "timestamps": heads.eagle.layer.timestamps}
         if heads.eagle.fuse is not None:
             for name, t in heads.eagle.fuse.state_dict().items():
                 tensors[f"eagle.fuse.{name}"] = t.detach().half().contiguous()
@@ -153,6 +153,7 @@ def load_heads(path: str | os.PathLike, model: WhisperDecoderModel) -> WhisperHe
         heads.eagle = new_eagle_head(model, m["cross_window"], tuple(m.get("layers", (-1,))), start is not None,
                                      tuple(m.get("feature_layers", ())))
         heads.eagle.layer.vocab = tensors.pop("eagle.vocab", None)
+        heads.eagle.layer.timestamps = bool(m.get("timestamps", False))
         if start is not None:
             check(start.shape == heads.eagle.start.shape, f"{path}: the EAGLE head's start feature has shape "
                   f"{tuple(start.shape)}, not {tuple(heads.eagle.start.shape)}")

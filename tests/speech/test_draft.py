@@ -113,13 +113,17 @@ def test_training_steps_raise_agreement_with_the_target(tiny_hf, tiny_decoder):
     torch.testing.assert_close(distillation_loss(teacher, target[keep]), nn.functional.cross_entropy(teacher, target[keep]))
 
 
-def test_draft_file_round_trip_and_bad_files(tiny_hf, tmp_path):
+def test_draft_file_round_trip_and_bad_files(tiny_hf, tiny_decoder, tmp_path):
     draft = _perturbed(tiny_hf)
     draft.vocab = SHORTLIST
     draft.cross_window = 3
     path = save_draft(tmp_path / "draft.safetensors", tiny_hf, draft, {"note": "test"})
     back = load_draft(path, tiny_hf)
     assert back.layers == [0, 3] and back.vocab.tolist() == SHORTLIST.tolist() and back.cross_window == 3
+    assert back.timestamps is False and back.decoder_model(tiny_decoder).reads_timestamps_as_none
+    draft.timestamps = True                             # trained on timestamp-mode transcripts too
+    back_timed = load_draft(save_draft(tmp_path / "timed.safetensors", tiny_hf, draft), tiny_hf)
+    assert back_timed.timestamps is True and not back_timed.decoder_model(tiny_decoder).reads_timestamps_as_none
     for name, p in trainable(back).items():
         torch.testing.assert_close(p, trainable(draft)[name].half().float(), atol=0, rtol=0)
     with pytest.raises(ModelNotFoundError, match="draft decoder file not found"):

@@ -227,6 +227,11 @@ def test_heads_file_carries_the_eagle_head(tiny_decoder, tmp_path, layers, start
         torch.testing.assert_close(back.eagle.start, head.start, atol=0, rtol=0)
     else:
         assert back.eagle.start is None
+    assert back.eagle.layer.timestamps is False and back.eagle.layer.decoder_model(tiny_decoder).reads_timestamps_as_none
+    head.layer.timestamps = True                         # trained on timestamp-mode transcripts too
+    back = load_heads(save_heads(tmp_path / "timed.safetensors", tiny_decoder, WhisperHeads(eagle=head)), tiny_decoder)
+    assert back.eagle.layer.timestamps is True
+    assert not back.eagle.layer.decoder_model(tiny_decoder).reads_timestamps_as_none
 
 
 def test_heads_of_several_files_merge_and_a_kind_comes_from_one_file(tiny_decoder, tmp_path):
@@ -291,3 +296,11 @@ def test_in_timestamp_mode_drafts_ahead_open_with_the_first_timestamp_then_draft
         assert timed[0, 0] == rules.timestamp_begin and timed[0, 1:].tolist() == plain[0, :3].tolist()
         assert proposer._fed == 3                                # <|0.00|> and two drafts: rolled back as drafts are
         assert proposer.start_drafting(timed_inputs, 32, 1).tolist() == [[rules.timestamp_begin]]
+    # a draft trained on timestamp-mode transcripts reads timestamps as they are: nothing is given, it drafts them
+    draft.timestamps = True
+    timed_inputs = asr.model.encode(x, timed_prompt, rules=rules)
+    reader = draft.decoder_model(asr.model)
+    assert reader.opening(timed_inputs) is None and reader.as_read(reader.prefill(timed_inputs, 8), torch.tensor(
+        [[rules.timestamp_begin]])).item() == rules.timestamp_begin
+    proposer = DraftModelProposer(reader)
+    assert proposer.start_drafting(timed_inputs, 32, 2).shape == (1, 2)

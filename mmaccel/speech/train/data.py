@@ -110,6 +110,12 @@ def text_tokens(tokenizer, text: str) -> torch.Tensor:
     return torch.tensor(sorted(found), dtype=torch.long)
 
 
+def with_timestamps(rows: list[dict], no_timestamps: int) -> bool:
+    """Whether some rows were labelled in timestamp mode (their prompt lacks <|notimestamps|>): a draft trained
+    on them reads timestamp tokens as they are (`WhisperDraft.timestamps`)."""
+    return any(no_timestamps not in r["tokens"][: r["prompt_len"]].tolist() for r in rows)
+
+
 def training_shortlist(rows: list[dict], args, tokenizer, start: torch.Tensor | None) -> torch.Tensor:
     """The read-out shortlist of a draft: the transcripts' tokens; with `--shortlist-text` also every token of
     the training text of `--text` and `start`, the shortlist of the file training starts from (`--init`)."""

@@ -37,7 +37,7 @@ from mmaccel.speech.decoder import EncodedAudio, WhisperDecoderModel, audio_fram
 from mmaccel.speech.draft import WhisperDraft, load_draft, new_draft, save_draft, trainable
 from mmaccel.speech.pipeline import ASRPipeline
 from mmaccel.speech.train.common import log, optimizer_step, shortlist_columns, warmup_cosine, write_eval
-from mmaccel.speech.train.data import load_rows, manifest_paths, start_run, training_shortlist
+from mmaccel.speech.train.data import load_rows, manifest_paths, start_run, training_shortlist, with_timestamps
 
 STAGES = ("data", "train", "eval")
 KEEP = ("id", "tokens", "prompt_len", "encoder")
@@ -214,6 +214,7 @@ def main(argv: list[str] | None = None) -> None:
         rows, cross = cached_rows(draft.decoder_model(asr.model), run.train_dir, args.limit,
                                   manifest_paths(args)["train"], KEEP_KD if args.kd > 0 else KEEP)
         draft.vocab = training_shortlist(rows, args, asr.bundle.tokenizer, draft.vocab)
+        draft.timestamps = draft.timestamps or with_timestamps(rows, asr.bundle.tokens.no_timestamps)
         draft = train(asr, draft, rows, cross, args, out)
         log(out, f"wrote {save_draft(path, asr.bundle.model, draft, run.info)}")
     if "eval" in run.stages:

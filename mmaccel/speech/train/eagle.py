@@ -43,7 +43,7 @@ from mmaccel.speech.decoder import LayerStep, WhisperDecoderModel
 from mmaccel.speech.eagle import EagleHead, new_eagle_head, with_fusion
 from mmaccel.speech.heads import WhisperHeads, load_heads, save_heads
 from mmaccel.speech.train.common import log, optimizer_step, shortlist_columns, warmup_cosine, write_eval
-from mmaccel.speech.train.data import load_rows, manifest_paths, start_run, training_shortlist
+from mmaccel.speech.train.data import load_rows, manifest_paths, start_run, training_shortlist, with_timestamps
 from mmaccel.speech.train.draft import (
     cached_rows,
     cross_cache,
@@ -278,6 +278,7 @@ def main(argv: list[str] | None = None) -> None:
         rows, cross = cached_rows(head.layer.decoder_model(asr.model), run.train_dir, args.limit,
                                   manifest_paths(args)["train"], keep)
         head.layer.vocab = training_shortlist(rows, args, asr.bundle.tokenizer, head.layer.vocab)
+        head.layer.timestamps = head.layer.timestamps or with_timestamps(rows, asr.bundle.tokens.no_timestamps)
         heads.eagle = train(asr, head, rows, cross, args, out)
         log(out, f"wrote {save_heads(path, asr.model, heads, run.info)}")
     if "eval" in run.stages:
