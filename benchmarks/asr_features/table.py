@@ -75,6 +75,28 @@ def encoder_cost() -> None:
     print()
 
 
+def draft_passes() -> None:
+    doc = section("### The drafts with and without timestamps (`draft_passes.py`)", "draft_passes.json")
+    if doc is None:
+        return
+    print(f"Target passes per token (per row; greedy: 1) of EAGLE and the draft decoder at k = {doc['k']} every pass, "
+          f"batch {doc['batch']}, for each set of draft files: `before`, trained on plain transcripts (the log-mel "
+          "padded with silence; in timestamp mode they read every timestamp as <|notimestamps|> and cannot draft "
+          "one), and `retrained`, trained with every other chunk labelled in timestamp mode (`--timestamp-every 2`, "
+          f"the log-mel padded with zeros); {doc['device']}. Counts, not timings.\n")
+    print("| split | method | drafts | plain | timestamps | timestamps / plain | identical to greedy |")
+    print("|---|---|---|---|---|---|---|")
+    cell = {(r["split"], r["method"], r["drafts"], r["timestamps"]): r for r in doc["rows"]}
+    for split, method, drafts in dict.fromkeys((r["split"], r["method"], r["drafts"]) for r in doc["rows"]):
+        plain, timed = (cell.get((split, method, drafts, t)) for t in (False, True))
+        if plain is None or timed is None:
+            continue
+        same = "yes" if plain["identical_to_greedy"] and timed["identical_to_greedy"] else "**no**"
+        print(f"| {split} | {method} | {drafts} | {plain['passes_per_token']:.3f} | {timed['passes_per_token']:.3f} | "
+              f"{timed['passes_per_token'] / plain['passes_per_token']:.2f} | {same} |")
+    print()
+
+
 def main() -> None:
     print("# Whisper with the product's features on, against faster-whisper (issue 47 item 5)\n")
     print("Whisper base on 2 CPU cores. Every number on this page comes from a script in this folder; the command "
@@ -90,6 +112,7 @@ def main() -> None:
     speed("words_vad.json", "In domain")
     speed("words_vad_ood.json", "Out of domain")
     encoder_cost()
+    draft_passes()
     stream = section("## Live transcription (`mmaccel bench asr-stream`)", "stream.json")
     if stream is not None:
         c = stream["config"]
