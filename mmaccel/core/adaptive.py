@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 PROBE_AFTER = 2         # plain steps of a method, at least, before it drafts again to re-measure acceptance
-PROBE_SHARE = 0.03      # ... and more where a probe costs more: its expected loss is at most this share of them
+PROBE_SHARE = 0.015     # ... and more where a probe costs more: its expected loss is at most this share of them
 DECAY = 0.8             # weight of a row's earlier passes in its acceptance estimate, per pass
 PRIOR_TRIES = 2.0       # pseudo-passes of the method's pooled reach that start every row's estimate
 PRIOR_REACH = 0.8       # before any pass: a row accepts at least j drafts 0.8 ** j of the time

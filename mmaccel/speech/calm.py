@@ -23,10 +23,10 @@ rows' states by a mask: CALM's tokens with none of its saving.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmaccel.core.driver import AcceptedLengths, AllDone, DecodeCall, Emission, Generation
+from mmaccel.core.readout import project
 from mmaccel.core.stats import DecodeStats
 from mmaccel.errors import check
 from mmaccel.speech.decoder import EncodedAudio, WhisperDecoderModel
@@ -36,7 +36,7 @@ from mmaccel.speech.timestamps import rule_logits
 def _head_logits(model: WhisperDecoderModel, head: nn.Module, h: Tensor) -> Tensor:
     hidden = head(h)
     projection = getattr(head, "projection", None)
-    logits = projection(hidden) if projection is not None else F.linear(hidden, model.decoder.embed_tokens.weight)
+    logits = projection(hidden) if projection is not None else project(hidden, model.decoder.embed_tokens.weight)
     return logits.float() + model.suppression
 
 

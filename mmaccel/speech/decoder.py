@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmaccel.core.model import DecodeState, KVCache, check_step_args, default_positions, expect, step_key
+from mmaccel.core.readout import project
 from mmaccel.errors import check
 from mmaccel.speech.decoder_audio import EncodedAudio, audio_frames
 from mmaccel.speech.decoder_layers import LayerOps, LayerStep, _norm, kept_positions
@@ -403,7 +404,7 @@ class WhisperDecoderModel:
     def _project(self, h: Tensor) -> Tensor:
         if self.projection is not None:
             return self.projection(h).float()
-        return F.linear(h, self.decoder.embed_tokens.weight).float()
+        return project(h, self.decoder.embed_tokens.weight).float()
 
     def select_rows(self, state: DecodeState, index: Tensor) -> None:
         """Keep rows `index` [B'] of `state` (cache and audio), in that order: beam search."""

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmaccel.checkpoints import read_checkpoint
 from mmaccel.core.proposers import MedusaHead
+from mmaccel.core.readout import project
 from mmaccel.errors import InputError, check
 from mmaccel.speech.decoder import ExitHead, ShortlistProjection, WhisperDecoderModel
 from mmaccel.speech.draft import trainable
@@ -51,7 +51,7 @@ def head_projection(model: WhisperDecoderModel, vocab: Tensor | None = None):
         check(vocab.dim() == 1 and len(vocab) > 0 and int(vocab.min()) >= 0 and int(vocab.max()) < model.vocab_size,
               f"the head shortlist must be token ids in [0, {model.vocab_size})")
         return ShortlistProjection(weight, vocab)
-    return lambda hidden: F.linear(hidden, weight)
+    return lambda hidden: project(hidden, weight)
 
 
 def new_medusa_heads(model: WhisperDecoderModel, num_heads: int, num_layers: int = 1,

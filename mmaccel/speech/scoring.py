@@ -14,8 +14,8 @@ import zlib
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
+from mmaccel.core.readout import project
 from mmaccel.speech.decoder import EncodedAudio, WhisperDecoderModel
 from mmaccel.speech.timestamps import rule_logits
 
@@ -42,13 +42,13 @@ def score_tokens(model: WhisperDecoderModel, inputs: EncodedAudio, tokens: list[
     bias = torch.cat([model._begin_bias[None], model.suppression.expand(T, -1)])      # [1 + T, V]
     out = []
     for b, row in enumerate(tokens):
-        logits = F.linear(hidden[b : b + 1, P - 1 :], weight).float() + bias
+        logits = project(hidden[b : b + 1, P - 1 :], weight).float() + bias
         logits = rule_logits(state, logits, rows=torch.tensor([b]))
         picked = torch.tensor(row, dtype=torch.long, device=logits.device)
         lp = logits[0, : len(row)].log_softmax(-1).gather(1, picked[:, None])[:, 0]
         nsp = 0.0
         if no_speech is not None:
-            nsp = float(F.linear(hidden[b, 0], weight).float().softmax(-1)[no_speech])
+            nsp = float(project(hidden[b, 0], weight).float().softmax(-1)[no_speech])
         out.append(TokenScores(lp.tolist(), nsp))
     return out
 
