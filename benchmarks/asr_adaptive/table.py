@@ -56,7 +56,7 @@ def main() -> None:
     print("With the log-mel padded with zeros (as openai-whisper and faster-whisper pad it), greedy loops on one noisy "
           "out-of-domain utterance (ood_019: \"I need an I-I-I-I-...\", 231 tokens, compression ratio 10.5; WER of "
           "the split 50.9 against 41.9 with the silence padding). At batch 8 that row decodes alone for ~200 passes "
-          "(greedy's passes 368 against 174), drafts rejected, and the batch-8 ratios out of domain are mostly that "
+          "(greedy's passes 368 against 174), and the batch-8 ratios out of domain are mostly that "
           "row's. Whisper's own remedy, the temperature fallback (a window whose compression ratio exceeds 2.4 is "
           "decoded again at a higher temperature), is not in `transcribe` yet.\n")
 
