@@ -146,6 +146,16 @@ def test_asr_transcribe_prints_transcripts_and_reports_bad_files(capsys, tmp_pat
     assert "needs a draft model" in capsys.readouterr().err
     assert main(["asr", "transcribe", FILES[1], "--model", "builtin:tiny.en", "--draft", str(tmp_path / "d.safetensors")]) == 2
     assert "draft decoder file not found" in capsys.readouterr().err
+    assert main(["asr", "transcribe", FILES[1], "--model", "builtin:tiny.en", "--temperature", "0,0.5",
+                 "--best-of", "2", "--log-prob-threshold", "0", "--no-speech-threshold", "none",
+                 "--output-format", "json", "--output-dir", str(tmp_path)]) == 0    # every window decoded again
+    segments = json.loads((tmp_path / "sense_and_sensibility_01_austen_64kb-0880.json").read_text())["segments"]
+    assert segments and {s["temperature"] for s in segments} <= {0.0, 0.5}
+    with pytest.raises(SystemExit):
+        main(["asr", "transcribe", FILES[1], "--temperature", "0,hot"])
+    assert "temperatures are numbers" in capsys.readouterr().err
+    assert main(["asr", "transcribe", FILES[1], "--model", "builtin:tiny.en", "--temperature", "0.5,0.2"]) == 2
+    assert "must not decrease" in capsys.readouterr().err
 
 
 def test_asr_ctc_and_whisfusion_print_transcripts(capsys, tmp_path, checkpoint, tiny_en_asr):  # noqa: F811

@@ -84,7 +84,8 @@ def child(tool: str, path: str) -> dict:
         asr.transcribe(head, method, sample_rate=rate, batch_size=1, **params)        # warm-up on its first 20 s
         loaded = peak_mb()
         t0 = time.perf_counter()
-        out = asr.transcribe(path, method, batch_size=BATCH, word_timestamps=True, vad_filter=True, **params)
+        out = asr.transcribe(path, method, batch_size=BATCH, word_timestamps=True, vad_filter=True, temperature=0.0,
+                             **params)           # one temperature, as the peer's batched pipeline decodes
         text, duration = out.texts[0], out.transcripts[0].duration
     seconds = time.perf_counter() - t0
     return {"tool": tool, "audio_s": round(duration, 1), "seconds": round(seconds, 1),

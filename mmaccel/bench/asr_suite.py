@@ -163,7 +163,7 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
             if key not in peers:
                 peers[key] = FasterWhisperProcess(asr.bundle.name, key, torch.get_num_threads(), features)
             return peers[key].transcribe(audios)
-        out = asr.transcribe(audios, spec.name, batch_size=len(audios), **features, **spec.params)
+        out = asr.transcribe(audios, spec.name, batch_size=len(audios), **features, **AS_FASTER_WHISPER, **spec.params)
         stats = out.stats
         stats.time_s["total"] = out.wall_s
         return out.texts, stats
@@ -198,6 +198,7 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
               "assistant": asr.assistant.name if asr.assistant else None,
               "threads": torch.get_num_threads(), "quick": quick, "timestamps": timestamps, "vad": vad,
               "mel_padding": asr.mel_padding,
+              "fallback": "off: one temperature, as faster-whisper's rows (temperature 0, no_speech_threshold None)",
               "drafting": "adaptive: each pass drafts up to k, or none, by measured acceptance and cost "
                           "(mmaccel.core.adaptive), unless a row says adaptive=false"}
     return Suite("asr", config, methods, batches, run_batch, quality, claims_lossless, verify_identical=True,
@@ -352,6 +353,10 @@ def _faster_whisper_worker(conn, name: str, compute_type: str, threads: int, opt
             return
         texts, stats = _run_faster_whisper(peer, audios, options)
         conn.send((texts, stats.time_s["total"]))
+
+
+# our decoding options as faster-whisper's in `fw_options`: one temperature (no fallback), no window left empty
+AS_FASTER_WHISPER = dict(temperature=0.0, no_speech_threshold=None)
 
 
 def fw_options(timestamps: bool = False, word_timestamps: bool = False, vad_filter: bool = False) -> dict:

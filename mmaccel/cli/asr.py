@@ -39,6 +39,9 @@ def cmd_asr_transcribe(args: argparse.Namespace) -> int:
                              timestamps=args.timestamps or formats not in (None, ["txt"]),
                              word_timestamps=args.word_timestamps, vad_filter=args.vad or bool(args.vad_param),
                              vad_parameters=dict(args.vad_param), adaptive=not args.fixed_k, progress=advance,
+                             temperature=args.temperature, best_of=args.best_of, seed=args.seed,
+                             compression_ratio_threshold=args.compression_ratio_threshold,
+                             log_prob_threshold=args.log_prob_threshold, no_speech_threshold=args.no_speech_threshold,
                              **dict(args.param))
     status = print_transcripts([(t.source, t.error, t.text) for t in out.transcripts])
     for t in out.transcripts:
@@ -156,8 +159,41 @@ def _add_transcribe(asr_sub) -> None:
     at.add_argument("--vad-param", type=key_value, action="append", default=[], metavar="KEY=VALUE",
                     help="a VAD parameter (mmaccel.speech.vad.VadParameters; implies --vad), "
                          "e.g. --vad-param min_silence_duration_ms=500")
+    _add_fallback_options(at)
     add_device_option(at)
     at.set_defaults(func=cmd_asr_transcribe)
+
+
+def _temperatures(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(t) for t in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"temperatures are numbers, comma-separated, got {text!r}") from None
+
+
+def _threshold(text: str) -> float | None:
+    if text == "none":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a threshold is a number or 'none', got {text!r}") from None
+
+
+def _add_fallback_options(parser: argparse.ArgumentParser) -> None:
+    """Whisper's temperature fallback (`mmaccel.speech.fallback`), with openai-whisper's defaults."""
+    parser.add_argument("--temperature", type=_temperatures, default=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
+                        metavar="T[,T...]", help="decode at the first; a window that fails the thresholds is decoded "
+                                                 "again at the next (default 0,0.2,0.4,0.6,0.8,1; 0: no fallback)")
+    parser.add_argument("--best-of", type=int, default=5, help="samples per sampled temperature (the likeliest kept)")
+    add_seed_option(parser, "seed of the sampled temperatures (the same seed gives the same transcript)")
+    parser.add_argument("--compression-ratio-threshold", type=_threshold, default=2.4,
+                        help="decode again when the text's gzip compression ratio is above this (a loop; 'none': never)")
+    parser.add_argument("--log-prob-threshold", type=_threshold, default=-1.0,
+                        help="decode again when the mean token log-probability is below this ('none': never)")
+    parser.add_argument("--no-speech-threshold", type=_threshold, default=0.6,
+                        help="leave a window empty when <|nospeech|> is above this and the log-probability below "
+                             "--log-prob-threshold ('none': never)")
 
 
 def _add_stream(asr_sub) -> None:

@@ -70,6 +70,15 @@ class EncodedAudio:
             None if self.audio_frames is None else self.audio_frames.index_select(0, index.cpu()), rules=self.rules)
 
 
+    @staticmethod
+    def concat(parts: list[EncodedAudio]) -> EncodedAudio:
+        """The rows of `parts` (one rules, one prompt length) as one batch; cached keys/values are not carried over."""
+        frames = [p.audio_frames for p in parts]
+        return EncodedAudio(torch.cat([p.encoder_states for p in parts]), torch.cat([p.prompt for p in parts]),
+                            audio_frames=None if any(f is None for f in frames) else torch.cat(frames),
+                            rules=parts[0].rules)
+
+
 def audio_frames(seconds: float, window_s: float, encoder_frames: int) -> int:
     """How many of the `encoder_frames` of a `window_s`-second window hold `seconds` of audio."""
     return min(encoder_frames, math.ceil(seconds / window_s * encoder_frames))

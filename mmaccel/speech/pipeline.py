@@ -12,9 +12,10 @@ transcript is complete; with VAD, its speech packed into windows. A list input r
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,16 +37,18 @@ from mmaccel.speech.alignment import add_words
 from mmaccel.speech.audio import SAMPLE_RATE, Audio, AudioLike, log_mel
 from mmaccel.speech.cross_draft import Assistant, new_assistant
 from mmaccel.speech.decoder import WhisperDecoderModel
+from mmaccel.speech.decoder_audio import EncodedAudio
 from mmaccel.speech.draft import WhisperDraft, load_draft
 from mmaccel.speech.eagle import EagleDecoder, EagleHead
 from mmaccel.speech.encoder_precision import check_precision, encoder_variant
+from mmaccel.speech.fallback import TEMPERATURES, Fallback
 from mmaccel.speech.heads import WhisperHeads, load_heads, merge_heads
 from mmaccel.speech.language import language_probabilities
 from mmaccel.speech.methods import ASR_REGISTRY, build_asr_method
 from mmaccel.speech.scoring import score_tokens
 from mmaccel.speech.streaming import Streamer, StreamUpdate, stream_updates
 from mmaccel.speech.timestamps import TimestampRules
-from mmaccel.speech.transcript import Transcript, WindowResult, join_windows, window_result  # noqa: F401  (re-exported)
+from mmaccel.speech.transcript import Transcript, WindowResult, join_windows, window_result
 from mmaccel.speech.vad import VadParameters
 from mmaccel.speech.whisper import WhisperBundle, load_whisper
 from mmaccel.speech.windows import Window, audio_windows, next_window, windows_left
@@ -91,8 +94,9 @@ class ASROutput:
 
     @property
     def wall_s(self) -> float:
-        """Features + encoder + decoding: the Open ASR Leaderboard's transcription time."""
-        return sum(self.stats.time_s.get(k, 0.0) for k in ("features", "encoder", "decode"))
+        """The whole `transcribe` call on audio in memory (VAD, features, language detection, encoder, decoding,
+        the fallback's re-decodes, scores, word alignment): the Open ASR Leaderboard's transcription time."""
+        return self.stats.time_s["transcribe"]
 
     @property
     def rtfx(self) -> float:
@@ -170,10 +174,11 @@ class ASRPipeline:
         """The methods `transcribe` takes: name -> plug-in (parameters, exactness, needs)."""
         return ASR_REGISTRY
 
-    def resources(self, method: Method | None = None, timestamps: bool = False) -> Resources:
-        """What methods draw on; the target is the arg-max view unless `method` reads logit values or
-        the timestamp rules do (they compare the timestamps' total probability with the text's)."""
-        target = self.model if method is None or method.exact_logits or timestamps else self.argmax_model
+    def resources(self, method: Method | None = None, logit_values: bool = False) -> Resources:
+        """What methods draw on; the target is the arg-max view unless `method` reads logit values or the
+        decoding does (`logit_values`: sampling, or the timestamp rules, which compare the timestamps' total
+        probability with the text's)."""
+        target = self.model if method is None or method.exact_logits or logit_values else self.argmax_model
         eagle = self._eagle_decoder()
         if eagle is not None and eagle.head.feature_layers and method is not None and "eagle" in method.needs:
             target = target.feature_view(eagle.head.feature_layers)     # the layer outputs the head fuses
@@ -211,7 +216,9 @@ class ASRPipeline:
                    max_new_tokens: int = MAX_NEW_TOKENS, progress: Callable[[int, int], None] | None = None,
                    encoder: str = "fp32", timestamps: bool = False, word_timestamps: bool = False,
                    vad_filter: bool = False, vad_parameters: VadParameters | dict | None = None,
-                   adaptive: bool = True, **method_params: Any) -> ASROutput:
+                   temperature: float | Sequence[float] = TEMPERATURES, compression_ratio_threshold: float | None = 2.4,
+                   log_prob_threshold: float | None = -1.0, no_speech_threshold: float | None = 0.6,
+                   best_of: int = 5, seed: int = 0, adaptive: bool = True, **method_params: Any) -> ASROutput:
         """Transcribe one input or a list (paths, arrays with `sample_rate`, `Audio`s).
 
         `language`: a language code, or None to detect each input's from its first 30 s (on an
@@ -233,6 +240,13 @@ class ASRPipeline:
         silences and noise then never reach the decoder, and an input without speech gets an empty
         transcript rather than an error.
 
+        `temperature` and the thresholds: Whisper's temperature fallback (`mmaccel.speech.fallback`), on by
+        default with openai-whisper's and faster-whisper's defaults: a window whose text repeats itself
+        (compression ratio above `compression_ratio_threshold`) or that the model doubts (mean log-probability
+        below `log_prob_threshold`) is decoded again at the next temperature, `best_of` samples seeded by
+        `seed`; a doubtful window whose <|nospeech|> probability is above `no_speech_threshold` is left
+        empty. The method decodes at the first temperature; `temperature=0` turns the fallback off.
+
         `method`: a name from `mmaccel.speech.methods.ASR_REGISTRY` or a Method; `method_params`
         configure it (k, depth, width, exit_layer, num_beams, ...). With `adaptive` (on a CPU) a draft
         method drafts at most its k per pass, fewer or none where its drafts are rarely accepted or a
@@ -249,12 +263,17 @@ class ASRPipeline:
         check(isinstance(adaptive, bool), f"adaptive must be True or False, got {adaptive!r}")
         vad = VadParameters.of(vad_parameters) if vad_filter else None
         timestamps = timestamps or word_timestamps
+        fallback = Fallback.of(temperature, compression_ratio_threshold, log_prob_threshold, no_speech_threshold,
+                               best_of, seed)
         spec = build_asr_method(method, **method_params)
         prompt = self.bundle.prompt(language or "en", task, timestamps)       # checks language and task
         tokens = self.bundle.tokens
-        job = _Job(spec, self.resources(spec, timestamps), self.encoder(encoder), max_new_tokens, task,
+        started = time.perf_counter()
+        job = _Job(spec, self.resources(spec, timestamps or fallback.temperatures[0] > 0), self.encoder(encoder),
+                   max_new_tokens, task,
                    TimestampRules(tokens.no_timestamps, tokens.end_of_text, len(prompt)) if timestamps else None,
-                   self.alignment_heads() if word_timestamps else None, self._adaptive[timestamps] if adaptive else None)
+                   self.alignment_heads() if word_timestamps else None, self._adaptive[timestamps] if adaptive else None,
+                   fallback)
         stats = DecodeStats()
         transcripts, windows = audio_windows(audio, sample_rate, vad, follow=timestamps)
         if language is None and tokens.multilingual:
@@ -263,16 +282,26 @@ class ASRPipeline:
         for t in transcripts:
             t.language = None if t.error is not None else t.language or language or "en"
         parts: dict[int, dict[int, WindowResult]] = {}
+        tried: dict[tuple[int, int], list[WindowResult]] = {}     # a window's decodes so far, one per temperature
         done = 0
         while windows:
-            batch, windows = windows[:batch_size], windows[batch_size:]
-            stats = stats + self._transcribe_batch(job, batch, [transcripts[w.input] for w in batch], parts)
-            following = [next_window(w, parts[w.input][w.index].complete) for w in batch if w.clip is not None]
-            windows = sorted(windows + [w for w in following if w is not None], key=lambda w: -w.duration)
-            done += len(batch)
+            batch, windows = _next_batch(windows, batch_size, fallback)
+            stats = stats + self._transcribe_batch(job, batch, [transcripts[w.input] for w in batch], tried)
+            finished = []
+            for w in batch:
+                if fallback.retry(tried[w.input, w.index][-1], w.attempt):
+                    windows.append(dataclasses.replace(w, attempt=w.attempt + 1))
+                else:
+                    parts.setdefault(w.input, {})[w.index] = fallback.final(tried.pop((w.input, w.index)))
+                    job.states.pop((w.input, w.index), None)
+                    finished.append(w)
+            following = [next_window(w, parts[w.input][w.index].complete) for w in finished if w.clip is not None]
+            windows = sorted(windows + [w for w in following if w is not None], key=lambda w: (w.attempt, -w.duration))
+            done += len(finished)
             if progress is not None:
                 progress(done, done + windows_left(windows))
         join_windows(transcripts, parts)
+        stats.time_s["transcribe"] = time.perf_counter() - started
         return ASROutput(transcripts, stats, spec.name)
 
     def stream(self, chunks: Iterable, method: str | Method = "greedy", *, sample_rate: int = SAMPLE_RATE,
@@ -294,35 +323,54 @@ class ASRPipeline:
                               chunks)
 
     def _transcribe_batch(self, job: _Job, batch: list[Window], owners: list[Transcript],
-                          parts: dict[int, dict[int, WindowResult]]) -> DecodeStats:
-        """Decode one batch of windows (each row with its input's language) into `parts`; its statistics."""
+                          tried: dict[tuple[int, int], list[WindowResult]]) -> DecodeStats:
+        """Decode one batch of windows (each row with its input's language), all at one temperature of the
+        fallback, and add each window's result to `tried`; its statistics. A sampled temperature decodes
+        `best_of` rows per window from the encoder states of its first decode, and keeps the likeliest."""
         stats = DecodeStats()
+        attempt = batch[0].attempt
+        temperature, n = job.fallback.temperatures[attempt], job.fallback.samples(attempt)
         prompts = [self.bundle.prompt(t.language, job.task, job.rules is not None) for t in owners]
-        with stats.timed("features"):
-            features = log_mel(self.bundle.feature_extractor, [w.audio for w in batch], self.mel_padding)
-        with stats.timed("encoder"):
-            inputs = self.model.encode(features, prompts, [w.duration for w in batch], job.encoder, job.rules)
+        if attempt == 0:
+            with stats.timed("features"):
+                features = log_mel(self.bundle.feature_extractor, [w.audio for w in batch], self.mel_padding)
+            with stats.timed("encoder"):
+                inputs = self.model.encode(features, prompts, [w.duration for w in batch], job.encoder, job.rules)
+            for row, w in enumerate(batch):
+                job.states[w.input, w.index] = inputs.select_rows(torch.tensor([row]), self.model.device)
+        else:
+            inputs = EncodedAudio.concat([job.states[w.input, w.index] for w in batch])
+        if n > 1:
+            inputs = inputs.select_rows(torch.arange(len(batch)).repeat_interleave(n), self.model.device)
+            prompts = [p for p in prompts for _ in range(n)]
+        method, resources = (job.spec, job.resources) if attempt == 0 else (job.sampler, Resources(self.model))
         t0 = time.perf_counter()
         eot = self.bundle.tokens.end_of_text
-        gen = job.spec.run(job.resources, inputs, max_new_tokens=job.max_new_tokens, sampling=Sampling(),
-                           eos_token_id=eot, prompt_tokens=prompts, adaptive=job.adaptive)
+        gen = method.run(resources, inputs, max_new_tokens=job.max_new_tokens, sampling=Sampling(temperature),
+                         seed=job.fallback.seed + attempt, eos_token_id=eot, prompt_tokens=prompts,
+                         adaptive=job.adaptive if attempt == 0 else None)
         stats = stats + gen.stats
-        stats.time_s["decode"] = stats.time_s.get("decode", 0.0) + time.perf_counter() - t0
+        phase = "decode" if attempt == 0 else "fallback"
+        stats.time_s[phase] = stats.time_s.get(phase, 0.0) + time.perf_counter() - t0
         scores = None
-        if job.rules is not None:
+        if job.rules is not None or job.fallback.scored:
             with stats.timed("scores"):
                 scores = score_tokens(self.model, inputs, gen.tokens, self.bundle.tokens.no_speech)
-        for row, (window, generated, owner) in enumerate(zip(batch, gen.tokens, owners)):
-            part = window_result(self.bundle.tokenizer, generated, window, job.rules,
-                                 None if scores is None else scores[row])
+        for i, (window, owner) in enumerate(zip(batch, owners)):
+            rows = range(i * n, (i + 1) * n)
+            samples = {row: window_result(self.bundle.tokenizer, gen.tokens[row], window, job.rules,
+                                          None if scores is None else scores[row], temperature) for row in rows}
+            row = max(rows, key=lambda r: samples[r].avg_logprob)
+            part = samples[row]
             if job.heads is not None:
                 with stats.timed("words"):
                     add_words(self.model, inputs, row, part, self.bundle.prompt(owner.language, job.task), job.heads,
                               self.bundle.tokenizer, eot, owner.language)
-            parts.setdefault(window.input, {})[window.index] = part
+            tried.setdefault((window.input, window.index), []).append(part)
             # one pass per token for methods that do not say (beam, calm); a row also rides
             # along in its batch's passes after it ends, which this does not count
-            owner.passes += len(generated) if gen.commit_pass is None else len(set(gen.commit_pass[row]))
+            owner.passes += max(len(gen.tokens[r]) if gen.commit_pass is None else len(set(gen.commit_pass[r]))
+                                for r in rows)
         return stats
 
     def _detect_languages(self, transcripts: list[Transcript], windows: list[Window], encoder: nn.Module,
@@ -349,6 +397,20 @@ class _Job:
     rules: TimestampRules | None            # timestamp mode
     heads: list[tuple[int, int]] | None     # alignment heads, for word timestamps
     adaptive: AdaptiveDrafting | None       # the pass costs of adaptive drafting; None: every pass drafts k
+    fallback: Fallback
+    sampler: Method = dataclasses.field(default_factory=lambda: build_asr_method("greedy"))   # the fallback's re-decodes
+    # each window's encoder output (one row), kept until its result is final (the fallback decodes it again)
+    states: dict[tuple[int, int], EncodedAudio] = dataclasses.field(default_factory=dict)
+
+
+def _next_batch(windows: list[Window], batch_size: int, fallback: Fallback) -> tuple[list[Window], list[Window]]:
+    """The next batch of `windows` (in order) and the rest: windows at one temperature, as many as make
+    `batch_size` rows (a sampled temperature decodes `best_of` rows per window; at least one window)."""
+    attempt = windows[0].attempt
+    size = max(1, batch_size // fallback.samples(attempt))
+    batch = [w for w in windows if w.attempt == attempt][:size]
+    taken = {id(w) for w in batch}
+    return batch, [w for w in windows if id(w) not in taken]
 
 
 def _present(path: Path) -> Path | None:

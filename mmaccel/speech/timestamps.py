@@ -97,6 +97,7 @@ class Segment:
     compression_ratio: float | None = None
     no_speech_prob: float | None = None     # of its window
     words: list | None = None
+    temperature: float | None = None        # its window was decoded at (above 0: the temperature fallback's)
 
 
 def split_segments(tokens: list[int], rules: TimestampRules, window_s: float,

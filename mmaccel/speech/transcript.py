@@ -3,7 +3,7 @@ together from the 30-s windows the input was decoded in (`WindowResult`, `join_w
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from mmaccel.speech.audio import TimeMap
@@ -38,10 +38,24 @@ class WindowResult:
     place: TimeMap
     scores: TokenScores | None = None
     complete: float | None = None   # how far into the window its transcript is complete (where the next starts)
+    compression_ratio: float = 0.0  # of the text of all its tokens (a decoding loop repeats itself: > 2.4)
+
+    @property
+    def avg_logprob(self) -> float:
+        """Mean log-probability of its tokens (end of text included), as openai-whisper's; 0 when not scored."""
+        return sum(self.scores.logprobs) / max(1, len(self.scores.logprobs)) if self.scores is not None else 0.0
+
+    @property
+    def no_speech_prob(self) -> float:
+        return self.scores.no_speech_prob if self.scores is not None else 0.0
+
+    def emptied(self) -> WindowResult:
+        """This window without its text (no speech in it): the input moves on by the whole window."""
+        return replace(self, text="", segments=[], complete=self.duration)
 
 
 def window_result(tokenizer, generated: list[int], window: Window, rules: TimestampRules | None,
-                  scores: TokenScores | None = None) -> WindowResult:
+                  scores: TokenScores | None = None, temperature: float = 0.0) -> WindowResult:
     """A window's generated tokens read as text and segments: by its timestamps under `rules`, else the
     window is one segment. An unclosed last segment is dropped when another window of the input follows
     from where this one is complete (`mmaccel.speech.windows.next_window`), else kept."""
@@ -50,19 +64,20 @@ def window_result(tokenizer, generated: list[int], window: Window, rules: Timest
         return tokenizer.decode(spoken, skip_special_tokens=True)
 
     text = decode(generated).strip()
+    whole = WindowResult(generated, text, [], window.duration, window.place, scores, window.duration,
+                         compression_ratio(text))
+    stats = {"temperature": temperature}
+    if scores is not None:          # per window, as openai-whisper reports them (end of text included)
+        stats.update(avg_logprob=whole.avg_logprob, no_speech_prob=whole.no_speech_prob,
+                     compression_ratio=whole.compression_ratio)
     if rules is None:
-        segment = Segment(0, 0.0, window.duration, text, generated)
-        return WindowResult(generated, text, [segment] if text else [], window.duration, window.place)
+        whole.segments = [Segment(0, 0.0, window.duration, text, generated, **stats)] if text else []
+        return whole
     segments, complete = split_segments(generated, rules, window.duration, keep_tail=window.last)
     if complete < 1.0:          # the input moves on by a whole window (`next_window`): keep all of this one
         segments, complete = split_segments(generated, rules, window.duration)
-    stats = {}
-    if scores is not None:          # per window, as openai-whisper reports them (end of text included)
-        stats = {"avg_logprob": sum(scores.logprobs) / max(1, len(scores.logprobs)),
-                 "no_speech_prob": scores.no_speech_prob, "compression_ratio": compression_ratio(text)}
     kept = [Segment(0, a, b, decode(t), t, **stats) for a, b, t in segments]
-    text = decode([t for s in kept for t in s.tokens]).strip()
-    return WindowResult(generated, text, kept, window.duration, window.place, scores, complete)
+    return replace(whole, text=decode([t for s in kept for t in s.tokens]).strip(), segments=kept, complete=complete)
 
 
 def join_windows(transcripts: list[Transcript], parts: dict[int, dict[int, WindowResult]]) -> None:

@@ -31,6 +31,7 @@ class Window:
     audio: Audio
     place: TimeMap
     clip: Audio | None = None
+    attempt: int = 0            # which of the temperature fallback's temperatures decodes it (`fallback`)
 
     @property
     def duration(self) -> float:
