@@ -199,6 +199,7 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
               "threads": torch.get_num_threads(), "quick": quick, "timestamps": timestamps, "vad": vad,
               "mel_padding": asr.mel_padding,
               "fallback": "off: one temperature, as faster-whisper's rows (temperature 0, no_speech_threshold None)",
+              "timing": "the whole transcribe call (VAD, features, encoder, decoding, scores, word alignment)",
               "drafting": "adaptive: each pass drafts up to k, or none, by measured acceptance and cost "
                           "(mmaccel.core.adaptive), unless a row says adaptive=false"}
     return Suite("asr", config, methods, batches, run_batch, quality, claims_lossless, verify_identical=True,

@@ -19,6 +19,8 @@ from mmaccel.core.readout import project
 from mmaccel.speech.decoder import EncodedAudio, WhisperDecoderModel
 from mmaccel.speech.timestamps import rule_logits
 
+ROWS_PER_PRODUCT = 512      # positions projected to the vocabulary at once (51 865 logits each: ~100 MB)
+
 
 @dataclass
 class TokenScores:
@@ -41,15 +43,18 @@ def score_tokens(model: WhisperDecoderModel, inputs: EncodedAudio, tokens: list[
     weight = model.decoder.embed_tokens.weight
     bias = torch.cat([model._begin_bias[None], model.suppression.expand(T, -1)])      # [1 + T, V]
     out = []
-    for b, row in enumerate(tokens):
-        logits = project(hidden[b : b + 1, P - 1 :], weight).float() + bias
-        logits = rule_logits(state, logits, rows=torch.tensor([b]))
-        picked = torch.tensor(row, dtype=torch.long, device=logits.device)
-        lp = logits[0, : len(row)].log_softmax(-1).gather(1, picked[:, None])[:, 0]
-        nsp = 0.0
-        if no_speech is not None:
-            nsp = float(project(hidden[b, 0], weight).float().softmax(-1)[no_speech])
-        out.append(TokenScores(lp.tolist(), nsp))
+    group = max(1, ROWS_PER_PRODUCT // (T + 2))         # rows projected together (logits of all their positions)
+    for start in range(0, B, group):
+        rows = torch.arange(start, min(B, start + group))
+        h = hidden[rows.to(hidden.device)]
+        # <|startoftranscript|>'s position (the no-speech probability), then the one before each token
+        logits = project(torch.cat([h[:, :1], h[:, P - 1 :]], 1), weight).float()      # [g, 2 + T, V]
+        nsp = logits[:, 0].softmax(-1)[:, no_speech].tolist() if no_speech is not None else [0.0] * len(rows)
+        logprobs = rule_logits(state, logits[:, 1:] + bias, rows=rows).log_softmax(-1)
+        for i, b in enumerate(rows.tolist()):
+            picked = torch.tensor(tokens[b], dtype=torch.long, device=logprobs.device)
+            lp = logprobs[i, : len(tokens[b])].gather(1, picked[:, None])[:, 0]
+            out.append(TokenScores(lp.tolist(), nsp[i]))
     return out
 
 
