@@ -90,7 +90,8 @@ def main() -> None:
     doc = {"command": "python benchmarks/asr_features/fallback.py --out benchmarks/asr_features/fallback.json",
            "device": device_name(), "model": "builtin:base", "method": "greedy", "batch": {"ours": 8, "faster-whisper": 1},
            "audio": {s: f"{len(c)} utterances, {sum(a.duration for _, a, _ in c):.1f} s" for s, c in corpora.items()},
-           "wer": f"corpus WER, {normalizer_version()}", "results": rows}
+           "wer": f"corpus WER, {normalizer_version()}", "grouped": "a window's samples share its keys/values",
+           "results": rows}
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
 
 

@@ -111,8 +111,9 @@ def align_words(model: WhisperDecoderModel, inputs: EncodedAudio, row: int, prom
     if not heads:
         raise InputError("this Whisper has no alignment heads (generation_config.alignment_heads); word "
                          "timestamps need them")
-    audio = EncodedAudio(inputs.encoder_states[row : row + 1], torch.tensor([prompt]),
-                         {i: (k[row : row + 1], v[row : row + 1]) for i, (k, v) in inputs.cross_kv.items()})
+    w = inputs.window_of(row)
+    audio = EncodedAudio(inputs.encoder_states[w : w + 1], torch.tensor([prompt]),
+                         {i: (k[w : w + 1], v[w : w + 1]) for i, (k, v) in inputs.cross_kv.items()})
     seq = torch.tensor([prompt + text + [eot]], device=model.device)
     state = model.prefill(audio, seq.shape[1] - len(prompt), run=False)
     queries: dict[int, torch.Tensor] = {}

@@ -373,6 +373,7 @@ class WhisperDecoderModel:
         current h (CALM's state propagation for rows that exited) and come back unchanged."""
         layer, ops = self.decoder.layers[i], self._ops[i]
         check(rows is None or step.keep is None, "a pass runs either selected rows or kept positions, not both")
+        check(rows is None or step.inputs.group == 1, "a pass over selected rows needs a window per row")
         x = _norm(layer.self_attn_layer_norm, h)
         q, k, v = ops.qkv(x)
         k, v = step.write.update(step.heads(k), step.heads(v), i)
@@ -389,8 +390,7 @@ class WhisperDecoderModel:
         q = step.heads(ops.cross_q(x))
         if step.probe is not None:           # the queries word alignment reads (`alignment`)
             step.probe[i] = q
-        x = F.scaled_dot_product_attention(q.to(ck.dtype), ck, cv, attn_mask=cmask).to(h.dtype)
-        h = h + ops.cross_out(step.merge(x))
+        h = h + ops.cross_out(step.merge(_cross_attention(q.to(ck.dtype), ck, cv, cmask, step.inputs.group).to(h.dtype)))
         h = h + ops.mlp(_norm(layer.final_layer_norm, h))
         if rows is None:
             return h
@@ -411,3 +411,14 @@ class WhisperDecoderModel:
         state.cache.select_rows(index)
         inputs: EncodedAudio = state.extras["inputs"]
         state.extras["inputs"] = inputs.select_rows(index, self.device)
+
+
+def _cross_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, group: int) -> Tensor:
+    """Queries q [B, H, T, Dh] over keys/values [B / group, H, S, Dh]: each `group` consecutive rows ask their
+    window's keys as one row of group * T queries (cross-attention has no causal mask)."""
+    if group == 1:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    B, H, T, D = q.shape
+    q = q.view(B // group, group, H, T, D).transpose(1, 2).reshape(B // group, H, group * T, D)
+    x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return x.view(B // group, H, group, T, D).transpose(1, 2).reshape(B, H, T, D)

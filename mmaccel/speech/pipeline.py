@@ -341,7 +341,7 @@ class ASRPipeline:
         else:
             inputs = EncodedAudio.concat([job.states[w.input, w.index] for w in batch])
         if n > 1:
-            inputs = inputs.select_rows(torch.arange(len(batch)).repeat_interleave(n), self.model.device)
+            inputs = inputs.repeat(n)
             prompts = [p for p in prompts for _ in range(n)]
         method, resources = (job.spec, job.resources) if attempt == 0 else (job.sampler, Resources(self.model))
         t0 = time.perf_counter()

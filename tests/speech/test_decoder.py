@@ -70,6 +70,24 @@ def test_select_rows_reorders_cache_and_audio(tiny_decoder):
     assert a.shape[0] == 2
 
 
+def test_rows_sharing_a_window_decode_as_rows_with_their_own_copy(tiny_decoder):
+    encoded = tiny_decoder.encode(features(2, seed=7), PROMPT)
+    shared, copies = encoded.repeat(3), encoded.select_rows(torch.arange(2).repeat_interleave(3), tiny_decoder.device)
+    assert shared.batch_size == copies.batch_size == 6 and shared.encoder_states.shape[0] == 2
+    tokens = torch.tensor([[5, 7], [6, 2], [9, 9], [5, 7], [3, 1], [4, 8]])       # each row its own tokens
+    out = []
+    for inputs in (shared, copies):
+        state = tiny_decoder.prefill(inputs, 8)
+        out.append(torch.cat([state.logits[:, None], tiny_decoder.step(state, tokens)], 1))
+    torch.testing.assert_close(out[0], out[1], atol=1e-5, rtol=0)
+    state = tiny_decoder.prefill(shared, 8)
+    tiny_decoder.select_rows(state, torch.tensor([4, 0]))        # rows of another window: a copy each again
+    assert state.extras["inputs"].group == 1
+    torch.testing.assert_close(tiny_decoder.step(state, tokens[:2, :1])[:, 0],
+                               tiny_decoder.step(tiny_decoder.prefill(copies.select_rows(torch.tensor([4, 0]),
+                                                                     tiny_decoder.device), 8), tokens[:2, :1])[:, 0])
+
+
 def test_early_exit_view_shares_weights(tiny_hf, tiny_decoder):
     full = tiny_decoder.early_exit(4)
     inputs = tiny_decoder.encode(features(1), PROMPT)
