@@ -61,10 +61,6 @@ class Fallback:
         """Rows decoded for a window at its `attempt`-th temperature."""
         return self.best_of if self.temperatures[attempt] > 0 else 1
 
-    def likeliest(self, candidates: list[WindowResult]) -> WindowResult:
-        """Of one temperature's samples of a window, the one of highest mean log-probability."""
-        return max(candidates, key=lambda r: r.avg_logprob)
-
     def retry(self, result: WindowResult, attempt: int) -> bool:
         """Whether a window decoded at its `attempt`-th temperature is decoded again at the next."""
         return attempt + 1 < len(self.temperatures) and self._fails(result) and not self._silent(result)

@@ -360,7 +360,7 @@ class ASRPipeline:
             rows = range(i * n, (i + 1) * n)
             samples = {row: window_result(self.bundle.tokenizer, gen.tokens[row], window, job.rules,
                                           None if scores is None else scores[row], temperature) for row in rows}
-            row = max(rows, key=lambda r: samples[r].avg_logprob)
+            row = max(rows, key=lambda r: samples[r].avg_logprob)      # the likeliest sample
             part = samples[row]
             if job.heads is not None:
                 with stats.timed("words"):
