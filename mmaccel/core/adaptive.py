@@ -121,10 +121,11 @@ class DraftLengths:
         loss = (seconds[best] - plain * tokens[best]) / plain
         return best if self.pooled.plain_run >= max(PROBE_AFTER, loss / PROBE_SHARE) else 0
 
-    def record(self, drafts: int, own: list[int] | None, accepted: list[int], active: list[bool],
-               seconds: float | None) -> None:
-        """A pass chose `drafts` (row r fed its own first `own[r]`, None: all; a tree: its nodes), row r kept
-        `accepted[r]` of them; it took `seconds` (None: not a pass of its own, e.g. drafts the prefill scored)."""
+    def record(self, drafts: int, accepted: list[int], active: list[bool], seconds: float | None) -> None:
+        """A pass chose `drafts` (a tree: its nodes), row r kept `accepted[r]` of them; it took `seconds` (None:
+        not a pass of its own, e.g. drafts the prefill scored). A row that drafted fewer (a chain that stops
+        where the drafter is unsure, an n-gram without a match) accepted none of those it did not draft: the
+        estimate is of what a pass asking `drafts` yields, as its measured cost is."""
         if seconds is not None:
             self.costs.add(drafts, seconds)
         if drafts == 0:
@@ -134,12 +135,11 @@ class DraftLengths:
         rows = [r for r, a in enumerate(active) if a]
         reach = self.pooled.reach
         for j in range(1, min(drafts, self.depth) + 1):
-            judged = [r for r in rows if own is None or own[r] >= j]
-            for r in judged:
+            for r in rows:
                 self.hits[r][j - 1] = DECAY * self.hits[r][j - 1] + (accepted[r] >= j)
                 self.tries[r][j - 1] = DECAY * self.tries[r][j - 1] + 1
-            if judged:
-                share = sum(accepted[r] >= j for r in judged) / len(judged)
+            if rows:
+                share = sum(accepted[r] >= j for r in rows) / len(rows)
                 reach[j - 1] += POOLED_RATE * (share - reach[j - 1])
 
     def _tokens(self, k: int, active: list[bool]) -> float:

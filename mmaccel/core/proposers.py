@@ -94,15 +94,35 @@ class Proposer:
         return 0
 
 
-def join_ragged(a: Tensor, a_counts: Tensor, b: Tensor, b_counts: Tensor) -> tuple[Tensor, Tensor]:
-    """Two padded blocks joined row by row: row r is a[r, :a_counts[r]] then b[r, :b_counts[r]], then padding
-    ([B, La + Lb, ...], and the counts summed)."""
-    both = torch.cat([a, b.to(a.device, a.dtype)], 1)
-    j = torch.arange(both.shape[1], device=both.device)[None, :]
-    first = a_counts.to(both.device)[:, None]
-    source = torch.where(j < first, j, a.shape[1] + j - first).clamp(max=both.shape[1] - 1)
-    source = source.view(*source.shape, *[1] * (both.dim() - 2)).expand(-1, -1, *both.shape[2:])
-    return both.gather(1, source), a_counts + b_counts.to(a_counts.device)
+class RaggedRows:
+    """Rows of different lengths in one padded block: row r's first `counts[r]` entries of `block` [B, L, ...]
+    count, the rest is padding. `append` writes each row's new entries after its own in place, into spare
+    columns that grow by doubling, so appending to a long block costs what the new entries do (a proposer that
+    waits through many plain steps appends one entry per step). The block it starts from is never written."""
+
+    def __init__(self, block: Tensor, counts: Tensor):
+        self._store, self.counts, self.width = block, counts, block.shape[1]
+
+    @property
+    def block(self) -> Tensor:
+        """[B, L, ...]: every row's entries, then padding."""
+        return self._store[:, : self.width]
+
+    def append(self, more: Tensor, counts: Tensor) -> RaggedRows:
+        """Row r's first `counts[r]` entries of `more` [B, M, ...] go after its own; returns self."""
+        B, M = more.shape[:2]
+        store = self._store
+        if store.shape[1] < self.width + M + 1:      # one spare column takes the writes of padding
+            store = store.new_zeros(B, max(2 * store.shape[1], self.width + M + 1), *store.shape[2:])
+            store[:, : self.width] = self.block
+            self._store = store
+        counts = counts.to(store.device)
+        j = torch.arange(M, device=store.device)[None, :]
+        slots = torch.where(j < counts[:, None], self.counts.to(store.device)[:, None] + j, store.shape[1] - 1)
+        slots = slots.view(B, M, *[1] * (store.dim() - 2)).expand(-1, -1, *store.shape[2:])
+        store.scatter_(1, slots, more.to(store.device, store.dtype))
+        self.counts, self.width = self.counts + counts.to(self.counts.device), self.width + M
+        return self
 
 
 def _sample_draft(logits: Tensor, ctx: DraftContext, index: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -176,8 +196,7 @@ class DraftModelProposer(Proposer):
 
     def start(self, inputs, room, ctx):
         self.opened, self.state = (inputs, room), None      # the draft's prefill waits for a first proposal (`ready`)
-        self.pending = ctx.pending[:, None]                 # [B, P] tokens the draft has not seen yet
-        self.pending_counts = torch.ones_like(ctx.pending)  # [B] row b's first counts[b] of them
+        self.pending = RaggedRows(ctx.pending[:, None], torch.ones_like(ctx.pending))     # tokens the draft has not seen
 
     def can_start_drafting(self, inputs: Any) -> bool:
         """Whether `start_drafting` can draft from these inputs' prompt (else the call starts as usual)."""
@@ -190,8 +209,8 @@ class DraftModelProposer(Proposer):
         self.state = self.draft.prefill(inputs, room)
         self._passes += 1
         logits = self.state.logits
-        self.pending = torch.zeros(logits.shape[0], 0, dtype=torch.long, device=logits.device)
-        self.pending_counts = self._fed_pending = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
+        none = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
+        self.pending, self._fed_pending = RaggedRows(none[:, None][:, :0], none), none
         opening = self.draft.opening(inputs) if hasattr(self.draft, "opening") else None     # see DecoderModel
         if opening is None:
             return self._chain(logits, None, None, k).tokens
@@ -213,9 +232,7 @@ class DraftModelProposer(Proposer):
 
     def skip(self, ctx, next_token):
         """The token waits with the others the draft has not seen, fed with them at the next proposal."""
-        dev = self.pending.device
-        self.pending, self.pending_counts = join_ragged(self.pending, self.pending_counts,
-                                                        next_token.to(dev)[:, None], ctx.active.to(dev).long())
+        self.pending.append(next_token[:, None], ctx.active.long())
 
     def ready(self) -> None:
         if self.state is None:
@@ -224,8 +241,8 @@ class DraftModelProposer(Proposer):
 
     def _feed_pending(self, step=None) -> Tensor:
         self.ready()
-        self._fed_pending = self.pending_counts
-        out = append_padded(self.draft, self.state, self.pending, self.pending_counts, step)
+        self._fed_pending = self.pending.counts
+        out = append_padded(self.draft, self.state, self.pending.block, self.pending.counts, step)
         self._passes += 1
         return out
 
@@ -319,7 +336,8 @@ class DraftModelProposer(Proposer):
         return tree
 
     def observe(self, ctx, num_accepted, next_token, target_probs, accepted_tokens):
-        dev = self.pending.device
+        pending = self.pending.block
+        dev = pending.device
         n = num_accepted.to(dev)
         accepted = accepted_tokens.padded.to(dev)          # [B, L]: row b's first n[b] (no read-back)
         L = accepted.shape[1]
@@ -337,14 +355,13 @@ class DraftModelProposer(Proposer):
         self.state.rollback(torch.where(active, self._fed - keep, self._fed + self._fed_pending))
         # row b's pending: its accepted tokens after the first keep[b], then next_token[b]. At most
         # 1 + (drafts not fed) of a chain (only a sibling ends the kept part before that), 1 + L of a tree
-        P = max(1 + (L if self._tree is not None else max(1, self._drafts.shape[1] - self._fed)), self.pending.shape[1])
+        P = max(1 + (L if self._tree is not None else max(1, self._drafts.shape[1] - self._fed)), pending.shape[1])
         count = n - keep + 1
         j = torch.arange(P, device=dev)[None, :]
         after = accepted.gather(1, (keep[:, None] + j).clamp(max=L - 1))     # L >= 1: a proposal has a draft
         fresh = torch.where(j < count[:, None] - 1, after, torch.where(j == count[:, None] - 1, next_token.to(dev)[:, None], 0))
-        old = nn.functional.pad(self.pending, (0, P - self.pending.shape[1]))
-        self.pending = torch.where(active[:, None], fresh, old)
-        self.pending_counts = torch.where(active, count, self.pending_counts)
+        old = nn.functional.pad(pending, (0, P - pending.shape[1]))
+        self.pending = RaggedRows(torch.where(active[:, None], fresh, old), torch.where(active, count, self.pending.counts))
 
 
 class EarlyExitProposer(DraftModelProposer):

@@ -18,7 +18,7 @@ from mmaccel.core.acceptance import RULES, Verdict
 from mmaccel.core.adaptive import AdaptiveDrafting, DraftLengths
 from mmaccel.core.driver import AcceptedLengths, AllDone, DecodeCall, Emission, Generation, RowLists
 from mmaccel.core.model import DecoderModel, on_host
-from mmaccel.core.proposers import DraftContext, Proposer, join_ragged
+from mmaccel.core.proposers import DraftContext, Proposer, RaggedRows
 from mmaccel.core.sampling import Sampling, TokenSampler
 from mmaccel.core.tree import chain_tree, verify_tree_greedy, verify_tree_sampled
 from mmaccel.errors import check
@@ -90,7 +90,6 @@ class _Drafted(NamedTuple):
     probs: Tensor | None        # the draft's probabilities of them (sampled rules)
     tree: Any                   # a tree of drafts, or None
     lengths: Tensor | None      # drafts or nodes per row before the filler (None: every row has all)
-    own: Tensor | None          # a chain's own drafts per row, siblings aside (None: every row has all)
 
 
 class _Loop:
@@ -148,7 +147,8 @@ class _Loop:
         hidden = self.state.hidden
         self.hidden = None if hidden is None else hidden[:, -1]
         # committed features start at the last prompt position's, which predicted pending
-        self.committed = None if hidden is None or self.ahead else (hidden[:, -1:], torch.ones(B, dtype=torch.long, device=dev))
+        self.committed = None if hidden is None or self.ahead else RaggedRows(hidden[:, -1:],
+                                                                             torch.ones(B, dtype=torch.long, device=dev))
         self.unread = self.committed is not None      # committed features no proposal has read yet
         if self.proposer is not None and not self.ahead:
             with call.stats.timed("draft"):
@@ -159,8 +159,8 @@ class _Loop:
         committed = self.committed
         return DraftContext(pending=self.pending, history=self.out.history(), num_generated=self.out.count,
                             sampling=self.sampling, sampler=self.sampler, target_hidden=self.hidden,
-                            active=~self.out.done, committed_hidden=None if committed is None else committed[0],
-                            committed_counts=None if committed is None else committed[1], emitted=self.out.tokens)
+                            active=~self.out.done, committed_hidden=None if committed is None else committed.block,
+                            committed_counts=None if committed is None else committed.counts, emitted=self.out.tokens)
 
     def step(self, call: DecodeCall) -> None:
         """One pass: draft, score on the target, accept, roll back, emit."""
@@ -179,12 +179,12 @@ class _Loop:
                                                   self.sampling, self.sampler, ctx)
         self._commit(call, ctx, verdict, path, target_probs, drafts, fed, d.tree, skipped=k == 0)
         if chooser is not None:
-            chooser.record(k, None if d.own is None else d.own.tolist(), verdict.num_accepted.tolist(), active,
+            chooser.record(k, verdict.num_accepted.tolist(), active,
                            None if block else time.perf_counter() - started)
 
     def _draft(self, call: DecodeCall, ctx: DraftContext, k: int) -> _Drafted:
         """What a pass drafting at most `k` (0: a plain step) feeds the target."""
-        lengths = own = None
+        lengths = None
         with call.stats.timed("draft"):
             if self.block is not None:
                 drafts, probs, tree = self.block[0], None, None
@@ -194,7 +194,6 @@ class _Loop:
                 self.unread = False
                 d = self.proposer.propose(ctx, min(k, self.config.k))
                 drafts, probs, tree, lengths = d.tokens, d.probs, None, d.lengths
-                own = d.lengths
                 if d.alternatives is not None:      # the chain with runner-up siblings: a tree
                     tree, lengths = chain_tree(self.pending, d.tokens, d.lengths, d.alternatives)
             else:
@@ -202,7 +201,7 @@ class _Loop:
                 drafts, probs, tree = None, None, self.proposer.propose_tree(ctx, *self.config.tree)
         if self.proposer is not None:
             call.draft_passes(self.proposer.passes())
-        return _Drafted(drafts, probs, tree, lengths, own)
+        return _Drafted(drafts, probs, tree, lengths)
 
     def _score(self, call: DecodeCall, drafts: Tensor | None, tree, lengths: Tensor | None):
         """The target's logits over the fed block: (fed, logits, drafts as they are verified)."""
@@ -271,7 +270,10 @@ class _Loop:
                 1, path.clamp(0, hidden.shape[1] - 1).to(hidden.device)[:, :, None].expand(-1, -1, hidden.shape[-1]))
             counts = torch.where(active, n + 1, 0)
             # after a pass that drafted nothing, the features no proposal has read yet come first
-            self.committed = join_ragged(*self.committed, picked, counts) if self.unread else (picked, counts)
+            if self.unread:
+                self.committed.append(picked, counts)
+            else:
+                self.committed = RaggedRows(picked, counts)
             self.unread = True
 
 

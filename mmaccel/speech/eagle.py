@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmaccel.core.model import DecodeState
-from mmaccel.core.proposers import Draft, DraftContext, DraftModelProposer, join_ragged
+from mmaccel.core.proposers import Draft, DraftContext, DraftModelProposer, RaggedRows
 from mmaccel.errors import check
 from mmaccel.speech.decoder import EncodedAudio, ShortlistProjection, WhisperDecoderModel
 from mmaccel.speech.draft import WhisperDraft, new_draft
@@ -223,12 +223,12 @@ class EagleProposer(DraftModelProposer):
         check(isinstance(decoder, EagleDecoder), f"EagleProposer takes an EagleDecoder, got {type(decoder).__name__}")
         super().__init__(decoder, stop_below, siblings)
         self.drafts_from_prompt = decoder.head.start is not None
-        self.committed: Tensor | None = None    # [B, L]: the token after each committed position (see observe)
+        self.committed: RaggedRows | None = None    # the token after each committed position (see observe)
 
     def start(self, inputs, room, ctx):
         check(ctx.committed_hidden is not None, "EAGLE needs the target's hidden states; the model returned none")
         self.opened, self.state = (inputs, room + 1), None      # the head's prefill waits for a first proposal (`ready`)
-        self.committed = ctx.pending[:, None]                   # the last prompt position's next token
+        self.committed = RaggedRows(ctx.pending[:, None], torch.ones_like(ctx.pending))   # the prompt's next token
 
     def can_start_drafting(self, inputs) -> bool:
         # the start feature goes with the tokens after the prompt's first (the opening's too)
@@ -256,16 +256,16 @@ class EagleProposer(DraftModelProposer):
         check(ctx.sampling.greedy, "EAGLE drafts are verified by greedy match here; it takes no temperature")
         hidden, counts, tokens = ctx.committed_hidden, ctx.committed_counts, self.committed
         self.ready()
-        check(tokens is not None and tokens.shape[1] == hidden.shape[1],
+        check(tokens is not None and tokens.width == hidden.shape[1],
               "EAGLE pairs each committed feature with the token after it: observe the last verification first")
-        logits = self.draft.feed(self.state, hidden, tokens, counts)
+        logits = self.draft.feed(self.state, hidden, tokens.block, counts)
         self._passes += 1
         active = ctx.active if ctx.active is not None else torch.ones_like(ctx.pending, dtype=torch.bool)
         return self._chain(logits, self.draft.shortlist, active, k)
 
     def skip(self, ctx, next_token):
         """The loop keeps the plain step's feature after the unread ones; its token goes after theirs."""
-        self.committed, _ = join_ragged(self.committed, ctx.committed_counts, next_token[:, None], ctx.active.long())
+        self.committed.append(next_token[:, None], ctx.active.long())
 
     def observe(self, ctx, num_accepted, next_token, target_probs, accepted_tokens):
         self.state.rollback(self._fed)        # drafted entries hold the head's guessed features
@@ -280,4 +280,4 @@ class EagleProposer(DraftModelProposer):
         keep = torch.arange(seq.shape[1], device=dev)[None, :] <= n[:, None]
         if ctx.active is not None:
             keep = keep & ctx.active.to(dev)[:, None]
-        self.committed = torch.where(keep, seq, 0)
+        self.committed = RaggedRows(torch.where(keep, seq, 0), keep.sum(1))

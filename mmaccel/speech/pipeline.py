@@ -336,8 +336,9 @@ class ASRPipeline:
                 features = log_mel(self.bundle.feature_extractor, [w.audio for w in batch], self.mel_padding)
             with stats.timed("encoder"):
                 inputs = self.model.encode(features, prompts, [w.duration for w in batch], job.encoder, job.rules)
-            for row, w in enumerate(batch):
-                job.states[w.input, w.index] = inputs.select_rows(torch.tensor([row]), self.model.device)
+            if len(job.fallback.temperatures) > 1:      # kept for the re-decodes
+                for row, w in enumerate(batch):
+                    job.states[w.input, w.index] = inputs.select_rows(torch.tensor([row]), self.model.device)
         else:
             inputs = EncodedAudio.concat([job.states[w.input, w.index] for w in batch])
         if n > 1:
@@ -399,7 +400,7 @@ class _Job:
     adaptive: AdaptiveDrafting | None       # the pass costs of adaptive drafting; None: every pass drafts k
     fallback: Fallback
     sampler: Method = dataclasses.field(default_factory=lambda: build_asr_method("greedy"))   # the fallback's re-decodes
-    # each window's encoder output (one row), kept until its result is final (the fallback decodes it again)
+    # each window's encoder output (one row), kept until its result is final when the fallback may decode it again
     states: dict[tuple[int, int], EncodedAudio] = dataclasses.field(default_factory=dict)
 
 

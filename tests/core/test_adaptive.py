@@ -5,7 +5,7 @@ import torch
 
 from mmaccel.core.adaptive import PROBE_AFTER, AdaptiveDrafting, DraftLengths, PassCosts, Pooled
 from mmaccel.core.methods import Resources, build_method
-from mmaccel.core.proposers import MedusaHead, join_ragged
+from mmaccel.core.proposers import MedusaHead, RaggedRows
 from mmaccel.core.sampling import Sampling
 from mmaccel.core.speculative import decode
 from tests.conftest import scripted
@@ -80,20 +80,20 @@ def _plain_steps_before_a_probe(lengths, rows=1):
     for n in range(1000):
         if lengths.choose([True] * rows):
             return n
-        lengths.record(0, None, [0] * rows, [True] * rows, 1.0)
+        lengths.record(0, [0] * rows, [True] * rows, 1.0)
 
 
 def test_drafting_stops_when_drafts_are_rejected_and_probes_again():
     lengths = DraftLengths(_costs(), Pooled(), rows=2, most=4)
     for _ in range(3):
-        lengths.record(4, [4, 4], [0, 0], [True, True], 3.0)
+        lengths.record(4, [0, 0], [True, True], 3.0)
     assert lengths.choose([True, True]) == 0
     # drafts once more to see acceptance, after more plain steps where a probe costs more
     cheap = _plain_steps_before_a_probe(lengths, 2)
     assert cheap >= PROBE_AFTER
     costly = DraftLengths(_costs(per_draft=2.0), Pooled(), rows=1, most=4)
     for _ in range(3):
-        costly.record(4, None, [0], [True], 9.0)
+        costly.record(4, [0], [True], 9.0)
     assert _plain_steps_before_a_probe(costly) > 3 * cheap
 
 
@@ -103,7 +103,7 @@ def test_a_new_call_starts_from_what_the_methods_earlier_calls_showed():
     first = adaptive.for_call(("m", 4, None), rows=1, most=4)
     assert first.choose([True]) >= 1                            # the prior: drafts are often accepted
     for _ in range(30):
-        first.record(first.choose([True]) or 1, None, [0], [True], 2.0)
+        first.record(first.choose([True]) or 1, [0], [True], 2.0)
     second = adaptive.for_call(("m", 4, None), rows=1, most=4)
     assert second.choose([True]) == 0                           # its rows start plain: the method's drafts fail
     assert adaptive.for_call(("other", 4, None), rows=1, most=4).choose([True]) >= 1
@@ -112,28 +112,28 @@ def test_a_new_call_starts_from_what_the_methods_earlier_calls_showed():
 def test_accepted_drafts_keep_the_longest_chain_that_pays():
     lengths = DraftLengths(_costs(), Pooled(), rows=2, most=4)
     for _ in range(3):
-        lengths.record(4, [4, 4], [4, 4], [True, True], 3.0)
+        lengths.record(4, [4, 4], [True, True], 3.0)
     assert lengths.choose([True, True]) == 4
     expensive = DraftLengths(_costs(per_draft=2.0), Pooled(), rows=1, most=4)
     for _ in range(3):
-        expensive.record(4, [4], [2], [True], 9.0)              # ~2 of 4 accepted: not worth 3x a plain step
+        expensive.record(4, [2], [True], 9.0)              # ~2 of 4 accepted: not worth 3x a plain step
     assert expensive.choose([True]) == 0
     short = DraftLengths(_costs(), Pooled(), rows=1, most=4)
     for _ in range(3):
-        short.record(4, [1], [1], [True], 3.0)                  # this row's chains stop after one draft:
-    assert short.choose([True]) == 1                            # judged on the one it fed
+        short.record(4, [1], [True], 3.0)                       # this row's chains stop after one draft:
+    assert short.choose([True]) == 1                            # asking for more gains nothing
 
 
 def test_a_plain_step_is_measured_once_before_choosing():
     costs = PassCosts()
     lengths = DraftLengths(costs, Pooled(), rows=1, most=3, depth=2)
     assert lengths.choose([True]) == 3                          # a tree of 3 nodes, 2 deep
-    lengths.record(3, None, [2], [True], 2.0)
+    lengths.record(3, [2], [True], 2.0)
     assert lengths.choose([True]) == 0                          # what drafting has to beat
-    lengths.record(0, None, [0], [True], 1.0)
+    lengths.record(0, [0], [True], 1.0)
     assert lengths.choose([True]) == 3                          # about 3 tokens for 2 s against 1 for 1 s
     for _ in range(4):
-        lengths.record(3, None, [0], [True], 2.0)
+        lengths.record(3, [0], [True], 2.0)
     assert lengths.choose([True]) == 0
 
 
@@ -147,10 +147,24 @@ def test_pass_costs_between_the_counts_seen():
     assert costs.estimate(3) == pytest.approx(2.5) and costs.estimate(1) == pytest.approx(1.5)
 
 
-def test_join_ragged_keeps_each_rows_own_entries_in_order():
+def test_ragged_rows_keep_each_rows_own_entries_in_order():
     a, b = torch.tensor([[1, 2, 0], [3, 0, 0]]), torch.tensor([[7, 8], [9, 0]])
-    joined, counts = join_ragged(a, torch.tensor([2, 1]), b, torch.tensor([2, 1]))
-    assert counts.tolist() == [4, 2] and joined[0, :4].tolist() == [1, 2, 7, 8] and joined[1, :2].tolist() == [3, 9]
-    features, _ = join_ragged(a[..., None].expand(-1, -1, 2), torch.tensor([2, 1]), b[..., None].expand(-1, -1, 2),
-                              torch.tensor([2, 1]))
-    assert features[0, :4, 1].tolist() == [1, 2, 7, 8] and features.shape == (2, 5, 2)
+    rows = RaggedRows(a, torch.tensor([2, 1])).append(b, torch.tensor([2, 1]))
+    assert rows.counts.tolist() == [4, 2] and rows.block.shape == (2, 5)
+    assert rows.block[0, :4].tolist() == [1, 2, 7, 8] and rows.block[1, :2].tolist() == [3, 9]
+    assert a.tolist() == [[1, 2, 0], [3, 0, 0]]                 # the starting block is never written
+    features = RaggedRows(a[..., None].expand(-1, -1, 2), torch.tensor([2, 1]))
+    features.append(b[..., None].expand(-1, -1, 2), torch.tensor([2, 1]))
+    assert features.block[0, :4, 1].tolist() == [1, 2, 7, 8] and features.block.shape == (2, 5, 2)
+
+
+def test_ragged_rows_grow_one_entry_at_a_time_as_a_join_would():
+    rows, expected = RaggedRows(torch.tensor([[5], [6]]), torch.tensor([1, 0])), [[5], []]
+    for step in range(40):                      # past several doublings of the spare columns
+        active = torch.tensor([True, step % 3 == 0])
+        rows.append(torch.tensor([[step], [100 + step]]), active.long())
+        expected[0].append(step)
+        if step % 3 == 0:
+            expected[1].append(100 + step)
+    assert rows.block.shape == (2, 41) and rows.counts.tolist() == [41, 14]
+    assert [r[:c].tolist() for r, c in zip(rows.block, rows.counts)] == expected
