@@ -37,7 +37,10 @@ if [ -d .gpu/wheels ] && ! "$PYTHON" -c "import diffusers" 2>/dev/null; then
   export PYTHONPATH=$PYTHONPATH:/tmp/mmaccel-site
 fi
 mkdir -p "$OUT"
-bench() { "$PYTHON" -m mmaccel.cli bench "$@" --device "$DEVICE" $QUICK; }
+FAILED=()
+bench() {                  # a suite that fails is reported at the end; the others still run
+  "$PYTHON" -m mmaccel.cli bench "$@" --device "$DEVICE" $QUICK || FAILED+=("bench $*")
+}
 
 if [ "$DEVICE" = cuda ]; then
   "$PYTHON" -c "import torch; assert torch.cuda.is_available(), 'no CUDA GPU here'; print(torch.cuda.get_device_name())"
@@ -53,6 +56,10 @@ bench image-scale --out "$OUT/image-scale.json"
 bench image-continuous --out "$OUT/image-continuous.json"
 if [ -n "${LLAMAGEN:-}" ] && [ "$DEVICE" = cuda ]; then
   "$PYTHON" benchmarks/peers/llamagen_official.py --repo "$LLAMAGEN" --device cuda --compile --cuda-graphs \
-      --out "$OUT/peer_llamagen.json"
+      --out "$OUT/peer_llamagen.json" || FAILED+=("peer llamagen")
 fi
 echo "wrote $OUT"
+if [ ${#FAILED[@]} -gt 0 ]; then
+  printf 'failed: %s\n' "${FAILED[@]}" >&2
+  exit 1
+fi

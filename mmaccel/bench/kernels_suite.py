@@ -150,7 +150,8 @@ def _cases(device: torch.device, quick: bool) -> list[Case]:
         shape = {"B": B, "N": N, "V": V}
         p = _laws(g, (B, N, V), device)
         tokens, parents = _tree(g, B, N, V, device, p)
-        depth = int(TokenTree(tokens.cpu(), parents.cpu()).depth().max())
+        # the width of the paths the reference returns on this device (on a GPU the bound N - 1, not the depth)
+        depth = TokenTree(tokens, parents).max_depth()
         u, e = torch.rand(B, N, generator=g).to(device), torch.empty(B, N, V).exponential_(generator=g).to(device)
         cases.append(Case("tree-sampled", shape, _tree_sampled,
                           lambda depth=depth: _wrapper("tree_verify", "verify_tree", max_depth=depth),
