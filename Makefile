@@ -17,7 +17,7 @@ HAVE_DATA := test -d $(FMNIST) -a -d $(SPHINX) -a -d /usr/share/sounds/alsa -a -
              && command -v flite >/dev/null && command -v text2wave >/dev/null && command -v espeak-ng >/dev/null \
              && command -v chromium >/dev/null
 
-.PHONY: install demo compare test test-slow bench bench-quick clean
+.PHONY: install demo compare serve test test-slow bench bench-quick clean
 
 install: $(STAMP)
 
@@ -34,6 +34,9 @@ $(STAMP): requirements.txt requirements-models.txt requirements-peers.txt pyproj
 
 demo: install    # the web app on 127.0.0.1:7860 (ARGS="--port 8080" etc.)
 	$(BIN)/mmaccel demo $(ARGS)
+
+serve: install   # the OpenAI-compatible server on 127.0.0.1:8000 (ARGS="--models whisper-base,whisper-tiny.en" etc.)
+	$(BIN)/mmaccel serve $(ARGS)
 
 compare: install # the terminal comparison on the embedded models
 	$(BIN)/mmaccel compare

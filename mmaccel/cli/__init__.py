@@ -1,4 +1,4 @@
-"""`mmaccel` command line: generate, image, asr, bench, demo, compare, eval, methods.
+"""`mmaccel` command line: generate, image, asr, bench, demo, compare, eval, methods, serve.
 
 One module per command (its arguments and its `cmd_*` function); the option groups several commands
 share are in `options.py`. Each command imports the models, data and benchmarks it runs when it runs;
@@ -15,7 +15,7 @@ from mmaccel.progress import say
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from mmaccel.cli import asr, bench, demo, generate, image, methods
+    from mmaccel.cli import asr, bench, demo, generate, image, methods, serve
     from mmaccel.cli.eval import add_eval_parser
 
     parser = argparse.ArgumentParser(prog="mmaccel", description="Fast autoregressive generation on one decoding core.")
@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_parser(sub)
     add_eval_parser(sub)
     methods.add_parser(sub)
+    serve.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,46 @@
+"""`mmaccel serve`: the OpenAI-compatible server (mmaccel.serve) on uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from mmaccel.errors import check
+from mmaccel.progress import say
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from mmaccel.serve.app import ServeConfig, create_app
+
+    check(args.port == 0 or 1 <= args.port <= 65535, f"--port must be in [1, 65535], got {args.port}")
+    api_key = args.api_key or os.environ.get("MMACCEL_API_KEY") or None
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        say(f"mmaccel serve: warning: listening on {args.host} without --api-key: anyone who reaches it can use it")
+    config = ServeConfig(models=tuple(m.strip() for m in args.models.split(",") if m.strip()), api_key=api_key,
+                         device=args.device, max_upload_mb=args.max_upload_mb, max_queue=args.max_queue,
+                         max_rows=args.batch_rows, timeout_s=args.timeout, speech_method=args.speech_method)
+    app = create_app(config)
+    say(f"mmaccel serve: {', '.join(config.models)} on http://{args.host}:{args.port} (OpenAI API under /v1)")
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=args.timeout)
+    return 0
+
+
+def add_parser(subparsers) -> None:
+    from mmaccel.serve.catalogue import CATALOGUE, DEFAULT_MODELS
+
+    s = subparsers.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/audio/transcriptions, ...)")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /healthz "
+                                                   "(default: $MMACCEL_API_KEY, else none)")
+    s.add_argument("--models", default=",".join(DEFAULT_MODELS), help=f"comma-separated, of: {', '.join(CATALOGUE)}")
+    s.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda where available)")
+    s.add_argument("--speech-method", default="greedy", help="the method of a request that names none")
+    s.add_argument("--batch-rows", type=int, default=8, help="rows (30-s windows) decoded together per call")
+    s.add_argument("--max-queue", type=int, default=64, help="requests waiting per model before 429")
+    s.add_argument("--max-upload-mb", type=float, default=25.0, help="the largest upload (413 above)")
+    s.add_argument("--timeout", type=float, default=600.0, help="seconds a request may wait and run (504 after)")
+    s.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    s.set_defaults(func=cmd_serve)

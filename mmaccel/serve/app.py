@@ -1,0 +1,233 @@
+"""The OpenAI-compatible HTTP app of `mmaccel serve` (FastAPI).
+
+Routes: `POST /v1/audio/transcriptions` and `/v1/audio/translations` (`mmaccel.serve.speech`), `GET /v1/models`,
+`GET /v1/methods` (from the method registries), `GET /healthz`, `GET /metrics` (Prometheus). Errors come in
+OpenAI's envelope, `{"error": {"message": one line, "type": ..., "code": ...}}`: 400 for bad input, 401 without the
+bearer token (with `api_key`, every route but /healthz needs it), 413 for an upload over the limit, 429 with
+Retry-After when a model's queue is full, 503 while shutting down, 504 past the request timeout, 500 for a fault
+of ours (logged; the server goes on).
+
+>>> app = create_app(ServeConfig(models=("whisper-tiny.en",)))
+>>> uvicorn.run(app, host="127.0.0.1", port=8000)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import hmac
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+
+from mmaccel.errors import InputError, MMAccelError, check
+from mmaccel.serve import speech
+from mmaccel.serve.batching import ModelWorker, QueueFull, ShuttingDown
+from mmaccel.serve.catalogue import ALIASES, DEFAULT_MODELS, ServedModel, served_models
+from mmaccel.serve.metrics import ServeMetrics
+
+log = logging.getLogger("mmaccel.serve")
+OPEN_ROUTES = ("/healthz",)          # served without the bearer token
+POLL_S = 0.25                        # how often a waiting request checks whether its client is still there
+
+
+@dataclass
+class ServeConfig:
+    models: tuple[str, ...] = DEFAULT_MODELS
+    api_key: str | None = None
+    device: str | None = None
+    max_upload_mb: float = 25.0      # OpenAI's own limit
+    max_queue: int = 64              # requests waiting per model
+    max_rows: int = 8                # rows (30-s windows) of one call
+    timeout_s: float = 600.0         # a request's whole wait: queue and call
+    speech_method: str = "greedy"    # the method of a request that names none
+    pipelines: dict[str, Any] = field(default_factory=dict, repr=False)   # model id -> a loaded pipeline (tests)
+
+
+class ClientGone(Exception):
+    """The client closed the connection while its request waited."""
+
+
+def _error(status: int, message: str, kind: str = "invalid_request_error", headers: dict | None = None) -> JSONResponse:
+    first = (message.strip().splitlines() or ["error"])[0]
+    return JSONResponse({"error": {"message": first, "type": kind, "param": None, "code": status}}, status,
+                        headers=headers)
+
+
+class Server:
+    """The app's state: the served models, their workers and the metrics."""
+
+    def __init__(self, config: ServeConfig):
+        check(config.max_upload_mb > 0 and config.max_queue >= 1 and config.max_rows >= 1 and config.timeout_s > 0,
+              "max_upload_mb, max_queue, max_rows and timeout_s must be positive")
+        self.config = config
+        self.models: dict[str, ServedModel] = {m.id: m for m in served_models(list(config.models))}
+        self.metrics = ServeMetrics()
+        self.pipelines: dict[str, Any] = {}
+        self.workers: dict[str, ModelWorker] = {}
+        self.draining = False
+        for m in self.models.values():
+            pipeline = self.pipelines[m.id] = config.pipelines.get(m.id) or m.load(config.device)
+            self.workers[m.id] = speech.speech_worker(
+                m.id, pipeline, max_rows=config.max_rows, max_queue=config.max_queue,
+                on_call=lambda call: self.metrics.observe_call(call, speech.passes_per_token(call)))
+            self.metrics.watch_queue(m.id, lambda w=self.workers[m.id]: w.depth)
+
+    def model(self, requested: str, family: str) -> str:
+        """The served model id a request names (or an alias such as whisper-1)."""
+        if ALIASES.get(requested) == family:
+            requested = next((m.id for m in self.models.values() if m.family == family), requested)
+        check(requested in self.models, f"model {requested!r} is not served here; "
+                                        f"GET /v1/models lists {', '.join(self.models)}")
+        check(self.models[requested].family == family, f"model {requested!r} is a {self.models[requested].family} "
+                                                         f"model; this endpoint needs a {family} model")
+        return requested
+
+    def close(self) -> None:
+        self.draining = True
+        for worker in self.workers.values():
+            worker.close()
+
+
+async def _await(request: Request, future: concurrent.futures.Future, timeout_s: float):
+    """The job's result, waiting at most `timeout_s`; a client that went away takes its job out of the queue."""
+    waiting = asyncio.wrap_future(future)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done, _ = await asyncio.wait({waiting}, timeout=POLL_S)
+        if done:
+            return waiting.result()
+        if await request.is_disconnected():
+            future.cancel()
+            raise ClientGone
+        if time.monotonic() > deadline:
+            future.cancel()
+            raise HTTPException(504, f"the request took over {timeout_s:g} s")
+
+
+def create_app(config: ServeConfig | None = None) -> FastAPI:
+    """The app serving `config.models` (loaded now, so a bad model fails here rather than at the first request)."""
+    config = config or ServeConfig()
+    server = Server(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        await run_in_threadpool(server.close)
+
+    app = FastAPI(title="mmaccel", summary="OpenAI-compatible serving of mmaccel's fast decoding", lifespan=lifespan)
+    app.state.server = server
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next):
+        start = time.perf_counter()
+        path = request.url.path
+        if config.api_key and path not in OPEN_ROUTES:
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {config.api_key}".encode()):
+                response = _error(401, "a valid API key is needed: Authorization: Bearer <key>", "authentication_error")
+                server.metrics.observe_request(path, 401, time.perf_counter() - start)
+                return response
+        if server.draining and path not in OPEN_ROUTES:
+            response = _error(503, "the server is shutting down", "server_error")
+        else:
+            length = request.headers.get("content-length")
+            if length is not None and length.isdigit() and int(length) > config.max_upload_mb * 2**20 + 2**16:
+                response = _error(413, f"the request is {int(length)} bytes; uploads are limited to "
+                                       f"{config.max_upload_mb:g} MiB")
+            else:
+                response = await call_next(request)
+        server.metrics.observe_request(path if path in routes else "other", response.status_code,
+                                       time.perf_counter() - start)
+        return response
+
+    @app.exception_handler(MMAccelError)
+    async def bad_input(request: Request, err: MMAccelError):
+        if isinstance(err, QueueFull):
+            return _error(429, str(err), "rate_limit_error", {"Retry-After": "1"})
+        if isinstance(err, ShuttingDown):
+            return _error(503, str(err), "server_error")
+        return _error(400, str(err))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, err: HTTPException):
+        return _error(err.status_code, str(err.detail), "invalid_request_error" if err.status_code < 500 else "server_error")
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, err: RequestValidationError):
+        first = err.errors()[0] if err.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        return _error(400, f"{where}: {first.get('msg', 'invalid request')}" if where else "invalid request")
+
+    @app.exception_handler(ClientGone)
+    async def gone(request: Request, err: ClientGone):
+        return _error(499, "the client closed the request")
+
+    @app.exception_handler(Exception)
+    async def fault(request: Request, err: Exception):
+        log.exception("request %s failed", request.url.path)
+        return _error(500, f"internal error ({type(err).__name__}): {err}", "server_error")
+
+    async def audio(request: Request, task: str) -> Response:
+        form = await request.form(max_files=1, max_fields=32)
+        try:
+            parsed, upload = await speech.parse_request(form, task, config.speech_method,
+                                                        int(config.max_upload_mb * 2**20))
+            model = server.model(parsed.model, "speech")
+            speech.check_options(server.pipelines[model], parsed.options)     # before it can fail a shared call
+            data = await run_in_threadpool(speech.read_upload, upload)
+        finally:
+            await form.close()
+        future = server.workers[model].submit(parsed.options, data, speech.windows(data))
+        transcript = await _await(request, future, config.timeout_s)
+        if transcript.error is not None:
+            raise InputError(transcript.error)
+        body, media = speech.render(parsed, transcript)
+        if isinstance(body, dict):
+            return JSONResponse(body)
+        return PlainTextResponse(body, media_type=media)
+
+    @app.post("/v1/audio/transcriptions")
+    async def transcriptions(request: Request) -> Response:
+        """OpenAI's transcription request (multipart), plus `method`, `method_params` (JSON) and `vad_filter`."""
+        return await audio(request, "transcribe")
+
+    @app.post("/v1/audio/translations")
+    async def translations(request: Request) -> Response:
+        """Speech in any language to English text (a multilingual model)."""
+        return await audio(request, "translate")
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": m.id, "object": "model", "created": 0, "owned_by": "mmaccel",
+                                            "family": m.family, "source": m.source} for m in server.models.values()]}
+
+    @app.get("/v1/methods")
+    async def methods() -> dict:
+        from mmaccel.registries import method_registry
+
+        families = sorted({m.family for m in server.models.values()})
+        return {"object": "list", "data": [
+            {"id": name, "object": "method", "family": family, "exactness": plugin.exactness, "summary": plugin.summary,
+             "needs": list(plugin.needs), "parameters": plugin.parameters()}
+            for family in families for name, plugin in method_registry(family).items()]}
+
+    @app.get("/healthz")
+    async def healthz() -> dict:
+        return {"status": "draining" if server.draining else "ok", "models": list(server.models),
+                "queue": {name: w.depth for name, w in server.workers.items()}}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(server.metrics.render(), media_type=server.metrics.content_type)
+
+    routes = {r.path for r in app.routes}
+    return app

@@ -1,0 +1,200 @@
+"""`/v1/audio/transcriptions` and `/v1/audio/translations`: the OpenAI request and response shapes over
+`ASRPipeline.transcribe`, with our `method`, `method_params` (a JSON object) and `vad_filter` fields.
+
+Requests with the same options (model, method and parameters, language, task, timestamp mode, temperature,
+VAD) are decoded together by the model's worker (`mmaccel.serve.batching`); each request's audio is read and
+checked before it queues, so one bad upload never fails another's call.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from starlette.datastructures import UploadFile
+
+from mmaccel.errors import InputError, check
+from mmaccel.serve.batching import Call, ModelWorker
+from mmaccel.speech.audio import WINDOW_S, Audio, load_audio
+from mmaccel.speech.transcript import Transcript
+from mmaccel.speech.writers import as_srt, as_vtt
+
+FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+GRANULARITIES = ("segment", "word")
+FIELDS = {"transcribe": {"file", "model", "language", "prompt", "response_format", "temperature",
+                         "timestamp_granularities[]", "method", "method_params", "vad_filter"},
+          "translate": {"file", "model", "prompt", "response_format", "temperature", "method", "method_params",
+                        "vad_filter"}}
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a transcription call is decoded with: requests with equal options share a call."""
+
+    method: str
+    params: tuple[tuple[str, Any], ...]
+    language: str | None
+    task: str
+    timestamps: bool
+    word_timestamps: bool
+    temperature: float | tuple[float, ...]
+    vad_filter: bool
+
+
+@dataclass
+class TranscriptionRequest:
+    model: str
+    options: Options
+    response_format: str
+    granularities: tuple[str, ...]
+
+
+def _one(form, name: str) -> str | None:
+    values = form.getlist(name)
+    check(len(values) <= 1, f"{name} is given {len(values)} times")
+    if not values:
+        return None
+    check(isinstance(values[0], str), f"{name} must be a form field, not a file")
+    return values[0]
+
+
+def _flag(value: str | None, name: str) -> bool:
+    if value is None:
+        return False
+    check(value.lower() in ("true", "false", "1", "0"), f"{name} must be true or false, got {value!r}")
+    return value.lower() in ("true", "1")
+
+
+async def parse_request(form, task: str, default_method: str, max_bytes: int) -> tuple[TranscriptionRequest, UploadFile]:
+    """The request of a multipart form (its upload still to be read); InputError with one line for anything off."""
+    unknown = sorted(set(form.keys()) - FIELDS[task])
+    check(not unknown, f"unknown field(s) {', '.join(unknown)}; this endpoint takes {', '.join(sorted(FIELDS[task]))}")
+    uploads = form.getlist("file")
+    check(len(uploads) == 1 and isinstance(uploads[0], UploadFile), "the request needs one audio upload in field 'file'")
+    upload = uploads[0]
+    model = _one(form, "model")
+    check(model, "the request needs a 'model' (GET /v1/models lists them)")
+    response_format = _one(form, "response_format") or "json"
+    check(response_format in FORMATS, f"response_format must be one of {', '.join(FORMATS)}, got {response_format!r}")
+    granularities = tuple(form.getlist("timestamp_granularities[]"))
+    check(all(g in GRANULARITIES for g in granularities),
+          f"timestamp_granularities[] takes {' and '.join(GRANULARITIES)}, got {', '.join(map(str, granularities))}")
+    check(not granularities or response_format == "verbose_json",
+          "timestamp_granularities[] needs response_format=verbose_json")
+    check(_one(form, "prompt") in (None, ""),
+          "prompt (text that conditions the decoding) is not supported by mmaccel's Whisper pipeline; leave it out")
+    temperature_field = _one(form, "temperature")
+    try:
+        temperature = 0.0 if temperature_field in (None, "") else float(temperature_field)
+    except ValueError:
+        raise InputError(f"temperature must be a number, got {temperature_field!r}") from None
+    check(0.0 <= temperature <= 1.0, f"temperature must be in [0, 1], got {temperature}")
+    raw_params = _one(form, "method_params")
+    try:
+        params = {} if raw_params in (None, "") else json.loads(raw_params)
+    except json.JSONDecodeError as err:
+        raise InputError(f"method_params is not valid JSON ({err.msg} at character {err.pos})") from None
+    check(isinstance(params, dict), "method_params must be a JSON object, e.g. {\"k\": 4}")
+    language = _one(form, "language") or None
+    words = "word" in granularities
+    timestamps = response_format in ("srt", "vtt", "verbose_json")
+    # temperature 0 is OpenAI's "raise the temperature when the thresholds fail": the fallback's defaults
+    options = Options(_one(form, "method") or default_method, tuple(sorted(params.items())), language, task,
+                      timestamps, words, _fallback() if temperature == 0.0 else temperature,
+                      _flag(_one(form, "vad_filter"), "vad_filter"))
+    check(upload.size is None or upload.size <= max_bytes, f"the upload is {upload.size} bytes; the limit is {max_bytes}")
+    return TranscriptionRequest(model, options, response_format, granularities), upload
+
+
+def check_options(asr, options: Options) -> None:
+    """Fail now, in one line, on what would fail the call this request shares: method, parameters, language, task."""
+    from mmaccel.speech.methods import build_asr_method
+
+    build_asr_method(options.method, **dict(options.params))
+    asr.bundle.prompt(options.language or "en", options.task, options.timestamps)
+
+
+def _fallback() -> tuple[float, ...]:
+    from mmaccel.speech.fallback import TEMPERATURES
+
+    return tuple(TEMPERATURES)
+
+
+def read_upload(upload: UploadFile) -> Audio:
+    """The upload's audio (16 kHz mono); InputError naming the upload when it is not audio. Runs in a thread."""
+    name = Path(upload.filename or "upload").name
+    suffix = Path(name).suffix if len(Path(name).suffix) <= 8 else ""
+    upload.file.seek(0)
+    with tempfile.NamedTemporaryFile(suffix=suffix, delete=False) as tmp:
+        while block := upload.file.read(1 << 20):
+            tmp.write(block)
+    try:
+        audio = load_audio(tmp.name)
+    except InputError as err:
+        raise InputError(str(err).replace(tmp.name, name)) from None
+    finally:
+        os.unlink(tmp.name)
+    return Audio(audio.samples, name)
+
+
+def speech_worker(name: str, asr, *, max_rows: int, max_queue: int, on_call) -> ModelWorker:
+    """The worker that decodes one Whisper model's requests: a call per batch of requests with equal `Options`."""
+
+    def run(options: Options, audios: list[Audio]) -> list[Transcript]:
+        out = asr.transcribe(audios, options.method, batch_size=max_rows, language=options.language,
+                             task=options.task, timestamps=options.timestamps,
+                             word_timestamps=options.word_timestamps, vad_filter=options.vad_filter,
+                             temperature=options.temperature, **dict(options.params))
+        return out.transcripts
+
+    return ModelWorker(name, run, max_rows=max_rows, max_queue=max_queue, on_call=on_call)
+
+
+def windows(audio: Audio) -> int:
+    """The 30-s windows an audio takes at least (its rows in a call)."""
+    return max(1, math.ceil(len(audio.samples) / (WINDOW_S * 16000)))
+
+
+def passes_per_token(call: Call) -> float | None:
+    """Target passes per generated token of a call's transcripts (1 for plain greedy decoding)."""
+    tokens = sum(len(t.tokens) for t in call.result if isinstance(t, Transcript))
+    passes = sum(t.passes for t in call.result if isinstance(t, Transcript))
+    return passes / tokens if tokens else None
+
+
+def language_name(code: str | None) -> str | None:
+    from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+    return LANGUAGES.get(code, code) if code else None
+
+
+def render(request: TranscriptionRequest, t: Transcript) -> tuple[Any, str]:
+    """(body, media type) of the response in the request's format."""
+    fmt = request.response_format
+    if fmt == "text":
+        return t.text.strip() + "\n", "text/plain; charset=utf-8"
+    if fmt == "srt":
+        return as_srt(t), "application/x-subrip; charset=utf-8"
+    if fmt == "vtt":
+        return as_vtt(t), "text/vtt; charset=utf-8"
+    if fmt == "json":
+        return {"text": t.text.strip()}, "application/json"
+    body: dict[str, Any] = {"task": request.options.task, "language": language_name(t.language),
+                            "duration": round(t.duration, 3), "text": t.text.strip()}
+    if not request.granularities or "segment" in request.granularities:
+        body["segments"] = [{"id": s.id, "seek": 0, "start": round(s.start, 3), "end": round(s.end, 3), "text": s.text,
+                             "tokens": s.tokens, "temperature": s.temperature or 0.0,
+                             "avg_logprob": s.avg_logprob, "compression_ratio": s.compression_ratio,
+                             "no_speech_prob": s.no_speech_prob} for s in t.segments]
+    if "word" in request.granularities:
+        body["words"] = [{"word": w.word.strip(), "start": round(w.start, 3), "end": round(w.end, 3)}
+                         for s in t.segments for w in s.words or []]
+    body["mmaccel"] = {"method": request.options.method, "params": dict(request.options.params),
+                       "language_probability": t.language_probability,
+                       "target_passes_per_token": round(t.passes / len(t.tokens), 4) if t.tokens else None}
+    return body, "application/json"

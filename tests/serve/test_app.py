@@ -1,0 +1,202 @@
+"""The OpenAI-compatible app on Whisper tiny.en: every response format, requests decoded together that return what
+each returns alone, every bad request answered with one line (the server goes on), the bearer token, the
+listing and metrics routes, and the official `openai` client against the app served by uvicorn on loopback."""
+
+import io
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import soundfile as sf
+from fastapi.testclient import TestClient
+
+from mmaccel.serve.app import ServeConfig, create_app
+from tests.speech.test_pipeline import FILES, files  # noqa: F401  (fixture)
+
+MODEL = "whisper-tiny.en"
+WAIT_S = 120
+
+
+class GatedASR:
+    """The pipeline, recording how many inputs each call decodes; while `hold` is clear a call waits for it."""
+
+    def __init__(self, asr):
+        self.asr, self.batches, self.hold = asr, [], threading.Event()
+        self.hold.set()
+
+    def transcribe(self, audios, *args, **kwargs):
+        self.batches.append(len(audios))
+        assert self.hold.wait(WAIT_S)
+        return self.asr.transcribe(audios, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.asr, name)
+
+
+@pytest.fixture(scope="module")
+def gated(tiny_en_asr):
+    return GatedASR(tiny_en_asr)
+
+
+@pytest.fixture(scope="module")
+def client(gated):
+    app = create_app(ServeConfig(models=(MODEL,), pipelines={MODEL: gated}, max_upload_mb=1.0))
+    with TestClient(app, raise_server_exceptions=False) as c:
+        yield c
+
+
+def _post(client, path, name, data=None, content=None, route="/v1/audio/transcriptions"):
+    content = open(path, "rb").read() if content is None else content
+    return client.post(route, files={"file": (name, content, "audio/wav")}, data={"model": MODEL, **(data or {})})
+
+
+def test_every_response_format(client, tiny_en_asr, files):  # noqa: F811
+    alone = tiny_en_asr.transcribe(files[0]).texts[0].strip()
+    r = _post(client, files[0], "a.wav")
+    assert r.status_code == 200 and r.json() == {"text": alone}
+    r = _post(client, files[0], "a.wav", {"response_format": "text"})
+    assert r.status_code == 200 and r.text == alone + "\n" and r.headers["content-type"].startswith("text/plain")
+    srt = _post(client, files[0], "a.wav", {"response_format": "srt"}).text
+    assert srt.startswith("1\n00:00:00,000 --> 00:00:0") and "-->" in srt
+    assert _post(client, files[0], "a.wav", {"response_format": "vtt"}).text.startswith("WEBVTT\n\n00:00.000 --> ")
+    r = client.post("/v1/audio/transcriptions", files={"file": ("a.wav", open(files[0], "rb"), "audio/wav")},
+                    data={"model": "whisper-1", "response_format": "verbose_json",
+                          "timestamp_granularities[]": ["word", "segment"]})
+    body = r.json()
+    assert r.status_code == 200, body
+    assert body["task"] == "transcribe" and body["language"] == "english"
+    assert abs(body["duration"] - sf.info(files[0]).duration) < 0.01 and body["mmaccel"]["method"] == "greedy"
+    assert body["segments"] and all(s["start"] <= s["end"] for s in body["segments"])
+    words = body["words"]
+    assert len(words) >= 5 and all(w["start"] <= w["end"] for w in words)
+    assert " ".join(w["word"] for w in words).split() == " ".join(s["text"] for s in body["segments"]).split()
+
+
+def test_requests_decoded_together_return_what_each_returns_alone(client, gated, files):  # noqa: F811
+    paths = (files * 2)[:6]
+    alone = [_post(client, p, "a.wav", {"response_format": "verbose_json"}).json() for p in paths]
+    gated.batches.clear()
+    gated.hold.clear()                            # the first request's call waits: the other five queue behind it
+    worker = client.app.state.server.workers[MODEL]
+    with ThreadPoolExecutor(len(paths)) as pool:
+        first = pool.submit(_post, client, paths[0], "a.wav", {"response_format": "verbose_json", "method": "eagle"})
+        while not gated.batches:
+            time.sleep(0.01)
+        rest = [pool.submit(_post, client, p, "a.wav", {"response_format": "verbose_json", "method": "eagle"})
+                for p in paths[1:]]
+        deadline = time.monotonic() + WAIT_S
+        while worker.depth < len(rest) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        gated.hold.set()
+        together = [f.result(WAIT_S).json() for f in [first, *rest]]
+    assert gated.batches == [1, 5]                # the five waiting requests shared one call
+    for a, b in zip(alone, together):
+        assert b["mmaccel"]["method"] == "eagle" and a["mmaccel"]["method"] == "greedy"
+        assert [s["tokens"] for s in a["segments"]] == [s["tokens"] for s in b["segments"]]     # token for token
+    metrics = client.get("/metrics").text
+    assert 'mmaccel_batch_requests_bucket{le="4.0",model="whisper-tiny.en"}' in metrics
+
+
+def _wav(seconds: float) -> bytes:
+    buf = io.BytesIO()
+    sf.write(buf, np.zeros(int(seconds * 16000), np.float32), 16000, format="WAV")
+    return buf.getvalue()
+
+
+BAD = [  # (form fields, upload name, upload bytes (None: a real clip), route, status, start of the message)
+    ({}, "notes.txt", b"these are not audio samples", None, 400, "cannot read notes.txt as audio"),
+    ({}, "empty.wav", b"", None, 400, "audio file is empty (0 bytes): empty.wav"),
+    ({}, "big.wav", _wav(40.0), None, 413, "the request is"),
+    ({"model": "whisper-9"}, "a.wav", None, None, 400, "model 'whisper-9' is not served here"),
+    ({"method": "fastest"}, "a.wav", None, None, 400, "unknown method 'fastest'"),
+    ({"method": "speculative", "method_params": '{"k": 0}'}, "a.wav", None, None, 400, "k must be"),
+    ({"method_params": "{k: 4"}, "a.wav", None, None, 400, "method_params is not valid JSON"),
+    ({"stream": "true"}, "a.wav", None, None, 400, "unknown field(s) stream"),
+    ({"response_format": "xml"}, "a.wav", None, None, 400, "response_format must be one of"),
+    ({"timestamp_granularities[]": "word"}, "a.wav", None, None, 400, "timestamp_granularities[] needs"),
+    ({"temperature": "hot"}, "a.wav", None, None, 400, "temperature must be a number"),
+    ({"language": "xx"}, "a.wav", None, None, 400, "this is an English-only Whisper"),
+    ({}, "a.wav", None, "/v1/audio/translations", 400, "this is an English-only Whisper; it can only transcribe"),
+]
+
+
+@pytest.mark.parametrize("fields,name,content,route,status,message", BAD)
+def test_bad_requests_get_one_line_and_the_server_goes_on(client, files, fields, name, content, route, status,  # noqa: F811
+                                                           message):
+    r = client.post(route or "/v1/audio/transcriptions", files={"file": (name, open(files[0], "rb").read()
+                                                                         if content is None else content)},
+                    data={"model": MODEL, **fields})
+    error = r.json()["error"]
+    assert r.status_code == status and error["message"].startswith(message), error
+    assert "\n" not in error["message"] and "/tmp" not in error["message"]
+    assert client.get("/healthz").json()["status"] == "ok"
+
+
+def test_requests_without_a_file_or_with_malformed_bodies(client):
+    r = client.post("/v1/audio/transcriptions", data={"model": MODEL})
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("the request needs one audio upload")
+    r = client.post("/v1/audio/transcriptions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "\n" not in r.json()["error"]["message"]
+    assert client.get("/v1/nothing").status_code == 404
+
+
+def test_listing_health_and_metrics_routes(client):
+    assert [m["id"] for m in client.get("/v1/models").json()["data"]] == [MODEL]
+    methods = {m["id"]: m for m in client.get("/v1/methods").json()["data"]}
+    assert {"greedy", "speculative", "eagle", "beam"} <= set(methods)
+    assert methods["calm"]["exactness"] == "relaxed" and methods["speculative"]["parameters"][0]["name"] == "k"
+    assert client.get("/healthz").json() == {"status": "ok", "models": [MODEL], "queue": {MODEL: 0}}
+    metrics = client.get("/metrics")
+    assert metrics.status_code == 200 and "mmaccel_requests_total" in metrics.text
+    assert 'mmaccel_queue_depth{model="whisper-tiny.en"} 0.0' in metrics.text
+
+
+def test_an_api_key_guards_every_route_but_healthz(gated, files):  # noqa: F811
+    app = create_app(ServeConfig(models=(MODEL,), pipelines={MODEL: gated}, api_key="s3cret"))
+    with TestClient(app) as c:
+        assert c.get("/healthz").status_code == 200
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            r = c.get("/v1/models", headers=headers)
+            assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        assert c.get("/v1/models", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def live(gated):
+    """The app under uvicorn on a free loopback port, for the official client."""
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    app = create_app(ServeConfig(models=(MODEL,), pipelines={MODEL: gated}, api_key="k"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + WAIT_S
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    server.should_exit = True
+    thread.join(WAIT_S)
+
+
+def test_the_official_openai_client(live, tiny_en_asr, files):  # noqa: F811
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=live, api_key="k", max_retries=0)
+    alone = tiny_en_asr.transcribe(files[1]).texts[0].strip()
+    with open(files[1], "rb") as f:
+        assert client.audio.transcriptions.create(model="whisper-1", file=f).text == alone
+    with open(files[1], "rb") as f:
+        verbose = client.audio.transcriptions.create(model=MODEL, file=f, response_format="verbose_json",
+                                                     timestamp_granularities=["word", "segment"])
+    assert verbose.text == alone and verbose.words and verbose.segments and verbose.language == "english"
+    with open(files[1], "rb") as f:
+        srt = client.audio.transcriptions.create(model=MODEL, file=f, response_format="srt")
+    assert srt.startswith("1\n00:00:00,000 -->")
+    with open(files[1], "rb") as f, pytest.raises(openai.BadRequestError, match="it can only transcribe"):
+        client.audio.translations.create(model=MODEL, file=f)
+    with open(files[1], "rb") as f, pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=live, api_key="wrong", max_retries=0).audio.transcriptions.create(model=MODEL, file=f)

@@ -1,0 +1,89 @@
+"""The model worker: requests with equal keys share a call (oldest first, up to max_rows rows), others wait for a
+later one; a request whose client left before its call is dropped; a full queue refuses; a failed call fails its
+own requests only; closing finishes what waits and takes nothing new. The worker's first call is held on an
+event until the test has queued what it needs, so every batch below is decided, not raced."""
+
+import threading
+
+import pytest
+
+from mmaccel.serve.batching import ModelWorker, QueueFull, ShuttingDown
+
+WAIT_S = 30
+
+
+class Recorder:
+    """A pipeline stand-in: records each call's (key, payloads); the first call waits for `release`."""
+
+    def __init__(self, fail_key=None):
+        self.calls, self.release, self.started = [], threading.Event(), threading.Event()
+        self.fail_key = fail_key
+
+    def __call__(self, key, payloads):
+        self.calls.append((key, list(payloads)))
+        if len(self.calls) == 1:
+            self.started.set()
+            assert self.release.wait(WAIT_S)
+        if key == self.fail_key:
+            raise ValueError(f"bad batch {payloads}")
+        return [f"{key}:{p}" for p in payloads]
+
+
+def _held(recorder, **kw):
+    worker = ModelWorker("m", recorder, **kw)
+    first = worker.submit("a", 0)
+    assert recorder.started.wait(WAIT_S)            # the first call runs (and waits); what follows queues
+    return worker, first
+
+
+def test_jobs_of_one_key_share_the_next_call_up_to_max_rows():
+    rec = Recorder()
+    worker, first = _held(rec, max_rows=4)
+    futures = [worker.submit(key, i, rows) for i, (key, rows) in
+               enumerate([("a", 1), ("b", 1), ("a", 2), ("a", 2), ("a", 1)], start=1)]
+    assert worker.depth == 5
+    rec.release.set()
+    assert [f.result(WAIT_S) for f in [first, *futures]] == ["a:0", "a:1", "b:2", "a:3", "a:4", "a:5"]
+    worker.close(WAIT_S)
+    # after the held call: the oldest (a:1) with the a-jobs that fit 4 rows (1 + 2, then 2 would make 5: skipped,
+    # 1 more fits), then b:2 (now the oldest), then a:4
+    assert rec.calls == [("a", [0]), ("a", [1, 3, 5]), ("b", [2]), ("a", [4])]
+
+
+def test_a_job_whose_client_left_is_dropped_and_a_full_queue_refuses():
+    rec = Recorder()
+    worker, first = _held(rec, max_queue=2)
+    gone, kept = worker.submit("a", 1), worker.submit("a", 2)
+    with pytest.raises(QueueFull, match="2 requests waiting"):
+        worker.submit("a", 3)
+    assert gone.cancel()
+    rec.release.set()
+    assert kept.result(WAIT_S) == "a:2" and first.result(WAIT_S) == "a:0"
+    worker.close(WAIT_S)
+    assert rec.calls == [("a", [0]), ("a", [2])]
+
+
+def test_a_failed_call_fails_its_own_jobs_and_the_worker_goes_on():
+    rec = Recorder(fail_key="b")
+    worker, first = _held(rec)
+    bad, good = worker.submit("b", 1), worker.submit("a", 2)
+    rec.release.set()
+    with pytest.raises(ValueError, match="bad batch"):
+        bad.result(WAIT_S)
+    assert good.result(WAIT_S) == "a:2" and first.result(WAIT_S) == "a:0"
+    worker.close(WAIT_S)
+
+
+def test_closing_finishes_what_waits_and_takes_nothing_new():
+    rec = Recorder()
+    worker, first = _held(rec)
+    waiting = worker.submit("a", 1)
+    closer = threading.Thread(target=worker.close, args=(WAIT_S,))
+    closer.start()
+    while not worker.closing:                       # close() has taken the lock and set the flag
+        closer.join(0.01)
+    with pytest.raises(ShuttingDown):
+        worker.submit("a", 2)
+    rec.release.set()
+    closer.join(WAIT_S)
+    assert not closer.is_alive() and waiting.result(0) == "a:1" and first.result(0) == "a:0"
