@@ -69,6 +69,14 @@ class TimeMap:
             return before + before_length
         return start + t - at
 
+    def window(self, offset: float, duration: float) -> TimeMap:
+        """The map of the window [offset, offset + duration) of the audio this maps (its pieces that overlap it,
+        clipped and shifted to start at 0)."""
+        pieces = tuple((max(at, offset) - offset, start + max(at, offset) - at, min(at + length, offset + duration)
+                        - max(at, offset)) for at, start, length in self.pieces
+                       if at < offset + duration and at + length > offset)
+        return TimeMap(pieces or ((0.0, self(offset), duration),), self.snap)
+
     def span(self, a: float, b: float) -> tuple[float, float]:
         """Input times of window span [a, b] (a word's), both in the piece of its middle."""
         at, start, _ = self.pieces[self._piece((a + b) / 2, False)]

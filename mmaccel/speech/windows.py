@@ -20,6 +20,11 @@ from mmaccel.speech.audio import SAMPLE_RATE, WINDOW_S, Audio, AudioLike, TimeMa
 from mmaccel.speech.transcript import Transcript
 from mmaccel.speech.vad import VadParameters, speech_regions
 
+# timestamp mode with VAD: an input's speech is cut (between regions) into streams of at most STREAM_S seconds,
+# decoded side by side, each window after window; stream c's windows are numbered from c * STREAM_WINDOWS
+STREAM_S = 120.0
+STREAM_WINDOWS = 1_000_000
+
 
 @dataclass
 class Window:
@@ -32,20 +37,17 @@ class Window:
     place: TimeMap
     clip: Audio | None = None
     attempt: int = 0            # which of the temperature fallback's temperatures decodes it (`fallback`)
+    offset: float = 0.0         # where it starts in `clip` (s)
+    clip_place: TimeMap | None = None     # where `clip`'s times lie in the input (VAD: its speech regions)
 
     @property
     def duration(self) -> float:
         return self.audio.duration
 
     @property
-    def start(self) -> float:
-        """Where the window starts in its input (s)."""
-        return self.place.pieces[0][1]
-
-    @property
     def last(self) -> bool:
         """No window of its input follows this one."""
-        return self.clip is None or self.start + self.duration >= self.clip.duration - 1e-9
+        return self.clip is None or self.offset + self.duration >= self.clip.duration - 1e-9
 
 
 def audio_windows(audio: AudioLike | list, sample_rate: int | None, vad: VadParameters | None = None,
@@ -55,10 +57,11 @@ def audio_windows(audio: AudioLike | list, sample_rate: int | None, vad: VadPara
     input that cannot be read (or is silent) gets its error in its transcript and no window; a single input
     raises it.
 
-    The windows: with `vad`, the input's speech packed into windows (an input without speech has none, and an
-    empty transcript, not an error); else with `follow` (timestamp mode), only the first 30 s, the next window
-    to start where its transcript is complete (`next_window`), as openai-whisper and faster-whisper go through
-    long audio; else consecutive windows cut at quiet points."""
+    The windows: with `follow` (timestamp mode), only the first 30 s, the next window to start where its
+    transcript is complete (`next_window`), as openai-whisper and faster-whisper go through long audio; else
+    consecutive windows cut at quiet points. With `vad`, the same over the input's speech alone (without
+    `follow`, its speech regions packed into windows; an input without speech has none, and an empty
+    transcript, not an error)."""
     many = isinstance(audio, list)
     items = audio if many else [audio]
     check(len(items) > 0, "no audio given: pass a file path, an array, or a non-empty list of them")
@@ -75,7 +78,7 @@ def audio_windows(audio: AudioLike | list, sample_rate: int | None, vad: VadPara
             continue
         transcripts.append(Transcript("", clip.source, clip.duration))
         if vad is not None:
-            windows += speech_windows(i, clip, vad)
+            windows += speech_windows(i, clip, vad, follow)
         elif follow:
             windows.append(window_at(i, 0, clip, 0.0))
         else:
@@ -84,12 +87,14 @@ def audio_windows(audio: AudioLike | list, sample_rate: int | None, vad: VadPara
     return transcripts, windows
 
 
-def window_at(i: int, index: int, clip: Audio, start: float) -> Window:
-    """Input `i`'s 30 s from `start` (seconds), the `index`-th of its windows decoded one after another."""
+def window_at(i: int, index: int, clip: Audio, start: float, clip_place: TimeMap | None = None) -> Window:
+    """The 30 s of `clip` (input `i`, or with `clip_place` its speech) from `start` (seconds), the `index`-th of
+    its windows decoded one after another."""
     a = int(round(start * SAMPLE_RATE))
     samples = clip.samples[a : a + int(WINDOW_S * SAMPLE_RATE)]
-    return Window(i, index, Audio(samples, clip.source), TimeMap(((0.0, a / SAMPLE_RATE, len(samples) / SAMPLE_RATE),)),
-                  clip)
+    offset, duration = a / SAMPLE_RATE, len(samples) / SAMPLE_RATE
+    place = TimeMap(((0.0, offset, duration),)) if clip_place is None else clip_place.window(offset, duration)
+    return Window(i, index, Audio(samples, clip.source), place, clip, offset=offset, clip_place=clip_place)
 
 
 def next_window(window: Window, complete: float) -> Window | None:
@@ -99,12 +104,12 @@ def next_window(window: Window, complete: float) -> Window | None:
     if window.last:
         return None
     advance = complete if complete >= 1.0 else window.duration
-    return window_at(window.input, window.index + 1, window.clip, window.start + advance)
+    return window_at(window.input, window.index + 1, window.clip, window.offset + advance, window.clip_place)
 
 
 def windows_left(pending: list[Window]) -> int:
     """How many windows are still to decode: `pending`, and about as many 30-s ones as follow them."""
-    after = [w.clip.duration - w.start - w.duration for w in pending if w.clip is not None]
+    after = [w.clip.duration - w.offset - w.duration for w in pending if w.clip is not None]
     return len(pending) + sum(math.ceil(max(0.0, s - 1e-6) / WINDOW_S) for s in after)
 
 
@@ -117,14 +122,20 @@ def contiguous_windows(i: int, clip: Audio) -> list[Window]:
     return windows
 
 
-def speech_windows(i: int, clip: Audio, vad: VadParameters) -> list[Window]:
-    """Input `i`'s speech regions packed in order into windows of at most 30 s (silence left out)."""
-    limit = int(WINDOW_S * SAMPLE_RATE)
+def speech_windows(i: int, clip: Audio, vad: VadParameters, follow: bool = False) -> list[Window]:
+    """Input `i`'s speech regions (silence left out) packed in order into windows of at most 30 s; with `follow`
+    (timestamp mode), joined into one clip of which only the first 30 s, the next window to start where its
+    transcript is complete, as faster-whisper goes through the speech VAD finds (a packed window decoded once
+    loses the speech after the point where Whisper stops early)."""
+    regions = speech_regions(clip.samples, vad)
+    limit = int((STREAM_S if follow else WINDOW_S) * SAMPLE_RATE)
     groups: list[list[tuple[int, int]]] = []
-    for a, b in speech_regions(clip.samples, vad):
+    for a, b in regions:
         if not groups or sum(e - s for s, e in groups[-1]) + (b - a) > limit:
             groups.append([])
         groups[-1].append((a, b))
+    if follow:
+        return [_stream(i, c, clip, group, vad) for c, group in enumerate(groups)]
     windows = []
     for c, group in enumerate(groups):
         samples = np.concatenate([clip.samples[a:b] for a, b in group])
@@ -134,6 +145,16 @@ def speech_windows(i: int, clip: Audio, vad: VadParameters) -> list[Window]:
             at += b - a
         windows.append(Window(i, c, Audio(samples, clip.source), TimeMap(tuple(pieces), vad.speech_pad_ms / 1000)))
     return windows
+
+
+def _stream(i: int, c: int, clip: Audio, regions: list[tuple[int, int]], vad: VadParameters) -> Window:
+    """The first window of speech regions joined into one clip (the next follows where it is complete)."""
+    pieces, at = [], 0
+    for a, b in regions:
+        pieces.append((at / SAMPLE_RATE, a / SAMPLE_RATE, (b - a) / SAMPLE_RATE))
+        at += b - a
+    speech = Audio(np.concatenate([clip.samples[a:b] for a, b in regions]), clip.source)
+    return window_at(i, c * STREAM_WINDOWS, speech, 0.0, TimeMap(tuple(pieces), vad.speech_pad_ms / 1000))
 
 
 def _name(item: Any) -> str:

@@ -1,6 +1,6 @@
-"""The windows an input is decoded in: VAD's regions packed in order; in timestamp mode, long audio decoded
-window after window from where the last one's transcript is complete — segment for segment what
-faster-whisper gives on the same weights (greedy, fp32, not conditioned on the previous text)."""
+"""The windows an input is decoded in: VAD's regions packed in order; in timestamp mode, long audio (or its
+speech, with VAD) decoded window after window from where the last one's transcript is complete — segment for
+segment what faster-whisper gives on the same weights (greedy, fp32, not conditioned on the previous text)."""
 
 import numpy as np
 import pytest
@@ -31,12 +31,31 @@ def test_following_windows_start_where_the_transcript_is_complete():
     samples = np.arange(75 * RATE, dtype=np.float32)
     _, (long, short) = audio_windows([(samples[: 20 * RATE], RATE), (samples, RATE)], None, follow=True)  # longest first
     assert (short.duration, short.last) == (20.0, True) and next_window(short, 5.0) is None
-    assert (long.duration, long.start, long.last) == (30.0, 0.0, False) and windows_left([long]) == 3
+    assert (long.duration, long.offset, long.last) == (30.0, 0.0, False) and windows_left([long]) == 3
     second = next_window(long, 26.4)                                     # complete up to 26.4 s: start there
-    assert (second.index, second.start, second.duration, second.place(1.0)) == (1, 26.4, 30.0, 27.4)
+    assert (second.index, second.offset, second.duration, second.place(1.0)) == (1, 26.4, 30.0, 27.4)
     assert np.array_equal(second.audio.samples, samples[int(26.4 * RATE) : int(56.4 * RATE)])
     third = next_window(second, 0.5)                      # under a second complete: the whole window moves on
-    assert (third.start, third.duration, third.last) == (56.4, 18.6, True) and windows_left([third]) == 1
+    assert (third.offset, third.duration, third.last) == (56.4, 18.6, True) and windows_left([third]) == 1
+
+
+def test_speech_in_timestamp_mode_is_followed_window_after_window(monkeypatch):
+    regions = [(0, 12 * RATE), (20 * RATE, 32 * RATE), (40 * RATE, 50 * RATE), (60 * RATE, 61 * RATE)]
+    monkeypatch.setattr(windows_module, "speech_regions", lambda samples, vad: regions)
+    samples = np.arange(70 * RATE, dtype=np.float32)
+    _, (first,) = audio_windows((samples, RATE), None, VadParameters(), follow=True)     # 35 s of speech, one stream
+    assert (first.duration, first.last, first.clip.duration) == (30.0, False, 35.0)
+    assert first.place.pieces == ((0.0, 0.0, 12.0), (12.0, 20.0, 12.0), (24.0, 40.0, 6.0))
+    second = next_window(first, 26.0)                   # from 26 s of the speech: 42 s of the input, then 60 s
+    assert (second.index, second.offset, second.duration, second.last) == (1, 26.0, 9.0, True)
+    assert second.place.pieces == ((0.0, 42.0, 8.0), (8.0, 60.0, 1.0)) and second.place(8.5) == 60.5
+    assert np.array_equal(second.audio.samples, np.concatenate([samples[42 * RATE : 50 * RATE], samples[60 * RATE : 61 * RATE]]))
+    monkeypatch.setattr(windows_module, "STREAM_S", 20.0)      # streams of at most 20 s, cut between regions
+    _, streams = audio_windows((samples, RATE), None, VadParameters(), follow=True)
+    streams.sort(key=lambda w: w.index)
+    assert [(w.index, w.duration, w.place.pieces[0][1]) for w in streams] == [
+        (0, 12.0, 0.0), (windows_module.STREAM_WINDOWS, 12.0, 20.0), (2 * windows_module.STREAM_WINDOWS, 11.0, 40.0)]
+    assert all(w.last for w in streams)
 
 
 def test_long_audio_in_timestamp_mode_is_faster_whispers_segment_for_segment(tiny_en_asr, files):  # noqa: F811
