@@ -236,9 +236,10 @@ class ASRPipeline:
         `words` with their times and probabilities, aligned by the model's alignment heads.
 
         `vad_filter`: decode only the speech Silero VAD finds (`vad_parameters`: a dict of
-        `mmaccel.speech.vad.VadParameters`), packed into 30-s windows; times stay the input's. Long
-        silences and noise then never reach the decoder, and an input without speech gets an empty
-        transcript rather than an error.
+        `mmaccel.speech.vad.VadParameters`), packed into 30-s windows (in timestamp mode joined and
+        decoded window after window, as long audio is); times stay the input's. Long silences and noise
+        then never reach the decoder, and an input without speech gets an empty transcript rather than
+        an error.
 
         `temperature` and the thresholds: Whisper's temperature fallback (`mmaccel.speech.fallback`), on by
         default with openai-whisper's and faster-whisper's defaults: a window whose text repeats itself

@@ -153,8 +153,28 @@ def _stream(i: int, c: int, clip: Audio, regions: list[tuple[int, int]], vad: Va
     for a, b in regions:
         pieces.append((at / SAMPLE_RATE, a / SAMPLE_RATE, (b - a) / SAMPLE_RATE))
         at += b - a
-    speech = Audio(np.concatenate([clip.samples[a:b] for a, b in regions]), clip.source)
+    speech = Audio(JoinedSamples(clip.samples, regions), clip.source)     # a view, not a copy
     return window_at(i, c * STREAM_WINDOWS, speech, 0.0, TimeMap(tuple(pieces), vad.speech_pad_ms / 1000))
+
+
+class JoinedSamples:
+    """Sample ranges of one array read as one array, without a copy: `len()` and `[a:b]` (a new array of that span
+    alone), which is all a clip decoded window after window is read by (`window_at`). An hour's speech is then held
+    once, in the input's own samples."""
+
+    def __init__(self, samples: np.ndarray, regions: list[tuple[int, int]]):
+        self.samples, self.regions = samples, regions
+        self.starts = np.cumsum([0] + [b - a for a, b in regions])        # where each region starts in the join
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def __getitem__(self, span: slice) -> np.ndarray:
+        check(isinstance(span, slice) and span.step in (None, 1), "joined samples are read by [a:b] spans")
+        a, b, _ = span.indices(len(self))
+        parts = [self.samples[ra + max(a, lo) - lo : ra + min(b, hi) - lo]
+                 for (ra, _), lo, hi in zip(self.regions, self.starts[:-1], self.starts[1:]) if lo < b and hi > a]
+        return np.concatenate(parts) if parts else self.samples[:0].copy()
 
 
 def _name(item: Any) -> str:

@@ -27,6 +27,15 @@ def test_regions_are_packed_into_windows_in_order(monkeypatch):
     assert second.place(10.5) == 60.5 and transcripts[0].duration == 70.0
 
 
+def test_joined_samples_read_spans_across_regions():
+    samples = np.arange(100, dtype=np.float32)
+    joined = windows_module.JoinedSamples(samples, [(10, 20), (50, 55), (90, 100)])
+    whole = np.concatenate([samples[10:20], samples[50:55], samples[90:100]])
+    assert len(joined) == 25
+    for a, b in ((0, 25), (3, 12), (10, 15), (12, 40), (24, 25), (25, 30), (0, 0)):
+        assert np.array_equal(joined[a:b], whole[a:b]), (a, b)
+
+
 def test_following_windows_start_where_the_transcript_is_complete():
     samples = np.arange(75 * RATE, dtype=np.float32)
     _, (long, short) = audio_windows([(samples[: 20 * RATE], RATE), (samples, RATE)], None, follow=True)  # longest first
@@ -50,6 +59,7 @@ def test_speech_in_timestamp_mode_is_followed_window_after_window(monkeypatch):
     assert (second.index, second.offset, second.duration, second.last) == (1, 26.0, 9.0, True)
     assert second.place.pieces == ((0.0, 42.0, 8.0), (8.0, 60.0, 1.0)) and second.place(8.5) == 60.5
     assert np.array_equal(second.audio.samples, np.concatenate([samples[42 * RATE : 50 * RATE], samples[60 * RATE : 61 * RATE]]))
+    assert isinstance(first.clip.samples, windows_module.JoinedSamples)       # the speech is not copied whole
     monkeypatch.setattr(windows_module, "STREAM_S", 20.0)      # streams of at most 20 s, cut between regions
     _, streams = audio_windows((samples, RATE), None, VadParameters(), follow=True)
     streams.sort(key=lambda w: w.index)
