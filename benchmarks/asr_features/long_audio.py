@@ -14,7 +14,6 @@ Usage: .venv/bin/python benchmarks/asr_features/long_audio.py --out benchmarks/a
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -52,7 +51,10 @@ def build_input(minutes: float, folder: Path) -> tuple[Path, str]:
 
 
 def peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024          # kilobytes on Linux
+    """This process's peak resident memory so far (VmHWM: since its exec; getrusage's maxrss would also count
+    the parent's memory at the fork)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024       # kB
 
 
 def child(tool: str, path: str) -> dict:

@@ -133,6 +133,21 @@ def _run_asr_stream(args: argparse.Namespace) -> BenchRun:
                   f"{doc['date']}\n\nConfig: `{json.dumps(doc['config'])}`\n\n{markdown(doc)}"))
 
 
+def _run_serve(args: argparse.Namespace) -> BenchRun:
+    from mmaccel.bench.serve_suite import markdown, plot, run_serve_bench
+
+    doc = run_serve_bench(quick=args.quick, log=say)
+
+    def write(out: Path) -> list[Path]:
+        paths = _write_document(doc, out, f"# Benchmark `serve`\n\n`{doc['command']}`\n\n{doc['device']}, "
+                                          f"{doc['threads']} threads, {doc['date']}\n\nConfig: "
+                                          f"`{json.dumps(doc['config'])}`\n\n{markdown(doc)}")
+        plot(doc, out.with_suffix(".png"))
+        return [*paths, out.with_suffix(".png")]
+
+    return BenchRun(doc, markdown(doc), write)
+
+
 def suites() -> dict[str, BenchSuite]:
     """The table: the harness suites (their options are their builders' parameters), then image-fid and kernels."""
     from mmaccel.bench import SUITES
@@ -151,6 +166,8 @@ def suites() -> dict[str, BenchSuite]:
     # asr-stream: live transcription at real time (word delays, streaming against offline WER)
     table["asr-stream"] = BenchSuite(takes=("quick", "methods", "model"), records=("quick", "methods", "model", "threads"),
                                      refusal=_takes_only, run=_run_asr_stream)
+    # serve: `mmaccel serve` under concurrent clients, against one request at a time and faster-whisper
+    table["serve"] = BenchSuite(takes=("quick",), records=("quick", "threads"), refusal=_takes_only, run=_run_serve)
     return table
 
 
@@ -195,7 +212,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def add_parser(subparsers) -> None:
     b = subparsers.add_parser("bench", help="run a benchmark suite (or `report` to refresh the README tables)")
     b.add_argument("suite", help="core | image | image-scale | image-continuous | image-fid | asr | asr-stream | asr-nar | "
-                                 "ctc | video | kernels | report")
+                                 "ctc | video | kernels | asr-stream | serve | report")
     b.add_argument("--quick", action="store_true", help="reduced run (same code path, fewer samples)")
     add_out_option(b, "JSON path (Markdown and PNG are written beside it)")
     b.add_argument("--methods", help="comma-separated methods, e.g. 'speculative:k=6,ngram'")

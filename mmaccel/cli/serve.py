@@ -13,6 +13,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from mmaccel.serve.app import ServeConfig, create_app
+    from mmaccel.serve.lifecycle import GracefulServer
 
     check(args.port == 0 or 1 <= args.port <= 65535, f"--port must be in [1, 65535], got {args.port}")
     api_key = args.api_key or os.environ.get("MMACCEL_API_KEY") or None
@@ -23,7 +24,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                          max_rows=args.batch_rows, timeout_s=args.timeout, speech_method=args.speech_method)
     app = create_app(config)
     say(f"mmaccel serve: {', '.join(config.models)} on http://{args.host}:{args.port} (OpenAI API under /v1)")
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=args.timeout)
+    server = GracefulServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level),
+                            drain_timeout_s=args.timeout)
+    server.run()
     return 0
 
 

@@ -4,8 +4,8 @@ Routes: `POST /v1/audio/transcriptions` and `/v1/audio/translations` (`mmaccel.s
 `GET /v1/methods` (from the method registries), `GET /healthz`, `GET /metrics` (Prometheus). Errors come in
 OpenAI's envelope, `{"error": {"message": one line, "type": ..., "code": ...}}`: 400 for bad input, 401 without the
 bearer token (with `api_key`, every route but /healthz needs it), 413 for an upload over the limit, 429 with
-Retry-After when a model's queue is full, 503 while shutting down, 504 past the request timeout, 500 for a fault
-of ours (logged; the server goes on).
+Retry-After when a model's queue is full, 503 while shutting down (`lifecycle`), 504 past the request timeout,
+500 for a fault of ours (logged; the server goes on).
 
 >>> app = create_app(ServeConfig(models=("whisper-tiny.en",)))
 >>> uvicorn.run(app, host="127.0.0.1", port=8000)
@@ -73,7 +73,8 @@ class Server:
         self.metrics = ServeMetrics()
         self.pipelines: dict[str, Any] = {}
         self.workers: dict[str, ModelWorker] = {}
-        self.draining = False
+        self.draining = False            # set on the first exit signal (`lifecycle`): new requests get 503
+        self.in_flight = 0               # requests being answered (the open routes aside)
         for m in self.models.values():
             pipeline = self.pipelines[m.id] = config.pipelines.get(m.id) or m.load(config.device)
             self.workers[m.id] = speech.speech_worker(
@@ -130,21 +131,24 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
     async def guard(request: Request, call_next):
         start = time.perf_counter()
         path = request.url.path
-        if config.api_key and path not in OPEN_ROUTES:
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {config.api_key}".encode()):
-                response = _error(401, "a valid API key is needed: Authorization: Bearer <key>", "authentication_error")
-                server.metrics.observe_request(path, 401, time.perf_counter() - start)
-                return response
-        if server.draining and path not in OPEN_ROUTES:
-            response = _error(503, "the server is shutting down", "server_error")
+        length = request.headers.get("content-length")
+        given = request.headers.get("authorization", "")
+        if config.api_key and path not in OPEN_ROUTES and not hmac.compare_digest(
+                given.encode(), f"Bearer {config.api_key}".encode()):
+            response = _error(401, "a valid API key is needed: Authorization: Bearer <key>", "authentication_error")
+        elif server.draining and path not in OPEN_ROUTES:
+            response = _error(503, "the server is shutting down", "server_error", {"Connection": "close"})
+        elif length is not None and length.isdigit() and int(length) > config.max_upload_mb * 2**20 + 2**16:
+            response = _error(413, f"the request is {int(length)} bytes; uploads are limited to "
+                                   f"{config.max_upload_mb:g} MiB")
+        elif path in OPEN_ROUTES:
+            response = await call_next(request)
         else:
-            length = request.headers.get("content-length")
-            if length is not None and length.isdigit() and int(length) > config.max_upload_mb * 2**20 + 2**16:
-                response = _error(413, f"the request is {int(length)} bytes; uploads are limited to "
-                                       f"{config.max_upload_mb:g} MiB")
-            else:
+            server.in_flight += 1
+            try:
                 response = await call_next(request)
+            finally:
+                server.in_flight -= 1
         server.metrics.observe_request(path if path in routes else "other", response.status_code,
                                        time.perf_counter() - start)
         return response

@@ -99,13 +99,16 @@ def load_audio(path: str | os.PathLike) -> Audio:
     try:
         with sf.SoundFile(str(p)) as f:
             resample = Resampler(f.samplerate, str(p))
-            out = [resample(_mono(b, str(p))) for b in f.blocks(int(READ_BLOCK_S * f.samplerate), dtype="float32",
-                                                                 always_2d=True)]
+            # the header's length at 16 kHz, but never more than 64 samples a byte of file (a header may lie)
+            out = _Filled(min(int(max(f.frames, 0) * SAMPLE_RATE / f.samplerate) + SAMPLE_RATE, 64 * p.stat().st_size))
+            for b in f.blocks(int(READ_BLOCK_S * f.samplerate), dtype="float32", always_2d=True):
+                out.add(resample(_mono(b, str(p))))
     except (sf.LibsndfileError, RuntimeError, TypeError) as err:
         raise InputError(f"cannot read {p} as audio ({err}); supported: wav, flac, ogg, mp3 and other "
                          "libsndfile formats") from None
-    check(len(out) > 0, f"{p}: audio has no samples")
-    return Audio(_joined(out + [resample.flush()]), str(p))
+    check(out.size > 0, f"{p}: audio has no samples")
+    out.add(resample.flush())
+    return Audio(out.samples(), str(p))
 
 
 def as_audio(audio: AudioLike, sample_rate: int | None = None) -> Audio:
@@ -174,6 +177,25 @@ class Resampler:
     def flush(self) -> np.ndarray:
         empty = np.zeros(0, np.float32)
         return empty if self.stream is None else self.stream.resample_chunk(empty, last=True)
+
+
+class _Filled:
+    """Blocks of samples written one after another into one float32 array, allocated for `capacity` samples (the
+    file's length at 16 kHz) and grown by doubling past it: a long file is never held twice (blocks and join)."""
+
+    def __init__(self, capacity: int):
+        self.buffer, self.size = np.empty(max(capacity, 1), np.float32), 0
+
+    def add(self, block: np.ndarray) -> None:
+        if self.size + len(block) > len(self.buffer):
+            self.buffer = np.resize(self.buffer, max(2 * len(self.buffer), self.size + len(block)))
+        self.buffer[self.size : self.size + len(block)] = block
+        self.size += len(block)
+
+    def samples(self) -> np.ndarray:
+        """The samples written (a copy only where the capacity was far more than they fill)."""
+        kept = self.buffer[: self.size]
+        return kept if 2 * self.size >= len(self.buffer) else kept.copy()
 
 
 def _joined(blocks: list[np.ndarray]) -> np.ndarray:

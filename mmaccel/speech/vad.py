@@ -99,17 +99,25 @@ def speech_probabilities(samples: np.ndarray) -> torch.Tensor:
     the block's sequence (about 10x faster on a CPU than one call per frame)."""
     model = silero()._model
     frames = -(-len(samples) // FRAME)
-    padded = torch.zeros(CONTEXT + frames * FRAME)
-    padded[CONTEXT : CONTEXT + len(samples)] = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
     out, state = [], None
     with torch.inference_mode():
         for first in range(0, frames, BLOCK):
-            chunk = padded[first * FRAME : (min(first + BLOCK, frames)) * FRAME + CONTEXT].unfold(0, CONTEXT + FRAME,
-                                                                                                   FRAME)
+            chunk = _padded(samples, first * FRAME, min(first + BLOCK, frames) * FRAME + CONTEXT).unfold(
+                0, CONTEXT + FRAME, FRAME)
             features = model.encoder(model.stft(chunk)).squeeze(-1)
             hidden, state = _recurrence()(features, state)
             out.append(model.decoder.decoder(hidden.unsqueeze(-1)).squeeze(1).mean(1))
     return torch.cat(out)
+
+
+def _padded(samples: np.ndarray, start: int, end: int) -> torch.Tensor:
+    """Positions [start, end) of the samples behind CONTEXT zeros and zero-padded at the end (made one block at a
+    time: a long input is not copied whole)."""
+    block = torch.zeros(end - start)
+    a, b = max(start - CONTEXT, 0), min(end - CONTEXT, len(samples))
+    if b > a:
+        block[a + CONTEXT - start : b + CONTEXT - start] = torch.from_numpy(np.asarray(samples[a:b], dtype=np.float32))
+    return block
 
 
 class _Replay:

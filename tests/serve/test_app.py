@@ -200,3 +200,41 @@ def test_the_official_openai_client(live, tiny_en_asr, files):  # noqa: F811
         client.audio.translations.create(model=MODEL, file=f)
     with open(files[1], "rb") as f, pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=live, api_key="wrong", max_retries=0).audio.transcriptions.create(model=MODEL, file=f)
+
+
+def test_an_exit_signal_lets_requests_in_flight_finish_and_refuses_new_ones(gated, files):  # noqa: F811
+    import signal
+
+    import httpx
+    import uvicorn
+
+    from mmaccel.serve.lifecycle import GracefulServer
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server = GracefulServer(uvicorn.Config(create_app(ServeConfig(models=(MODEL,), pipelines={MODEL: gated})),
+                                           log_level="warning"), drain_timeout_s=WAIT_S)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + WAIT_S
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    gated.batches.clear()
+    gated.hold.clear()
+    with ThreadPoolExecutor(1) as pool:
+        post = lambda: httpx.post(f"{url}/v1/audio/transcriptions", data={"model": MODEL},  # noqa: E731
+                                  files={"file": ("a.wav", open(files[0], "rb").read())}, timeout=WAIT_S)
+        in_flight = pool.submit(post)
+        while not gated.batches:                  # its call has started (and waits)
+            time.sleep(0.01)
+        server.handle_exit(signal.SIGTERM, None)
+        refused = post()
+        assert refused.status_code == 503 and refused.json()["error"]["message"] == "the server is shutting down"
+        assert httpx.get(f"{url}/healthz").json()["status"] == "draining"
+        assert thread.is_alive()                  # a request is still in flight
+        gated.hold.set()
+        done = in_flight.result(WAIT_S)
+    assert done.status_code == 200 and done.json()["text"]
+    thread.join(WAIT_S)
+    assert not thread.is_alive()

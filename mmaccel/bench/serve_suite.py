@@ -1,0 +1,206 @@
+"""`mmaccel bench serve`: requests per second and latency of `mmaccel serve` under concurrent clients, against one
+request at a time and against faster-whisper behind the same endpoints.
+
+The server runs in this process on a loopback port (uvicorn in a thread); each client is an asyncio task (httpx)
+that sends the real clips round-robin, one request after another, for `duration_s`. Points: 1 client (one request
+at a time: the baseline, and a lone request's latency), then more, for two servers: ours (requests with the same
+options decoded together) and a peer adapter that answers the same endpoints with faster-whisper's
+`BatchedInferencePipeline` (int8, one request per call: it batches the chunks of one file, and a clip under 30 s is
+one chunk). Per point: requests, requests/s, audio seconds per second, p50/p95 latency, the corpus WER of what
+the server returned against the clips' references, and the process's resident memory after it (with the memory
+after the warm-up: over a run's requests it should stay flat).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import io
+import os
+import socket
+import statistics
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from mmaccel.bench.harness import device_name
+from mmaccel.metrics.wer import corpus_wer
+
+MODEL = "whisper-base"
+CONCURRENCY, QUICK_CONCURRENCY = (1, 4, 16), (1, 4)
+DURATION_S, QUICK_DURATION_S = 120.0, 15.0
+
+
+class FasterWhisperPeer:
+    """The same `transcribe` the server's worker calls, answered by faster-whisper (int8) one input at a time; the
+    option checks read our pipeline's vocabulary (`bundle`)."""
+
+    def __init__(self, asr):
+        import torch
+        from faster_whisper import BatchedInferencePipeline, WhisperModel
+
+        from mmaccel.speech.whisper import ct2_model_dir
+
+        self.bundle = asr.bundle
+        model = WhisperModel(str(ct2_model_dir("base")), device="cpu", compute_type="int8",
+                             cpu_threads=torch.get_num_threads())
+        self.pipeline = BatchedInferencePipeline(model)
+
+    def transcribe(self, audios, method, *, language=None, temperature=0.0, **_):
+        from types import SimpleNamespace
+
+        from mmaccel.speech.transcript import Transcript
+
+        out = []
+        for audio in audios:
+            segments, info = self.pipeline.transcribe(audio.samples, language=language or "en", batch_size=8,
+                                                      beam_size=1, temperature=temperature)
+            text = " ".join(s.text.strip() for s in segments)
+            out.append(Transcript(text, audio.source, audio.duration, language=info.language))
+        return SimpleNamespace(transcripts=out)
+
+
+def _clips() -> list[tuple[bytes, float, str]]:
+    """The real clips as WAV bytes, with their seconds and reference texts."""
+    import soundfile as sf
+
+    from mmaccel.speech.audio import load_audio
+    from mmaccel.speech.data import real_utterances
+
+    clips = []
+    for u in real_utterances():
+        audio = load_audio(u.audio_filepath)
+        buf = io.BytesIO()
+        sf.write(buf, audio.samples, 16000, format="WAV", subtype="PCM_16")
+        clips.append((buf.getvalue(), audio.duration, u.text))
+    return clips
+
+
+class _Served:
+    """An app of `create_app` under uvicorn on a free loopback port, in a thread."""
+
+    def __init__(self, app):
+        import uvicorn
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(60)
+
+
+async def _load(url: str, clips, clients: int, duration_s: float) -> list[dict]:
+    """`clients` tasks sending clips round-robin for `duration_s` (at least one each): one record per request."""
+    import httpx
+
+    records: list[dict] = []
+    stop = time.perf_counter() + duration_s
+
+    async def client(c: int, http: httpx.AsyncClient) -> None:
+        i = c
+        while True:                                # each client sends at least one request
+            data, seconds, reference = clips[i % len(clips)]
+            t0 = time.perf_counter()
+            r = await http.post(f"{url}/v1/audio/transcriptions", data={"model": MODEL},
+                                files={"file": ("clip.wav", data, "audio/wav")})
+            records.append({"latency_s": time.perf_counter() - t0, "status": r.status_code, "audio_s": seconds,
+                            "reference": reference, "text": r.json().get("text", "") if r.status_code == 200 else ""})
+            i += clients
+            if time.perf_counter() >= stop:
+                return
+
+    async with httpx.AsyncClient(timeout=600) as http:
+        await asyncio.gather(*(client(c, http) for c in range(clients)))
+    return records
+
+
+def rss_mb() -> float:
+    """This process's resident memory now (the server runs in it)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _point(server: str, clients: int, records: list[dict], wall_s: float) -> dict:
+    ok = [r for r in records if r["status"] == 200]
+    latency = sorted(r["latency_s"] for r in ok) or [0.0]
+    return {"server": server, "clients": clients, "requests": len(records), "failed": len(records) - len(ok),
+            "rss_mb_after": round(rss_mb()),
+            "wall_s": round(wall_s, 2), "requests_per_s": round(len(ok) / wall_s, 3),
+            "audio_s_per_s": round(sum(r["audio_s"] for r in ok) / wall_s, 3),
+            "p50_s": round(statistics.median(latency), 3), "p95_s": round(float(np.percentile(latency, 95)), 3),
+            "wer": round(100 * corpus_wer([r["reference"] for r in ok], [r["text"] for r in ok]).wer, 2) if ok else None}
+
+
+def run_serve_bench(quick: bool = False, log: Callable[[str], None] = print) -> dict:
+    """The result document: one row per (server, clients)."""
+    import torch
+
+    from mmaccel.serve.app import ServeConfig, create_app
+    from mmaccel.speech.pipeline import ASRPipeline
+
+    asr = ASRPipeline.from_pretrained("builtin:base")
+    clips = _clips()
+    concurrency, duration = (QUICK_CONCURRENCY, QUICK_DURATION_S) if quick else (CONCURRENCY, DURATION_S)
+    load_before = os.getloadavg()[0]
+    rows, warm_rss = [], {}
+    for name, pipeline in (("mmaccel", asr), ("faster-whisper-batched-int8", FasterWhisperPeer(asr))):
+        app = create_app(ServeConfig(models=(MODEL,), pipelines={MODEL: pipeline}, max_queue=256))
+        with _Served(app) as served:
+            asyncio.run(_load(served.url, clips, 1, 0.0))                         # warm-up: one request
+            warm_rss[name] = round(rss_mb())
+            for clients in concurrency:
+                t0 = time.perf_counter()
+                records = asyncio.run(_load(served.url, clips, clients, duration))
+                rows.append(_point(name, clients, records, time.perf_counter() - t0))
+                log(f"[serve] {rows[-1]}")
+    return {"suite": "serve", "date": dt.date.today().isoformat(), "device": device_name(asr.model.device),
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "load_before": round(load_before, 2),
+            "config": {"model": MODEL, "duration_s": duration, "concurrency": list(concurrency), "quick": quick,
+                       "audio": f"the {len(clips)} real clips, round-robin", "method": "greedy",
+                       "options": "response_format json, temperature fallback on (both servers' defaults)"},
+            "rss_mb_after_warm_up": warm_rss, "results": rows}
+
+
+def markdown(doc: dict) -> str:
+    lines = ["| server | clients | requests | requests/s | audio s/s | × one at a time | p50 (s) | p95 (s) | WER | "
+             "memory after (MB) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in doc["results"]:
+        base = next(b for b in doc["results"] if b["server"] == r["server"] and b["clients"] == 1)
+        ratio = r["requests_per_s"] / base["requests_per_s"] if base["requests_per_s"] else 0.0
+        lines.append(f"| {r['server']} | {r['clients']} | {r['requests']} | {r['requests_per_s']:.2f} | "
+                     f"{r['audio_s_per_s']:.2f} | {ratio:.2f} | {r['p50_s']:.2f} | {r['p95_s']:.2f} | {r['wer']} | "
+                     f"{r.get('rss_mb_after', '–')} |")
+    return "\n".join(lines)
+
+
+def plot(doc: dict, path) -> None:
+    """Throughput and p95 latency against the number of clients, per server."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for server in dict.fromkeys(r["server"] for r in doc["results"]):
+        rows = [r for r in doc["results"] if r["server"] == server]
+        left.plot([r["clients"] for r in rows], [r["audio_s_per_s"] for r in rows], marker="o", label=server)
+        right.plot([r["clients"] for r in rows], [r["p95_s"] for r in rows], marker="o", label=server)
+    left.set(xlabel="concurrent clients", ylabel="audio seconds per second", xscale="log")
+    right.set(xlabel="concurrent clients", ylabel="p95 latency (s)", xscale="log")
+    left.legend()
+    fig.suptitle(f"mmaccel serve, {doc['config']['model']}, {doc['device']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

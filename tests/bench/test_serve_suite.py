@@ -1,0 +1,35 @@
+"""`mmaccel bench serve`'s parts: the load clients against a stand-in app on loopback (with no time left each
+client sends one request), a point's aggregates and the table's ratios over one request at a time."""
+
+import asyncio
+
+from fastapi import FastAPI, Request
+
+from mmaccel.bench.serve_suite import _load, _point, _Served, markdown
+
+
+def test_each_client_sends_at_least_one_request_and_records_it():
+    app = FastAPI()
+    seen = []
+
+    @app.post("/v1/audio/transcriptions")
+    async def echo(request: Request):
+        form = await request.form()
+        seen.append((form["model"], len(await form["file"].read())))
+        return {"text": "hello world"}
+
+    clips = [(b"a" * 10, 1.5, "hello world"), (b"b" * 20, 2.5, "hello there")]
+    with _Served(app) as served:
+        records = asyncio.run(_load(served.url, clips, 3, 0.0))
+    assert sorted(n for _, n in seen) == [10, 10, 20] and {m for m, _ in seen} == {"whisper-base"}
+    point = _point("echo", 3, records, 2.0)
+    assert (point["requests"], point["failed"], point["requests_per_s"], point["audio_s_per_s"]) == (3, 0, 1.5, 2.75)
+    assert point["wer"] == round(100 * 1 / 6, 2)               # "there" for "world" in one of three two-word clips
+
+
+def test_the_table_compares_each_point_with_one_request_at_a_time():
+    rows = [{"server": s, "clients": c, "requests": 10, "requests_per_s": rps, "audio_s_per_s": rps * 3,
+             "p50_s": 1.0, "p95_s": 2.0, "wer": 5.0} for s, c, rps in (("a", 1, 2.0), ("a", 4, 5.0), ("b", 1, 1.0))]
+    table = markdown({"results": rows})
+    assert "| a | 4 | 10 | 5.00 | 15.00 | 2.50 |" in table and "| b | 1 | 10 | 1.00 | 3.00 | 1.00 |" in table
+    assert table.splitlines()[0].endswith("memory after (MB) |")
