@@ -136,25 +136,23 @@ def speech_windows(i: int, clip: Audio, vad: VadParameters, follow: bool = False
         groups[-1].append((a, b))
     if follow:
         return [_stream(i, c, clip, group, vad) for c, group in enumerate(groups)]
-    windows = []
-    for c, group in enumerate(groups):
-        samples = np.concatenate([clip.samples[a:b] for a, b in group])
-        pieces, at = [], 0
-        for a, b in group:
-            pieces.append((at / SAMPLE_RATE, a / SAMPLE_RATE, (b - a) / SAMPLE_RATE))
-            at += b - a
-        windows.append(Window(i, c, Audio(samples, clip.source), TimeMap(tuple(pieces), vad.speech_pad_ms / 1000)))
-    return windows
+    return [Window(i, c, Audio(np.concatenate([clip.samples[a:b] for a, b in group]), clip.source),
+                   _joined_place(group, vad)) for c, group in enumerate(groups)]
 
 
 def _stream(i: int, c: int, clip: Audio, regions: list[tuple[int, int]], vad: VadParameters) -> Window:
     """The first window of speech regions joined into one clip (the next follows where it is complete)."""
+    speech = Audio(JoinedSamples(clip.samples, regions), clip.source)     # a view, not a copy
+    return window_at(i, c * STREAM_WINDOWS, speech, 0.0, _joined_place(regions, vad))
+
+
+def _joined_place(regions: list[tuple[int, int]], vad: VadParameters) -> TimeMap:
+    """Where the times of speech regions joined end to end lie in their input."""
     pieces, at = [], 0
     for a, b in regions:
         pieces.append((at / SAMPLE_RATE, a / SAMPLE_RATE, (b - a) / SAMPLE_RATE))
         at += b - a
-    speech = Audio(JoinedSamples(clip.samples, regions), clip.source)     # a view, not a copy
-    return window_at(i, c * STREAM_WINDOWS, speech, 0.0, TimeMap(tuple(pieces), vad.speech_pad_ms / 1000))
+    return TimeMap(tuple(pieces), vad.speech_pad_ms / 1000)
 
 
 class JoinedSamples:
