@@ -48,6 +48,14 @@ def client(gated):
         yield c
 
 
+def _until(condition) -> None:
+    """Wait for `condition()` (another thread's progress), failing rather than hanging after WAIT_S."""
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting for the server"
+        time.sleep(0.01)
+
+
 def _post(client, path, name, data=None, content=None, route="/v1/audio/transcriptions"):
     content = open(path, "rb").read() if content is None else content
     return client.post(route, files={"file": (name, content, "audio/wav")}, data={"model": MODEL, **(data or {})})
@@ -83,13 +91,10 @@ def test_requests_decoded_together_return_what_each_returns_alone(client, gated,
     worker = client.app.state.server.workers[MODEL]
     with ThreadPoolExecutor(len(paths)) as pool:
         first = pool.submit(_post, client, paths[0], "a.wav", {"response_format": "verbose_json", "method": "eagle"})
-        while not gated.batches:
-            time.sleep(0.01)
+        _until(lambda: gated.batches)
         rest = [pool.submit(_post, client, p, "a.wav", {"response_format": "verbose_json", "method": "eagle"})
                 for p in paths[1:]]
-        deadline = time.monotonic() + WAIT_S
-        while worker.depth < len(rest) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        _until(lambda: worker.depth == len(rest))
         gated.hold.set()
         together = [f.result(WAIT_S).json() for f in [first, *rest]]
     assert gated.batches == [1, 5]                # the five waiting requests shared one call
@@ -175,9 +180,7 @@ def live(gated):
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + WAIT_S
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
+    _until(lambda: server.started)
     yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
     server.should_exit = True
     thread.join(WAIT_S)
@@ -217,17 +220,14 @@ def test_an_exit_signal_lets_requests_in_flight_finish_and_refuses_new_ones(gate
                                            log_level="warning"), drain_timeout_s=WAIT_S)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + WAIT_S
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
+    _until(lambda: server.started)
     gated.batches.clear()
     gated.hold.clear()
     with ThreadPoolExecutor(1) as pool:
         post = lambda: httpx.post(f"{url}/v1/audio/transcriptions", data={"model": MODEL},  # noqa: E731
                                   files={"file": ("a.wav", open(files[0], "rb").read())}, timeout=WAIT_S)
         in_flight = pool.submit(post)
-        while not gated.batches:                  # its call has started (and waits)
-            time.sleep(0.01)
+        _until(lambda: gated.batches)             # its call has started (and waits)
         server.handle_exit(signal.SIGTERM, None)
         refused = post()
         assert refused.status_code == 503 and refused.json()["error"]["message"] == "the server is shutting down"
