@@ -167,7 +167,8 @@ def suites() -> dict[str, BenchSuite]:
     table["asr-stream"] = BenchSuite(takes=("quick", "methods", "model"), records=("quick", "methods", "model", "threads"),
                                      refusal=_takes_only, run=_run_asr_stream)
     # serve: `mmaccel serve` under concurrent clients, against one request at a time and faster-whisper
-    table["serve"] = BenchSuite(takes=("quick",), records=("quick", "threads"), refusal=_takes_only, run=_run_serve)
+    table["serve"] = BenchSuite(takes=("quick",), records=("quick", "threads"), refusal=_takes_only, run=_run_serve,
+                                default_out=lambda args: f"serve/serve{'-quick' if args.quick else ''}.json")
     return table
 
 
