@@ -7,6 +7,10 @@ The chain/tree loop (`core.speculative.decode`) and the loops with a schedule of
 window, CALM's early exits, ZipAR's wavefront, beam search, masked and next-scale decoding) run on these parts,
 so a fix to emission, rollback bookkeeping, statistics or the GPU path is made here once.
 
+`listen_to_emission(listener)` streams a call's tokens as they are committed, whatever the method: within the
+block every `Emission` calls `listener(rows)` after each step, `rows` each row's tokens so far (a host read per
+step, so only where someone listens: the server's streamed completions).
+
 >>> with DecodeCall(model.device) as call:
 ...     with call.prefill():
 ...         state = model.prefill(inputs, room)
@@ -21,6 +25,7 @@ so a fix to emission, rollback bookkeeping, statistics or the GPU path is made h
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -29,6 +34,20 @@ from torch import Tensor
 
 from mmaccel.core.model import on_host
 from mmaccel.core.stats import DecodeStats, track_peak_memory
+
+_LISTENER: contextvars.ContextVar[Callable[[list[list[int]]], None] | None] = contextvars.ContextVar(
+    "emission_listener", default=None)
+
+
+@contextlib.contextmanager
+def listen_to_emission(listener: Callable[[list[list[int]]], None]) -> Iterator[None]:
+    """Within the block, each decode call tells `listener(rows)` after every step that emitted, `rows` each
+    row's tokens so far (cut at the call's max_new_tokens)."""
+    token = _LISTENER.set(listener)
+    try:
+        yield
+    finally:
+        _LISTENER.reset(token)
 
 
 @dataclass
@@ -118,6 +137,11 @@ class Emission:
         self.count = torch.zeros(batch, dtype=torch.long, device=device)
         self.done = torch.zeros(batch, dtype=torch.bool, device=device)
         self.capacity, self.eos, self.prompts = capacity, eos, prompts or [[] for _ in range(batch)]
+        self.listener = _LISTENER.get()
+
+    def _tell(self, max_new: int) -> None:
+        if self.listener is not None:
+            self.listener(self.rows(max_new)[0])
 
     def first(self, token: Tensor, nfe: int, max_new: int) -> None:
         """The prefill's token [B]."""
@@ -125,6 +149,7 @@ class Emission:
         self.passes[:, 0] = nfe
         self.count += 1
         self.done = self._is_eos(token) | (max_new <= 1)
+        self._tell(max_new)
 
     def _is_eos(self, tokens: Tensor) -> Tensor:
         return torch.zeros_like(tokens, dtype=torch.bool) if self.eos is None else tokens == self.eos
@@ -145,6 +170,7 @@ class Emission:
         self.passes.scatter_(1, slots, torch.full_like(seq, nfe))
         self.count += take
         self.done = self.done | (active & ((eos & written).any(1) | (self.count >= max_new)))
+        self._tell(max_new)
         return take
 
     def history(self) -> RowLists:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from mmaccel.core.driver import listen_to_emission
 from mmaccel.core.methods import Method, Resources, build_method
 from mmaccel.core.sampling import Sampling
 from mmaccel.core.stats import DecodeStats
@@ -79,17 +82,34 @@ class TextPipeline:
             return [render_prompt(self.tokenizer, p) for p in prompts]
         return [self.tokenizer(p)["input_ids"] for p in prompts]
 
+    def encode_messages(self, messages: list[dict]) -> list[int]:
+        """Token ids of a chat (`[{"role": "user", "content": "..."}, ...]`) in the tokenizer's chat template,
+        ending with the assistant's turn to generate."""
+        from mmaccel.lm.smollm2 import render_messages
+
+        return render_messages(self.tokenizer, messages)
+
     def generate(self, prompts: list[str] | str, method: str | Method = "ar", *, max_new_tokens: int = 64,
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
                  **method_params) -> TextOutput:
         """Decode each prompt with `method` (a name from `mmaccel.core.methods.REGISTRY` or a Method)."""
+        return self.generate_ids(self.encode(prompts), method, max_new_tokens=max_new_tokens, temperature=temperature,
+                                 top_k=top_k, top_p=top_p, seed=seed, **method_params)
+
+    def generate_ids(self, ids: list[list[int]], method: str | Method = "ar", *, max_new_tokens: int = 64,
+                     temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+                     on_tokens: Callable[[list[list[int]]], None] | None = None, **method_params) -> TextOutput:
+        """`generate` on prompts already tokenized (`encode`, `encode_messages` or the tokenizer's own ids).
+        `on_tokens(rows)`, where given, hears each row's tokens so far after every decoding step (streaming)."""
         sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
         built = build_method(method, **method_params)
-        ids = self.encode(prompts)
+        check(isinstance(ids, list) and ids and all(isinstance(row, list) and row for row in ids),
+              "ids must be a non-empty list of non-empty token id lists")
         limit = getattr(self.model.hf.config, "max_position_embeddings", None)
         if limit is not None and max(map(len, ids)) + max_new_tokens > limit:
             raise InputError(f"prompt + max_new_tokens exceeds the model's {limit} positions")
-        gen = built.run(self.resources, ids, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
-                        eos_token_id=self.tokenizer.eos_token_id, prompt_tokens=ids)
+        with listen_to_emission(on_tokens) if on_tokens is not None else contextlib.nullcontext():
+            gen = built.run(self.resources, ids, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
+                            eos_token_id=self.tokenizer.eos_token_id, prompt_tokens=ids)
         texts = [self.tokenizer.decode(t, skip_special_tokens=True) for t in gen.tokens]
         return TextOutput(texts, gen.tokens, gen.stats, gen.commit_pass)

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from mmaccel.errors import InputError, ModelNotFoundError
+from mmaccel.errors import InputError, ModelNotFoundError, check
 from mmaccel.paths import CACHE_MARKER, assets_dir, default_cache_dir, write_cache_dir
 
 logger = logging.getLogger(__name__)
@@ -179,12 +179,26 @@ def render_prompt(tokenizer, text: str, system: str | None = None) -> list[int]:
     SmolLM2's template inserts its default system prompt when `system` is None and ends with
     `<|im_start|>assistant\\n` (the generation prompt).
     """
-    if not getattr(tokenizer, "chat_template", None):
-        raise InputError("tokenizer has no chat template; render the prompt with tokenizer(text) instead")
     messages = [{"role": "user", "content": text}]
     if system is not None:
         messages.insert(0, {"role": "system", "content": system})
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return render_messages(tokenizer, messages)
+
+
+ROLES = ("system", "user", "assistant")
+
+
+def render_messages(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of a chat (`[{"role": ..., "content": str}, ...]`) in the tokenizer's chat template, ending
+    with the generation prompt of the assistant's turn."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise InputError("tokenizer has no chat template; render the prompt with tokenizer(text) instead")
+    check(isinstance(messages, list) and messages, "messages must be a non-empty list of {role, content}")
+    for m in messages:
+        check(isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str),
+              f"every message needs a role ({', '.join(ROLES)}) and a string content, got {str(m)[:80]}")
+    ids = tokenizer.apply_chat_template([{"role": m["role"], "content": m["content"]} for m in messages],
+                                        add_generation_prompt=True, tokenize=True)
     if not isinstance(ids, list):  # transformers 5 returns a BatchEncoding
         ids = ids["input_ids"]
     return [int(i) for i in ids]

@@ -1,13 +1,15 @@
 """The OpenAI-compatible HTTP app of `mmaccel serve` (FastAPI).
 
-Routes: `POST /v1/audio/transcriptions` and `/v1/audio/translations` (`mmaccel.serve.speech`), `GET /v1/models`,
-`GET /v1/methods` (from the method registries), `GET /healthz`, `GET /metrics` (Prometheus). Errors come in
+Routes: `POST /v1/audio/transcriptions` and `/v1/audio/translations` (`mmaccel.serve.speech`),
+`POST /v1/images/generations` (`mmaccel.serve.images`), `POST /v1/completions` and `/v1/chat/completions`
+(`mmaccel.serve.text`, streamed as server-sent events on request), `GET /v1/models`, `GET /v1/methods` (from the
+method registries), `GET /healthz`, `GET /metrics` (Prometheus). Errors come in
 OpenAI's envelope, `{"error": {"message": one line, "type": ..., "code": ...}}`: 400 for bad input, 401 without the
 bearer token (with `api_key`, every route but /healthz needs it), 413 for an upload over the limit, 429 with
 Retry-After when a model's queue is full, 503 while shutting down (`lifecycle`), 504 past the request timeout,
 500 for a fault of ours (logged; the server goes on).
 
->>> app = create_app(ServeConfig(models=("whisper-tiny.en",)))
+>>> app = create_app(ServeConfig(models=("whisper-tiny.en", "llamagen-fashion-mnist", "smollm2-135m-instruct")))
 >>> uvicorn.run(app, host="127.0.0.1", port=8000)
 """
 
@@ -17,6 +19,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import hmac
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -24,14 +27,14 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from mmaccel.errors import InputError, MMAccelError, check
-from mmaccel.serve import speech
+from mmaccel.serve import images, speech, text
 from mmaccel.serve.batching import ModelWorker, QueueFull, ShuttingDown
-from mmaccel.serve.catalogue import ALIASES, DEFAULT_MODELS, ServedModel, served_models
+from mmaccel.serve.catalogue import ALIASES, DEFAULT_MODELS, REGISTRY_OF, ServedModel, served_models
 from mmaccel.serve.metrics import ServeMetrics
 
 log = logging.getLogger("mmaccel.serve")
@@ -48,7 +51,9 @@ class ServeConfig:
     max_queue: int = 64              # requests waiting per model
     max_rows: int = 8                # rows (30-s windows) of one call
     timeout_s: float = 600.0         # a request's whole wait: queue and call
-    speech_method: str = "greedy"    # the method of a request that names none
+    speech_method: str = "greedy"    # the method of a request that names none, by family
+    image_method: str = "ar"
+    text_method: str = "ar"
     pipelines: dict[str, Any] = field(default_factory=dict, repr=False)   # model id -> a loaded pipeline (tests)
 
 
@@ -75,12 +80,23 @@ class Server:
         self.workers: dict[str, ModelWorker] = {}
         self.draining = False            # set on the first exit signal (`lifecycle`): new requests get 503
         self.in_flight = 0               # requests being answered (the open routes aside)
+        self.image_sizes: dict[str, str] = {}
         for m in self.models.values():
             pipeline = self.pipelines[m.id] = config.pipelines.get(m.id) or m.load(config.device)
-            self.workers[m.id] = speech.speech_worker(
-                m.id, pipeline, max_rows=config.max_rows, max_queue=config.max_queue,
-                on_call=lambda call: self.metrics.observe_call(call, speech.passes_per_token(call)))
+            self.workers[m.id] = self._worker(m, pipeline)
             self.metrics.watch_queue(m.id, lambda w=self.workers[m.id]: w.depth)
+
+    def _worker(self, m: ServedModel, pipeline) -> ModelWorker:
+        rows, queue = self.config.max_rows, self.config.max_queue
+        if m.family == "speech":
+            return speech.speech_worker(m.id, pipeline, max_rows=rows, max_queue=queue, on_call=lambda call: (
+                self.metrics.observe_call(call, speech.passes_per_token(call))))
+        if m.family == "image":
+            self.image_sizes[m.id] = "{}x{}".format(*pipeline.generate([0], "ar", seed=0).images[0].size)  # warm-up
+            return images.image_worker(m.id, pipeline, m.pipeline, max_rows=rows, max_queue=queue,
+                                       on_call=lambda call: self.metrics.observe_call(call, None))
+        return text.text_worker(m.id, pipeline, max_rows=rows, max_queue=queue, on_call=lambda call: (
+            self.metrics.observe_call(call, text.passes_per_token(call.result[0]) if call.result else None)))
 
     def model(self, requested: str, family: str) -> str:
         """The served model id a request names (or an alias such as whisper-1)."""
@@ -112,6 +128,14 @@ async def _await(request: Request, future: concurrent.futures.Future, timeout_s:
         if time.monotonic() > deadline:
             future.cancel()
             raise HTTPException(504, f"the request took over {timeout_s:g} s")
+
+
+async def _json(request: Request) -> Any:
+    """The request's JSON body; one line when it is not JSON."""
+    try:
+        return json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise InputError(f"the request body is not valid JSON ({err})") from None
 
 
 def create_app(config: ServeConfig | None = None) -> FastAPI:
@@ -183,8 +207,7 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
     async def audio(request: Request, task: str) -> Response:
         form = await request.form(max_files=1, max_fields=32)
         try:
-            parsed, upload = await speech.parse_request(form, task, config.speech_method,
-                                                        int(config.max_upload_mb * 2**20))
+            parsed, upload = speech.parse_request(form, task, config.speech_method, int(config.max_upload_mb * 2**20))
             model = server.model(parsed.model, "speech")
             speech.check_options(server.pipelines[model], parsed.options)     # before it can fail a shared call
             data = await run_in_threadpool(speech.read_upload, upload)
@@ -199,6 +222,20 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
             return JSONResponse(body)
         return PlainTextResponse(body, media_type=media)
 
+    async def completion(request: Request, kind: str) -> Response:
+        parsed = text.parse_request(await _json(request), kind, config.text_method, config.max_rows)
+        model = server.model(parsed.model, "text")
+        pipeline = server.pipelines[model]
+        text.check_options(pipeline, parsed.options)
+        ids = text.prompt_ids(pipeline, parsed)
+        stream = text.TokenStream(asyncio.get_running_loop()) if parsed.stream else None
+        future = server.workers[model].submit(parsed.options, text.TextJob(ids, parsed.n, parsed.max_tokens, stream),
+                                              parsed.n)
+        if stream is None:
+            return JSONResponse(text.render(parsed, await _await(request, future, config.timeout_s), model))
+        return StreamingResponse(text.stream_events(parsed, model, future, stream, pipeline.tokenizer),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
     @app.post("/v1/audio/transcriptions")
     async def transcriptions(request: Request) -> Response:
         """OpenAI's transcription request (multipart), plus `method`, `method_params` (JSON) and `vad_filter`."""
@@ -209,6 +246,29 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
         """Speech in any language to English text (a multilingual model)."""
         return await audio(request, "translate")
 
+    @app.post("/v1/images/generations")
+    async def image_generations(request: Request) -> Response:
+        """OpenAI's image request: `prompt` names a class; plus `method`, `method_params`, `seed`, `cfg_scale`."""
+        parsed = images.parse_request(await _json(request), config.image_method, config.max_rows)
+        model = server.model(parsed.model, "image")
+        pipeline = server.pipelines[model]
+        check(parsed.size in (None, "auto", server.image_sizes[model]),
+              f"size {parsed.size!r} is not drawn by {model}: it draws {server.image_sizes[model]}")
+        images.check_options(pipeline, parsed.options)
+        label = images.label_of(pipeline, parsed.prompt)
+        future = server.workers[model].submit(parsed.options, (label, parsed.n), parsed.n)
+        return JSONResponse(images.render(parsed, await _await(request, future, config.timeout_s)))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        """OpenAI's (legacy) completion request on a text model; `stream: true` answers with server-sent events."""
+        return await completion(request, "completion")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        """OpenAI's chat completion request on a text model; `stream: true` answers with server-sent events."""
+        return await completion(request, "chat")
+
     @app.get("/v1/models")
     async def models() -> dict:
         return {"object": "list", "data": [{"id": m.id, "object": "model", "created": 0, "owned_by": "mmaccel",
@@ -218,11 +278,11 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
     async def methods() -> dict:
         from mmaccel.registries import method_registry
 
-        families = sorted({m.family for m in server.models.values()})
+        registries = {REGISTRY_OF[m.pipeline]: m.family for m in server.models.values()}
         return {"object": "list", "data": [
-            {"id": name, "object": "method", "family": family, "exactness": plugin.exactness, "summary": plugin.summary,
-             "needs": list(plugin.needs), "parameters": plugin.parameters()}
-            for family in families for name, plugin in method_registry(family).items()]}
+            {"id": name, "object": "method", "family": family, "registry": registry, "exactness": plugin.exactness,
+             "summary": plugin.summary, "needs": list(plugin.needs), "parameters": plugin.parameters()}
+            for registry, family in sorted(registries.items()) for name, plugin in method_registry(registry).items()]}
 
     @app.get("/healthz")
     async def healthz() -> dict:

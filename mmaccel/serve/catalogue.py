@@ -6,25 +6,45 @@ from dataclasses import dataclass
 
 from mmaccel.errors import check
 
+FAMILIES = ("speech", "image", "text")
+
 
 @dataclass(frozen=True)
 class ServedModel:
     id: str            # what clients send as `model`
-    family: str        # the pipeline family (`mmaccel.registries.FAMILIES`)
+    family: str        # speech, image or text: the endpoints that take it
+    pipeline: str      # the pipeline class that loads it (`load`)
     source: str        # what its pipeline's from_pretrained takes
 
     def load(self, device: str | None = None):
         """Its pipeline (the weights come from the packages that carry them, as everywhere in mmaccel)."""
-        from mmaccel.speech.pipeline import ASRPipeline
+        if self.pipeline == "whisper":
+            from mmaccel.speech.pipeline import ASRPipeline as Pipeline
+        elif self.pipeline == "next-token":
+            from mmaccel.image.pipeline import ImagePipeline as Pipeline
+        elif self.pipeline == "next-scale":
+            from mmaccel.image.scale_pipeline import ScalePipeline as Pipeline
+        elif self.pipeline == "continuous":
+            from mmaccel.image.continuous_pipeline import ContinuousPipeline as Pipeline
+        else:
+            from mmaccel.lm.pipeline import TextPipeline as Pipeline
+        return Pipeline.from_pretrained(self.source, device=device)
 
-        return ASRPipeline.from_pretrained(self.source, device=device)
 
-
-CATALOGUE = {m.id: m for m in (ServedModel("whisper-base", "speech", "builtin:base"),
-                                ServedModel("whisper-tiny.en", "speech", "builtin:tiny.en"))}
+CATALOGUE = {m.id: m for m in (
+    ServedModel("whisper-base", "speech", "whisper", "builtin:base"),
+    ServedModel("whisper-tiny.en", "speech", "whisper", "builtin:tiny.en"),
+    ServedModel("llamagen-fashion-mnist", "image", "next-token", "builtin:fashion-mnist"),
+    ServedModel("var-fashion-mnist", "image", "next-scale", "builtin:fashion-mnist-var"),
+    ServedModel("mar-fashion-mnist", "image", "continuous", "builtin:fashion-mnist-mar"),
+    ServedModel("smollm2-135m-instruct", "text", "text", "builtin:smollm2"),
+)}
+# the method registry (`mmaccel.registries.FAMILIES`) of each pipeline
+REGISTRY_OF = {"whisper": "speech", "next-token": "image", "next-scale": "image-scale",
+               "continuous": "image-continuous", "text": "text"}
 # OpenAI clients often send whisper-1: it names the first speech model served
 ALIASES = {"whisper-1": "speech"}
-DEFAULT_MODELS = ("whisper-base",)
+DEFAULT_MODELS = ("whisper-base", "llamagen-fashion-mnist", "smollm2-135m-instruct")
 
 
 def served_models(ids: list[str] | tuple[str, ...]) -> list[ServedModel]:

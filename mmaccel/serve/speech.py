@@ -8,7 +8,6 @@ checked before it queues, so one bad upload never fails another's call.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import tempfile
@@ -20,6 +19,7 @@ from starlette.datastructures import UploadFile
 
 from mmaccel.errors import InputError, check
 from mmaccel.serve.batching import Call, ModelWorker
+from mmaccel.serve.fields import params_of, parse_params
 from mmaccel.speech.audio import WINDOW_S, Audio, load_audio
 from mmaccel.speech.transcript import Transcript
 from mmaccel.speech.writers import as_srt, as_vtt
@@ -70,7 +70,7 @@ def _flag(value: str | None, name: str) -> bool:
     return value.lower() in ("true", "1")
 
 
-async def parse_request(form, task: str, default_method: str, max_bytes: int) -> tuple[TranscriptionRequest, UploadFile]:
+def parse_request(form, task: str, default_method: str, max_bytes: int) -> tuple[TranscriptionRequest, UploadFile]:
     """The request of a multipart form (its upload still to be read); InputError with one line for anything off."""
     unknown = sorted(set(form.keys()) - FIELDS[task])
     check(not unknown, f"unknown field(s) {', '.join(unknown)}; this endpoint takes {', '.join(sorted(FIELDS[task]))}")
@@ -94,17 +94,12 @@ async def parse_request(form, task: str, default_method: str, max_bytes: int) ->
     except ValueError:
         raise InputError(f"temperature must be a number, got {temperature_field!r}") from None
     check(0.0 <= temperature <= 1.0, f"temperature must be in [0, 1], got {temperature}")
-    raw_params = _one(form, "method_params")
-    try:
-        params = {} if raw_params in (None, "") else json.loads(raw_params)
-    except json.JSONDecodeError as err:
-        raise InputError(f"method_params is not valid JSON ({err.msg} at character {err.pos})") from None
-    check(isinstance(params, dict), "method_params must be a JSON object, e.g. {\"k\": 4}")
+    params = parse_params(_one(form, "method_params"))
     language = _one(form, "language") or None
     words = "word" in granularities
     timestamps = response_format in ("srt", "vtt", "verbose_json")
     # temperature 0 is OpenAI's "raise the temperature when the thresholds fail": the fallback's defaults
-    options = Options(_one(form, "method") or default_method, tuple(sorted(params.items())), language, task,
+    options = Options(_one(form, "method") or default_method, params_of(params), language, task,
                       timestamps, words, _fallback() if temperature == 0.0 else temperature,
                       _flag(_one(form, "vad_filter"), "vad_filter"))
     check(upload.size is None or upload.size <= max_bytes, f"the upload is {upload.size} bytes; the limit is {max_bytes}")

@@ -21,6 +21,18 @@ def test_methods_give_the_ar_text(pipe, method, params):
     assert out.stats.nfe <= base.stats.nfe
 
 
+@pytest.mark.parametrize("method, params", [("ar", {}), ("speculative", {"k": 3}), ("sjd", {"window": 3})])
+def test_on_tokens_hears_each_rows_tokens_as_they_are_committed(pipe, method, params):
+    heard = []
+    ids = pipe.encode(["the cat sat on the mat", "a dog ran"])
+    out = pipe.generate_ids(ids, method, max_new_tokens=12, on_tokens=heard.append, **params)
+    assert len(heard) >= 2 and heard[-1] == out.tokens
+    for before, after in zip(heard, heard[1:]):              # each step extends each row's tokens
+        assert all(b == a[:len(b)] for b, a in zip(before, after))
+    if method == "speculative":
+        assert len(heard) < sum(map(len, out.tokens)) / 2 + 2     # several tokens a step
+
+
 @pytest.mark.parametrize("call, error, message", [
     (lambda p: p.generate(["the cat"], "warp-drive"), InputError, "unknown method"),
     (lambda p: p.generate(["the cat"], "speculative", k=0), InputError, "k must be"),

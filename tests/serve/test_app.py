@@ -5,7 +5,6 @@ listing and metrics routes, and the official `openai` client against the app ser
 import io
 import socket
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -14,31 +13,15 @@ import soundfile as sf
 from fastapi.testclient import TestClient
 
 from mmaccel.serve.app import ServeConfig, create_app
+from tests.serve.conftest import WAIT_S, Gated, served, until
 from tests.speech.test_pipeline import FILES, files  # noqa: F401  (fixture)
 
 MODEL = "whisper-tiny.en"
-WAIT_S = 120
-
-
-class GatedASR:
-    """The pipeline, recording how many inputs each call decodes; while `hold` is clear a call waits for it."""
-
-    def __init__(self, asr):
-        self.asr, self.batches, self.hold = asr, [], threading.Event()
-        self.hold.set()
-
-    def transcribe(self, audios, *args, **kwargs):
-        self.batches.append(len(audios))
-        assert self.hold.wait(WAIT_S)
-        return self.asr.transcribe(audios, *args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self.asr, name)
 
 
 @pytest.fixture(scope="module")
 def gated(tiny_en_asr):
-    return GatedASR(tiny_en_asr)
+    return Gated(tiny_en_asr, "transcribe")
 
 
 @pytest.fixture(scope="module")
@@ -46,14 +29,6 @@ def client(gated):
     app = create_app(ServeConfig(models=(MODEL,), pipelines={MODEL: gated}, max_upload_mb=1.0))
     with TestClient(app, raise_server_exceptions=False) as c:
         yield c
-
-
-def _until(condition) -> None:
-    """Wait for `condition()` (another thread's progress), failing rather than hanging after WAIT_S."""
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting for the server"
-        time.sleep(0.01)
 
 
 def _post(client, path, name, data=None, content=None, route="/v1/audio/transcriptions"):
@@ -91,10 +66,10 @@ def test_requests_decoded_together_return_what_each_returns_alone(client, gated,
     worker = client.app.state.server.workers[MODEL]
     with ThreadPoolExecutor(len(paths)) as pool:
         first = pool.submit(_post, client, paths[0], "a.wav", {"response_format": "verbose_json", "method": "eagle"})
-        _until(lambda: gated.batches)
+        until(lambda: gated.batches)
         rest = [pool.submit(_post, client, p, "a.wav", {"response_format": "verbose_json", "method": "eagle"})
                 for p in paths[1:]]
-        _until(lambda: worker.depth == len(rest))
+        until(lambda: worker.depth == len(rest))
         gated.hold.set()
         together = [f.result(WAIT_S).json() for f in [first, *rest]]
     assert gated.batches == [1, 5]                # the five waiting requests shared one call
@@ -172,18 +147,8 @@ def test_an_api_key_guards_every_route_but_healthz(gated, files):  # noqa: F811
 @pytest.fixture(scope="module")
 def live(gated):
     """The app under uvicorn on a free loopback port, for the official client."""
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    app = create_app(ServeConfig(models=(MODEL,), pipelines={MODEL: gated}, api_key="k"))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    _until(lambda: server.started)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-    server.should_exit = True
-    thread.join(WAIT_S)
+    with served(create_app(ServeConfig(models=(MODEL,), pipelines={MODEL: gated}, api_key="k"))) as url:
+        yield f"{url}/v1"
 
 
 def test_the_official_openai_client(live, tiny_en_asr, files):  # noqa: F811
@@ -220,14 +185,14 @@ def test_an_exit_signal_lets_requests_in_flight_finish_and_refuses_new_ones(gate
                                            log_level="warning"), drain_timeout_s=WAIT_S)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    _until(lambda: server.started)
+    until(lambda: server.started)
     gated.batches.clear()
     gated.hold.clear()
     with ThreadPoolExecutor(1) as pool:
         post = lambda: httpx.post(f"{url}/v1/audio/transcriptions", data={"model": MODEL},  # noqa: E731
                                   files={"file": ("a.wav", open(files[0], "rb").read())}, timeout=WAIT_S)
         in_flight = pool.submit(post)
-        _until(lambda: gated.batches)             # its call has started (and waits)
+        until(lambda: gated.batches)             # its call has started (and waits)
         server.handle_exit(signal.SIGTERM, None)
         refused = post()
         assert refused.status_code == 503 and refused.json()["error"]["message"] == "the server is shutting down"
