@@ -42,7 +42,7 @@ def cmd_asr_transcribe(args: argparse.Namespace) -> int:
                              temperature=args.temperature, best_of=args.best_of, seed=args.seed,
                              compression_ratio_threshold=args.compression_ratio_threshold,
                              log_prob_threshold=args.log_prob_threshold, no_speech_threshold=args.no_speech_threshold,
-                             **dict(args.param))
+                             initial_prompt=args.initial_prompt, **dict(args.param))
     status = print_transcripts([(t.source, t.error, t.text) for t in out.transcripts])
     for t in out.transcripts:
         if formats is not None and t.error is None:
@@ -159,6 +159,8 @@ def _add_transcribe(asr_sub) -> None:
     at.add_argument("--vad-param", type=key_value, action="append", default=[], metavar="KEY=VALUE",
                     help="a VAD parameter (mmaccel.speech.vad.VadParameters; implies --vad), "
                          "e.g. --vad-param min_silence_duration_ms=500")
+    at.add_argument("--initial-prompt", default=None, metavar="TEXT",
+                    help="text that conditions every window (names, spellings, style); not part of the transcript")
     _add_fallback_options(at)
     add_device_option(at)
     at.set_defaults(func=cmd_asr_transcribe)

@@ -1,7 +1,7 @@
 """`/v1/audio/transcriptions` and `/v1/audio/translations`: the OpenAI request and response shapes over
 `ASRPipeline.transcribe`, with our `method`, `method_params` (a JSON object) and `vad_filter` fields.
 
-Requests with the same options (model, method and parameters, language, task, timestamp mode, temperature,
+Requests with the same options (model, method and parameters, language, task, timestamp mode, temperature, prompt,
 VAD) are decoded together by the model's worker (`mmaccel.serve.batching`); each request's audio is read and
 checked before it queues, so one bad upload never fails another's call.
 """
@@ -44,6 +44,7 @@ class Options:
     word_timestamps: bool
     temperature: float | tuple[float, ...]
     vad_filter: bool
+    prompt: str | None = None       # Whisper's initial prompt: text that conditions every window
 
 
 @dataclass
@@ -86,8 +87,6 @@ def parse_request(form, task: str, default_method: str, max_bytes: int) -> tuple
           f"timestamp_granularities[] takes {' and '.join(GRANULARITIES)}, got {', '.join(map(str, granularities))}")
     check(not granularities or response_format == "verbose_json",
           "timestamp_granularities[] needs response_format=verbose_json")
-    check(_one(form, "prompt") in (None, ""),
-          "prompt (text that conditions the decoding) is not supported by mmaccel's Whisper pipeline; leave it out")
     temperature_field = _one(form, "temperature")
     try:
         temperature = 0.0 if temperature_field in (None, "") else float(temperature_field)
@@ -101,7 +100,7 @@ def parse_request(form, task: str, default_method: str, max_bytes: int) -> tuple
     # temperature 0 is OpenAI's "raise the temperature when the thresholds fail": the fallback's defaults
     options = Options(_one(form, "method") or default_method, params_of(params), language, task,
                       timestamps, words, _fallback() if temperature == 0.0 else temperature,
-                      _flag(_one(form, "vad_filter"), "vad_filter"))
+                      _flag(_one(form, "vad_filter"), "vad_filter"), _one(form, "prompt") or None)
     check(upload.size is None or upload.size <= max_bytes, f"the upload is {upload.size} bytes; the limit is {max_bytes}")
     return TranscriptionRequest(model, options, response_format, granularities), upload
 
@@ -144,7 +143,8 @@ def speech_worker(name: str, asr, *, max_rows: int, max_queue: int, on_call) -> 
         out = asr.transcribe(audios, options.method, batch_size=max_rows, language=options.language,
                              task=options.task, timestamps=options.timestamps,
                              word_timestamps=options.word_timestamps, vad_filter=options.vad_filter,
-                             temperature=options.temperature, **dict(options.params))
+                             temperature=options.temperature, initial_prompt=options.prompt,
+                             **dict(options.params))
         return out.transcripts
 
     return ModelWorker(name, run, max_rows=max_rows, max_queue=max_queue, on_call=on_call)

@@ -95,7 +95,9 @@ class EncodedAudio:
     def concat(parts: list[EncodedAudio]) -> EncodedAudio:
         """The rows of `parts` (one rules, one prompt length) as one batch; cached keys/values are not carried over."""
         frames = [p.audio_frames for p in parts]
+        features = [p.features for p in parts]
         return EncodedAudio(torch.cat([p.encoder_states for p in parts]), torch.cat([p.prompt for p in parts]),
+                            features=None if any(f is None for f in features) else torch.cat(features),
                             audio_frames=None if any(f is None for f in frames) else torch.cat(frames),
                             rules=parts[0].rules)
 

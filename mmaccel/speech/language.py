@@ -4,20 +4,23 @@ tokens (every other token masked) name the language of the window's audio."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from mmaccel.speech.decoder import WhisperDecoderModel
+from mmaccel.speech.decoder_audio import EncodedAudio
 from mmaccel.speech.whisper_vocab import WhisperTokens
 
 
 @torch.inference_mode()
-def language_probabilities(model: WhisperDecoderModel, features: torch.Tensor, tokens: WhisperTokens,
-                           encoder: torch.nn.Module | None = None) -> list[dict[str, float]]:
-    """Per row of log-mel `features` [B, mels, frames]: language code -> probability, most likely first."""
+def language_probabilities(model: WhisperDecoderModel, audio: EncodedAudio, tokens: WhisperTokens) -> list[dict[str, float]]:
+    """Per row of encoded `audio` (its own prompt and timestamp rules aside): language code -> probability, most
+    likely first."""
     codes = list(tokens.languages)
     ids = torch.tensor([tokens.languages[c] for c in codes], device=model.device)
-    inputs = model.encode(features, [tokens.start_of_transcript], encoder=encoder)
-    state = model.prefill(inputs, 1)
+    start = torch.full((audio.prompt.shape[0], 1), tokens.start_of_transcript, dtype=torch.long)
+    state = model.prefill(dataclasses.replace(audio, prompt=start, rules=None), 1)
     probs = state.logits.float().index_select(-1, ids).softmax(-1)        # [B, languages]
     out = []
     for row in probs.cpu().tolist():

@@ -54,6 +54,7 @@ from mmaccel.speech.whisper import WhisperBundle, load_whisper
 from mmaccel.speech.windows import Window, audio_windows, next_window, windows_left
 
 MAX_NEW_TOKENS = 224   # per 30-s window, as openai-whisper (half the decoder's 448 positions)
+PROMPT_SLACK = 72      # decoder positions an initial prompt leaves free beside max_new_tokens: the prompt proper, drafts
 
 
 def builtin_heads_path(name: str) -> Path:
@@ -218,7 +219,8 @@ class ASRPipeline:
                    vad_filter: bool = False, vad_parameters: VadParameters | dict | None = None,
                    temperature: float | Sequence[float] = TEMPERATURES, compression_ratio_threshold: float | None = 2.4,
                    log_prob_threshold: float | None = -1.0, no_speech_threshold: float | None = 0.6,
-                   best_of: int = 5, seed: int = 0, adaptive: bool = True, **method_params: Any) -> ASROutput:
+                   best_of: int = 5, seed: int = 0, adaptive: bool = True, initial_prompt: str | None = None,
+                   **method_params: Any) -> ASROutput:
         """Transcribe one input or a list (paths, arrays with `sample_rate`, `Audio`s).
 
         `language`: a language code, or None to detect each input's from its first 30 s (on an
@@ -248,6 +250,10 @@ class ASRPipeline:
         `seed`; a doubtful window whose <|nospeech|> probability is above `no_speech_threshold` is left
         empty. The method decodes at the first temperature; `temperature=0` turns the fallback off.
 
+        `initial_prompt`: text that conditions every window's decoding (spellings, names, style), given to the
+        decoder as Whisper's previous text (<|startofprev|> and its last tokens) before the prompt, as
+        openai-whisper and faster-whisper's batched pipeline do; it is not part of the transcript.
+
         `method`: a name from `mmaccel.speech.methods.ASR_REGISTRY` or a Method; `method_params`
         configure it (k, depth, width, exit_layer, num_beams, ...). With `adaptive` (on a CPU) a draft
         method drafts at most its k per pass, fewer or none where its drafts are rarely accepted or a
@@ -267,11 +273,12 @@ class ASRPipeline:
         fallback = Fallback.of(temperature, compression_ratio_threshold, log_prob_threshold, no_speech_threshold,
                                best_of, seed)
         spec = build_asr_method(method, **method_params)
-        prompt = self.bundle.prompt(language or "en", task, timestamps)       # checks language and task
+        previous = self._previous_text(initial_prompt, max_new_tokens)
+        prompt = self.bundle.prompt(language or "en", task, timestamps, previous)       # checks language and task
         tokens = self.bundle.tokens
         started = time.perf_counter()
         job = _Job(spec, self.resources(spec, timestamps or fallback.temperatures[0] > 0), self.encoder(encoder),
-                   max_new_tokens, task,
+                   max_new_tokens, task, previous,
                    TimestampRules(tokens.no_timestamps, tokens.end_of_text, len(prompt)) if timestamps else None,
                    self.alignment_heads() if word_timestamps else None, self._adaptive[timestamps] if adaptive else None,
                    fallback)
@@ -279,7 +286,7 @@ class ASRPipeline:
         transcripts, windows = audio_windows(audio, sample_rate, vad, follow=timestamps)
         if language is None and tokens.multilingual:
             with stats.timed("language"):
-                self._detect_languages(transcripts, windows, job.encoder, batch_size)
+                self._detect_languages(transcripts, windows, job, batch_size)
         for t in transcripts:
             t.language = None if t.error is not None else t.language or language or "en"
         parts: dict[int, dict[int, WindowResult]] = {}
@@ -331,12 +338,9 @@ class ASRPipeline:
         stats = DecodeStats()
         attempt = batch[0].attempt
         temperature, n = job.fallback.temperatures[attempt], job.fallback.samples(attempt)
-        prompts = [self.bundle.prompt(t.language, job.task, job.rules is not None) for t in owners]
+        prompts = [self.bundle.prompt(t.language, job.task, job.rules is not None, job.previous) for t in owners]
         if attempt == 0:
-            with stats.timed("features"):
-                features = log_mel(self.bundle.feature_extractor, [w.audio for w in batch], self.mel_padding)
-            with stats.timed("encoder"):
-                inputs = self.model.encode(features, prompts, [w.duration for w in batch], job.encoder, job.rules)
+            inputs = self._encode(job, batch, prompts, stats)
             if len(job.fallback.temperatures) > 1:      # kept for the re-decodes
                 for row, w in enumerate(batch):
                     job.states[w.input, w.index] = inputs.select_rows(torch.tensor([row]), self.model.device)
@@ -357,7 +361,7 @@ class ASRPipeline:
         scores = None
         if job.rules is not None or job.fallback.scored:
             with stats.timed("scores"):
-                scores = score_tokens(self.model, inputs, gen.tokens, self.bundle.tokens.no_speech)
+                scores = score_tokens(self.model, inputs, gen.tokens, self.bundle.tokens.no_speech, len(job.previous))
         for i, (window, owner) in enumerate(zip(batch, owners)):
             rows = range(i * n, (i + 1) * n)
             samples = {row: window_result(self.bundle.tokenizer, gen.tokens[row], window, job.rules,
@@ -375,16 +379,53 @@ class ASRPipeline:
                                 for r in rows)
         return stats
 
-    def _detect_languages(self, transcripts: list[Transcript], windows: list[Window], encoder: nn.Module,
+    def _previous_text(self, text: str | None, max_new_tokens: int) -> list[int]:
+        """<|startofprev|> and the last tokens of `text` that leave the decoder room for `max_new_tokens` and
+        drafts (openai-whisper keeps up to 223); nothing for no text."""
+        check(text is None or isinstance(text, str), f"initial_prompt must be text, got {type(text).__name__}")
+        if text is None or not text.strip():
+            return []
+        start = self.bundle.tokens.start_of_prev
+        check(start is not None, "this Whisper's tokenizer has no <|startofprev|>: it cannot take an initial_prompt")
+        room = self.model.max_positions - max_new_tokens - PROMPT_SLACK
+        ids = self.bundle.tokenizer.encode(" " + text.strip(), add_special_tokens=False)
+        return [start, *ids[-min(room, self.model.max_positions // 2 - 1):]]
+
+    def _encode(self, job: _Job, batch: list[Window], prompts: list[list[int]], stats: DecodeStats) -> EncodedAudio:
+        """The encoder states of `batch`'s windows under `prompts`; those language detection kept (`job.states`)
+        are not encoded again."""
+        fresh = [(w, p) for w, p in zip(batch, prompts) if (w.input, w.index) not in job.states]
+        if fresh:
+            with stats.timed("features"):
+                features = log_mel(self.bundle.feature_extractor, [w.audio for w, _ in fresh], self.mel_padding)
+            with stats.timed("encoder"):
+                encoded = self.model.encode(features, [p for _, p in fresh], [w.duration for w, _ in fresh],
+                                            job.encoder, job.rules)
+            if len(fresh) == len(batch):
+                return encoded
+            for row, (w, _) in enumerate(fresh):
+                job.states[w.input, w.index] = encoded.select_rows(torch.tensor([row]), self.model.device)
+        inputs = EncodedAudio.concat([job.states[w.input, w.index] for w in batch])
+        inputs.prompt = torch.tensor(prompts, dtype=torch.long)
+        return inputs
+
+    def _detect_languages(self, transcripts: list[Transcript], windows: list[Window], job: _Job,
                           batch_size: int) -> None:
-        """Each input's language (and its probability) from its first window."""
+        """Each input's language (and its probability) from its first window. The encoder states of the first
+        `batch_size` such windows are kept for their decode (`_encode`), which so runs the encoder once."""
         firsts = [w for w in windows if w.index == 0]
-        for start in range(0, len(firsts), batch_size):
-            batch = firsts[start : start + batch_size]
+        start = [self.bundle.tokens.start_of_transcript]
+        for at in range(0, len(firsts), batch_size):
+            batch = firsts[at : at + batch_size]
             features = log_mel(self.bundle.feature_extractor, [w.audio for w in batch], self.mel_padding)
-            for w, probs in zip(batch, language_probabilities(self.model, features, self.bundle.tokens, encoder)):
+            encoded = self.model.encode(features, start, [w.duration for w in batch], job.encoder, job.rules)
+            detected = language_probabilities(self.model, encoded, self.bundle.tokens)
+            encoded.cross_kv.clear()                # the decode computes its own (`EncodedAudio.concat`)
+            for row, (w, probs) in enumerate(zip(batch, detected)):
                 code, p = next(iter(probs.items()))
                 transcripts[w.input].language, transcripts[w.input].language_probability = code, p
+                if at == 0:
+                    job.states[w.input, w.index] = encoded.select_rows(torch.tensor([row]), self.model.device)
 
 
 @dataclass
@@ -396,6 +437,7 @@ class _Job:
     encoder: nn.Module
     max_new_tokens: int
     task: str
+    previous: list[int]                     # <|startofprev|> and the initial prompt's tokens, or nothing
     rules: TimestampRules | None            # timestamp mode
     heads: list[tuple[int, int]] | None     # alignment heads, for word timestamps
     adaptive: AdaptiveDrafting | None       # the pass costs of adaptive drafting; None: every pass drafts k

@@ -30,8 +30,9 @@ class TokenScores:
 
 @torch.inference_mode()
 def score_tokens(model: WhisperDecoderModel, inputs: EncodedAudio, tokens: list[list[int]],
-                 no_speech: int | None) -> list[TokenScores]:
-    """Each row's `tokens` (generated after the prompt) scored under `model`'s rules for `inputs`."""
+                 no_speech: int | None, start: int = 0) -> list[TokenScores]:
+    """Each row's `tokens` (generated after the prompt) scored under `model`'s rules for `inputs`; the
+    no-speech probability is read at <|startoftranscript|>, position `start` of the prompt (after a text prompt)."""
     B, P = inputs.prompt.shape
     T = max(1, max(len(t) for t in tokens))
     padded = torch.full((B, T), int(inputs.prompt[0, 0]), dtype=torch.long)
@@ -48,7 +49,7 @@ def score_tokens(model: WhisperDecoderModel, inputs: EncodedAudio, tokens: list[
         rows = torch.arange(start, min(B, start + group))
         h = hidden[rows.to(hidden.device)]
         # <|startoftranscript|>'s position (the no-speech probability), then the one before each token
-        logits = project(torch.cat([h[:, :1], h[:, P - 1 :]], 1), weight).float()      # [g, 2 + T, V]
+        logits = project(torch.cat([h[:, start : start + 1], h[:, P - 1 :]], 1), weight).float()      # [g, 2 + T, V]
         nsp = logits[:, 0].softmax(-1)[:, no_speech].tolist() if no_speech is not None else [0.0] * len(rows)
         logprobs = rule_logits(state, logits[:, 1:] + bias, rows=rows).log_softmax(-1)
         for i, b in enumerate(rows.tolist()):

@@ -30,7 +30,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -241,8 +241,9 @@ class WhisperBundle:
     tokens: WhisperTokens
     path: Path  # the Hugging Face layout directory the model was loaded from
 
-    def prompt(self, language: str | None = "en", task: str = "transcribe", timestamps: bool = False) -> list[int]:
-        return self.tokens.prompt(language, task, timestamps)
+    def prompt(self, language: str | None = "en", task: str = "transcribe", timestamps: bool = False,
+               previous: Sequence[int] = ()) -> list[int]:
+        return self.tokens.prompt(language, task, timestamps, previous)
 
 
 def load_whisper(source: str = "builtin:base", cache_dir: str | os.PathLike | None = None) -> WhisperBundle:

@@ -4,7 +4,7 @@ tokens CTranslate2 packages leave out."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,14 +31,16 @@ class WhisperTokens:
     def multilingual(self) -> bool:
         return bool(self.languages)
 
-    def prompt(self, language: str | None = "en", task: str = "transcribe", timestamps: bool = False) -> list[int]:
-        """Decoder prompt: <|startoftranscript|> [<|lang|> <|task|>] [<|notimestamps|>].
+    def prompt(self, language: str | None = "en", task: str = "transcribe", timestamps: bool = False,
+               previous: Sequence[int] = ()) -> list[int]:
+        """Decoder prompt: [`previous`] <|startoftranscript|> [<|lang|> <|task|>] [<|notimestamps|>].
 
         The language and task tokens exist only for multilingual models; English-only models take
-        `language` "en" or None and `task` "transcribe".
+        `language` "en" or None and `task` "transcribe". `previous`: a text prompt, <|startofprev|> and its
+        tokens (`ASRPipeline.transcribe`'s `initial_prompt`).
         """
         check(task in ("transcribe", "translate"), f"task must be 'transcribe' or 'translate', got {task!r}")
-        ids = [self.start_of_transcript]
+        ids = [*previous, self.start_of_transcript]
         if self.multilingual:
             if language not in self.languages:
                 raise InputError(f"unknown language {language!r}; this model knows {', '.join(sorted(self.languages))}")

@@ -58,6 +58,13 @@ def test_every_response_format(client, tiny_en_asr, files):  # noqa: F811
     assert " ".join(w["word"] for w in words).split() == " ".join(s["text"] for s in body["segments"]).split()
 
 
+def test_a_prompt_conditions_the_transcript(client, tiny_en_asr, files):  # noqa: F811
+    hint = "Dashwood, Norland, ill-disposed."
+    alone = tiny_en_asr.transcribe(files[1], initial_prompt=hint).texts[0].strip()
+    r = _post(client, files[1], "a.wav", {"prompt": hint})
+    assert r.status_code == 200 and r.json() == {"text": alone} and "ill-disposed" in alone
+
+
 def test_requests_decoded_together_return_what_each_returns_alone(client, gated, files):  # noqa: F811
     paths = (files * 2)[:6]
     alone = [_post(client, p, "a.wav", {"response_format": "verbose_json"}).json() for p in paths]
