@@ -62,7 +62,7 @@ class FasterWhisperPeer:
         return SimpleNamespace(transcripts=out)
 
 
-def _clips() -> list[tuple[bytes, float, str]]:
+def clips() -> list[tuple[bytes, float, str]]:
     """The real clips as WAV bytes, with their seconds and reference texts."""
     import soundfile as sf
 
@@ -78,7 +78,7 @@ def _clips() -> list[tuple[bytes, float, str]]:
     return clips
 
 
-class _Served:
+class Served:
     """An app of `create_app` under uvicorn on a free loopback port, in a thread."""
 
     def __init__(self, app):
@@ -101,24 +101,30 @@ class _Served:
         self.thread.join(60)
 
 
-async def _load(url: str, clips, clients: int, duration_s: float) -> list[dict]:
-    """`clients` tasks sending clips round-robin for `duration_s` (at least one each): one record per request."""
+async def load(url: str, clips, clients: int, duration_s: float, model: str = MODEL,
+               requests: int | None = None) -> list[dict]:
+    """`clients` tasks sending clips round-robin for `duration_s` (at least one each), or until `requests` were
+    sent: one record per request. Every request names its language (English), as the peer adapter assumes."""
     import httpx
 
     records: list[dict] = []
     stop = time.perf_counter() + duration_s
+    sent = 0
 
     async def client(c: int, http: httpx.AsyncClient) -> None:
+        nonlocal sent
         i = c
-        while True:                                # each client sends at least one request
+        while requests is None or sent < requests:         # by time, each client sends at least one request
+            sent += 1
             data, seconds, reference = clips[i % len(clips)]
             t0 = time.perf_counter()
-            r = await http.post(f"{url}/v1/audio/transcriptions", data={"model": MODEL},
+            r = await http.post(f"{url}/v1/audio/transcriptions", data={"model": model, "language": "en"},
                                 files={"file": ("clip.wav", data, "audio/wav")})
             records.append({"latency_s": time.perf_counter() - t0, "status": r.status_code, "audio_s": seconds,
-                            "reference": reference, "text": r.json().get("text", "") if r.status_code == 200 else ""})
+                            "reference": reference, "text": r.json().get("text", "") if r.status_code == 200 else "",
+                            "rss_mb": rss_mb()})
             i += clients
-            if time.perf_counter() >= stop:
+            if requests is None and time.perf_counter() >= stop:
                 return
 
     async with httpx.AsyncClient(timeout=600) as http:
@@ -151,25 +157,26 @@ def run_serve_bench(quick: bool = False, log: Callable[[str], None] = print) -> 
     from mmaccel.speech.pipeline import ASRPipeline
 
     asr = ASRPipeline.from_pretrained("builtin:base")
-    clips = _clips()
+    audio = clips()
     concurrency, duration = (QUICK_CONCURRENCY, QUICK_DURATION_S) if quick else (CONCURRENCY, DURATION_S)
     load_before = os.getloadavg()[0]
     rows, warm_rss = [], {}
     for name, pipeline in (("mmaccel", asr), ("faster-whisper-batched-int8", FasterWhisperPeer(asr))):
         app = create_app(ServeConfig(models=(MODEL,), pipelines={MODEL: pipeline}, max_queue=256))
-        with _Served(app) as served:
-            asyncio.run(_load(served.url, clips, 1, 0.0))                         # warm-up: one request
+        with Served(app) as served:
+            asyncio.run(load(served.url, audio, 1, 0.0))                         # warm-up: one request
             warm_rss[name] = round(rss_mb())
             for clients in concurrency:
                 t0 = time.perf_counter()
-                records = asyncio.run(_load(served.url, clips, clients, duration))
+                records = asyncio.run(load(served.url, audio, clients, duration))
                 rows.append(_point(name, clients, records, time.perf_counter() - t0))
                 log(f"[serve] {rows[-1]}")
     return {"suite": "serve", "date": dt.date.today().isoformat(), "device": device_name(asr.model.device),
             "torch": torch.__version__, "threads": torch.get_num_threads(), "load_before": round(load_before, 2),
             "config": {"model": MODEL, "duration_s": duration, "concurrency": list(concurrency), "quick": quick,
-                       "audio": f"the {len(clips)} real clips, round-robin", "method": "greedy",
-                       "options": "response_format json, temperature fallback on (both servers' defaults)"},
+                       "audio": f"the {len(audio)} real clips, round-robin", "method": "greedy",
+                       "options": "response_format json, language en, temperature fallback on (both servers' "
+                                  "defaults; faster-whisper's batched pipeline decodes at the first temperature)"},
             "rss_mb_after_warm_up": warm_rss, "results": rows}
 
 
@@ -204,3 +211,43 @@ def plot(doc: dict, path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+MEMORY_MODEL, MEMORY_REQUESTS, QUICK_MEMORY_REQUESTS, MEMORY_CLIENTS = "whisper-tiny.en", 1000, 64, 8
+
+
+def memory_trend(records: list[dict], every: int = 100) -> dict:
+    """The server's resident memory after every `every` requests (in the order they finished)."""
+    marks = list(range(every, len(records) + 1, every))
+    return {"requests": marks, "rss_mb": [round(records[m - 1]["rss_mb"]) for m in marks]}
+
+
+def run_memory_check(quick: bool = False, log: Callable[[str], None] = print) -> dict:
+    """`mmaccel bench serve-memory`: 1 000 requests (64 with `quick`) from 8 clients to our server (Whisper tiny.en,
+    so that the run takes minutes), the process's resident memory after every 100 (8) of them."""
+    import torch
+
+    from mmaccel.serve.app import ServeConfig, create_app
+
+    audio, total = clips(), QUICK_MEMORY_REQUESTS if quick else MEMORY_REQUESTS
+    app = create_app(ServeConfig(models=(MEMORY_MODEL,), max_queue=256))
+    with Served(app) as served:
+        asyncio.run(load(served.url, audio, MEMORY_CLIENTS, 0.0, MEMORY_MODEL, requests=MEMORY_CLIENTS))   # warm-up
+        warm = round(rss_mb())
+        t0 = time.perf_counter()
+        records = asyncio.run(load(served.url, audio, MEMORY_CLIENTS, 0.0, MEMORY_MODEL, requests=total))
+        wall = time.perf_counter() - t0
+    trend = memory_trend(records, every=max(1, total // 10))
+    log(f"[serve-memory] {trend}")
+    return {"suite": "serve-memory", "date": dt.date.today().isoformat(), "device": device_name(torch.device("cpu")),
+            "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "config": {"model": MEMORY_MODEL, "requests": total, "clients": MEMORY_CLIENTS, "quick": quick},
+            "rss_mb_after_warm_up": warm, "failed": sum(r["status"] != 200 for r in records),
+            "wall_s": round(wall, 1), "trend": trend,
+            "growth_mb": trend["rss_mb"][-1] - trend["rss_mb"][0] if trend["rss_mb"] else None}
+
+
+def memory_markdown(doc: dict) -> str:
+    rows = zip(doc["trend"]["requests"], doc["trend"]["rss_mb"])
+    return "\n".join(["| requests answered | resident memory (MB) |", "|---|---|", f"| 0 (after warm-up) | "
+                      f"{doc['rss_mb_after_warm_up']} |", *(f"| {n} | {mb} |" for n, mb in rows)])

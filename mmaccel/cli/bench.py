@@ -148,6 +148,16 @@ def _run_serve(args: argparse.Namespace) -> BenchRun:
     return BenchRun(doc, markdown(doc), write)
 
 
+def _run_serve_memory(args: argparse.Namespace) -> BenchRun:
+    from mmaccel.bench.serve_suite import memory_markdown, run_memory_check
+
+    doc = run_memory_check(quick=args.quick, log=say)
+    return BenchRun(doc, memory_markdown(doc), lambda out: _write_document(
+        doc, out, f"# Benchmark `serve-memory`\n\n`{doc['command']}`\n\n{doc['device']}, {doc['threads']} threads, "
+                  f"{doc['date']}\n\nConfig: `{json.dumps(doc['config'])}`; failed requests: {doc['failed']}, "
+                  f"{doc['wall_s']} s\n\n{memory_markdown(doc)}"))
+
+
 def suites() -> dict[str, BenchSuite]:
     """The table: the harness suites (their options are their builders' parameters), then image-fid and kernels."""
     from mmaccel.bench import SUITES
@@ -169,6 +179,9 @@ def suites() -> dict[str, BenchSuite]:
     # serve: `mmaccel serve` under concurrent clients, against one request at a time and faster-whisper
     table["serve"] = BenchSuite(takes=("quick",), records=("quick", "threads"), refusal=_takes_only, run=_run_serve,
                                 default_out=lambda args: f"serve/serve{'-quick' if args.quick else ''}.json")
+    table["serve-memory"] = BenchSuite(takes=("quick",), records=("quick", "threads"), refusal=_takes_only,
+                                       run=_run_serve_memory,
+                                       default_out=lambda args: f"serve/memory{'-quick' if args.quick else ''}.json")
     return table
 
 

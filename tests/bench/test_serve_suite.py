@@ -5,7 +5,7 @@ import asyncio
 
 from fastapi import FastAPI, Request
 
-from mmaccel.bench.serve_suite import _load, _point, _Served, markdown
+from mmaccel.bench.serve_suite import Served, _point, load, markdown, memory_trend
 
 
 def test_each_client_sends_at_least_one_request_and_records_it():
@@ -19,12 +19,27 @@ def test_each_client_sends_at_least_one_request_and_records_it():
         return {"text": "hello world"}
 
     clips = [(b"a" * 10, 1.5, "hello world"), (b"b" * 20, 2.5, "hello there")]
-    with _Served(app) as served:
-        records = asyncio.run(_load(served.url, clips, 3, 0.0))
+    with Served(app) as served:
+        records = asyncio.run(load(served.url, clips, 3, 0.0))
     assert sorted(n for _, n in seen) == [10, 10, 20] and {m for m, _ in seen} == {"whisper-base"}
     point = _point("echo", 3, records, 2.0)
     assert (point["requests"], point["failed"], point["requests_per_s"], point["audio_s_per_s"]) == (3, 0, 1.5, 2.75)
     assert point["wer"] == round(100 * 1 / 6, 2)               # "there" for "world" in one of three two-word clips
+
+
+def test_a_run_by_request_count_sends_that_many():
+    app = FastAPI()
+    languages = []
+
+    @app.post("/v1/audio/transcriptions")
+    async def echo(request: Request):
+        languages.append((await request.form())["language"])
+        return {"text": "hello world"}
+
+    with Served(app) as served:
+        records = asyncio.run(load(served.url, [(b"a", 1.0, "hello world")], 3, 600.0, requests=7))
+    assert len(records) == 7 and languages == ["en"] * 7 and all(r["rss_mb"] > 0 for r in records)
+    assert memory_trend(records, every=2)["requests"] == [2, 4, 6]
 
 
 def test_the_table_compares_each_point_with_one_request_at_a_time():
