@@ -21,7 +21,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         say(f"mmaccel serve: warning: listening on {args.host} without --api-key: anyone who reaches it can use it")
     config = ServeConfig(models=tuple(m.strip() for m in args.models.split(",") if m.strip()), api_key=api_key,
                          device=args.device, max_upload_mb=args.max_upload_mb, max_queue=args.max_queue,
-                         max_rows=args.batch_rows, timeout_s=args.timeout, speech_method=args.speech_method)
+                         max_rows=args.batch_rows, timeout_s=args.timeout, speech_method=args.speech_method,
+                         image_method=args.image_method, text_method=args.text_method,
+                         continuous=not args.per_call)
     if args.ray:
         return _serve_on_ray(config, args)
     return _serve_on_uvicorn(config, args)
@@ -62,7 +64,11 @@ def add_parser(subparsers) -> None:
                                                    "(default: $MMACCEL_API_KEY, else none)")
     s.add_argument("--models", default=",".join(DEFAULT_MODELS), help=f"comma-separated, of: {', '.join(CATALOGUE)}")
     s.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda where available)")
-    s.add_argument("--speech-method", default="greedy", help="the method of a request that names none")
+    s.add_argument("--speech-method", default="greedy", help="the method of a speech request that names none")
+    s.add_argument("--image-method", default="ar", help="the method of an image request that names none")
+    s.add_argument("--text-method", default="ar", help="the method of a text request that names none")
+    s.add_argument("--per-call", action="store_true", help="text requests wait for the next call instead of joining "
+                                                          "calls in progress (continuous batching, the default)")
     s.add_argument("--batch-rows", type=int, default=8, help="rows (30-s windows) decoded together per call")
     s.add_argument("--max-queue", type=int, default=64, help="requests waiting per model before 429")
     s.add_argument("--max-upload-mb", type=float, default=25.0, help="the largest upload (413 above)")

@@ -151,6 +151,17 @@ class Emission:
         self.done = self._is_eos(token) | (max_new <= 1)
         self._tell(max_new)
 
+    def restart(self, row: int, token: Tensor, nfe: int, max_new: int, prompt: list[int]) -> None:
+        """Row `row` starts over for a request that joins the call (continuous batching): its prompt, and
+        `token` (a one-element tensor) its first."""
+        self.tokens[row] = -1
+        self.passes[row] = 0
+        self.tokens[row, 0] = token
+        self.passes[row, 0] = nfe
+        self.count[row] = 1
+        self.done[row] = bool(self._is_eos(token).any()) or max_new <= 1
+        self.prompts[row] = list(prompt)
+
     def _is_eos(self, tokens: Tensor) -> Tensor:
         return torch.zeros_like(tokens, dtype=torch.bool) if self.eos is None else tokens == self.eos
 
@@ -176,6 +187,11 @@ class Emission:
     def history(self) -> RowLists:
         """Per row: prompt tokens + every emitted token (read on demand)."""
         return RowLists(lambda: [p + row[:c] for p, row, c in zip(self.prompts, self.tokens.tolist(), self.count.tolist())])
+
+    def row(self, row: int, limit: int) -> tuple[list[int], list[int]]:
+        """Row `row`'s tokens and the pass that committed each, up to `limit`."""
+        count = min(int(self.count[row]), limit)
+        return self.tokens[row, :count].tolist(), self.passes[row, :count].tolist()
 
     def rows(self, max_new: int) -> tuple[list[list[int]], list[list[int]]]:
         counts = self.count.clamp(max=max_new).tolist()

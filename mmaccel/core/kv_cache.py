@@ -200,6 +200,19 @@ class KVCache:
         self.lengths, self.graphs = lengths, StepGraphs()
 
     @torch.inference_mode()    # the buffers are inference tensors, changed in place
+    def take_row(self, row: int, other: KVCache) -> None:
+        """Row `row` becomes the one row of `other` (its entries and length; what the row held is dropped): a
+        request that joins a call in progress (continuous batching). The other rows stay as they are."""
+        check(other.batch_size == 1 and len(other.k) == len(self.k), "take_row takes a one-row cache of as many layers")
+        n = int(other.lengths[0])
+        check(n <= self.capacity, f"a joining row of {n} entries does not fit the cache's capacity {self.capacity}")
+        for mine, theirs in zip((*self.k, *self.v), (*other.k, *other.v)):
+            mine[row, :, :n] = theirs[0, :, :n]
+        if self.ids is not None:
+            self.ids[row, :n] = 0 if other.ids is None else other.ids[0, :n]
+        self.lengths[row] = n
+
+    @torch.inference_mode()    # the buffers are inference tensors, changed in place
     def keep_appended(self, offsets: Tensor, counts: Tensor, appended: int) -> None:
         """After appending `appended` entries, keep only those at `offsets` [B, L] (relative to the
         append, ascending), the first `counts[b]` of them per row, packed contiguously; drop the rest.

@@ -21,7 +21,7 @@ from mmaccel.core.model import DecoderModel
 from mmaccel.core.plugin import NEEDS, MethodPlugin, param, registry
 from mmaccel.core.proposers import DraftModelProposer, EarlyExitProposer, HeadsProposer, NGramProposer, Proposer
 from mmaccel.core.sampling import Sampling
-from mmaccel.core.speculative import Generation, LoopConfig, decode
+from mmaccel.core.speculative import Generation, LoopConfig, RowFeed, decode, joins
 from mmaccel.errors import InputError, check
 
 
@@ -82,15 +82,21 @@ class Method:
 
     def run(self, resources: Resources, inputs: Any, *, max_new_tokens: int, sampling: Sampling = Sampling(),
             seed: int = 0, eos_token_id: int | None = None, prompt_tokens: list[list[int]] | None = None,
-            adaptive: AdaptiveDrafting | None = None) -> Generation:
+            adaptive: AdaptiveDrafting | None = None, feed: RowFeed | None = None) -> Generation:
         """Decode `inputs` (whatever the target's `prefill` takes) with this method; with `adaptive` (the pass
-        costs measured so far), greedy passes draft only what pays (`mmaccel.core.adaptive`)."""
+        costs measured so far), greedy passes draft only what pays (`mmaccel.core.adaptive`); with `feed`,
+        requests join the call as its rows end (`joins`; `mmaccel.core.speculative.RowFeed`)."""
         self.check_needs(resources)
         if self.runner is not None:
+            check(feed is None, f"method {self.name!r} has a schedule of its own: it cannot take joining requests")
             return self.runner(resources, inputs, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
                                eos_token_id=eos_token_id)
         return decode(resources.model, inputs, self.loop_config(resources, adaptive), max_new_tokens=max_new_tokens,
-                      sampling=sampling, seed=seed, eos_token_id=eos_token_id, prompt_tokens=prompt_tokens)
+                      sampling=sampling, seed=seed, eos_token_id=eos_token_id, prompt_tokens=prompt_tokens, feed=feed)
+
+    def joins(self, resources: Resources) -> bool:
+        """Whether its calls on `resources` can take requests as their rows end (continuous batching)."""
+        return self.runner is None and joins(resources.model, self.loop_config(resources))
 
 
 def _need(resources: Resources, attr: str, method: str):

@@ -93,6 +93,12 @@ class Proposer:
         """Draft forward passes run since the last call (for DecodeStats)."""
         return 0
 
+    joins = False                   # offers `admit`: rows may start over mid-call (continuous batching)
+
+    def admit(self, row: int, prompt: list[int], token: Tensor) -> None:
+        """Row `row` starts over with `prompt` and its first token `token` [1] (a request joining the call)."""
+        raise TypeError(f"{type(self).__name__} cannot take a new row in the middle of a call")
+
 
 class RaggedRows:
     """Rows of different lengths in one padded block: row r's first `counts[r]` entries of `block` [B, L, ...]
@@ -107,6 +113,17 @@ class RaggedRows:
     def block(self) -> Tensor:
         """[B, L, ...]: every row's entries, then padding."""
         return self._store[:, : self.width]
+
+    def reset_row(self, row: int, entries: Tensor) -> None:
+        """Row `row` holds only `entries` [n, ...] (a row that starts over)."""
+        n = entries.shape[0]
+        if self.width < n:
+            self.append(self._store.new_zeros(self._store.shape[0], n - self.width, *self._store.shape[2:]),
+                        torch.zeros_like(self.counts))
+        self._store = self._store.clone()             # the block it started from is never written
+        self._store[row, :n] = entries.to(self._store.device, self._store.dtype)
+        self.counts = self.counts.clone()
+        self.counts[row] = n
 
     def append(self, more: Tensor, counts: Tensor) -> RaggedRows:
         """Row r's first `counts[r]` entries of `more` [B, M, ...] go after its own; returns self."""
@@ -229,6 +246,17 @@ class DraftModelProposer(Proposer):
         else:
             self._fed, self._drafts = self._fed + opening.shape[1], torch.cat([opening, chain], 1)
         return self._drafts
+
+    @property
+    def joins(self) -> bool:        # a draft model that can take a row mid-call
+        return hasattr(self.draft, "admit")
+
+    def admit(self, row, prompt, token):
+        """The draft reads the joining row's prompt now; its first token waits with the pending ones."""
+        self.ready()
+        self.draft.admit(self.state, row, prompt)
+        self._passes += 1
+        self.pending.reset_row(row, token)
 
     def skip(self, ctx, next_token):
         """The token waits with the others the draft has not seen, fed with them at the next proposal."""
@@ -455,6 +483,11 @@ class NGramProposer(Proposer):
                     follow = seq[start + n : start + n + k]
                     return follow + [follow[-1]] * (k - len(follow))
         return [seq[-1]] * k
+
+    joins = True                    # it reads each row's history from the context: nothing to set up
+
+    def admit(self, row, prompt, token):
+        pass
 
     def propose(self, ctx, k):
         check(k >= 1, f"draft length k must be >= 1, got {k}")

@@ -6,10 +6,11 @@ token), so the baseline and every method share one code path, one sampler and on
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -56,9 +57,26 @@ def _row_index(x: Tensor, idx: Tensor) -> Tensor:
     return x[torch.arange(x.shape[0], device=x.device), idx.to(x.device)]
 
 
+class RowFeed(Protocol):
+    """Requests that join a decode call in progress, a row each (continuous batching): when a row ends, the
+    call hands its tokens to `finished` and asks `next` for a prompt to start over with."""
+
+    reserve: int            # prompt tokens a joining request may have beyond the first rows' longest
+    limits: list[int]       # the most new tokens of each first row (each <= the call's max_new_tokens)
+
+    def finished(self, row: int, tokens: list[int], passes: list[int]) -> None:
+        """Row `row` ended with `tokens` (and the pass that committed each)."""
+
+    def next(self, row: int, max_prompt: int) -> tuple[list[int], int] | None:
+        """A waiting prompt of at most `max_prompt` tokens for row `row` and its most new tokens, or None."""
+
+    def dropped(self) -> list[int]:
+        """Rows to end now (their requests went away)."""
+
+
 def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_tokens: int,
            sampling: Sampling = Sampling(), seed: int = 0, eos_token_id: int | None = None,
-           prompt_tokens: list[list[int]] | None = None) -> Generation:
+           prompt_tokens: list[list[int]] | None = None, feed: RowFeed | None = None) -> Generation:
     """Generate up to `max_new_tokens` per row of `inputs` (whatever `model.prefill` takes).
 
     Greedy (`sampling.temperature == 0`) with the greedy rule reproduces plain greedy decoding;
@@ -68,11 +86,23 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
     model's device, so on a GPU a pass never waits for the host: the loop learns that every row is
     done one pass late (`AllDone`) and its length is otherwise bounded by counters it keeps itself.
     Proposers and models that read values on the host say so in their own code.
+
+    With a `feed`, a row that ends takes a waiting request's prompt at once and the call goes on while any
+    row decodes (`RowFeed`: each row's tokens go to the feed as it ends). The model must offer `admit`, the
+    proposer (if any) `admit` (`Proposer.joins`), and the noise must not be coupled; every step reads the
+    finished rows back to the host.
     """
     check(isinstance(max_new_tokens, int) and max_new_tokens >= 1, f"max_new_tokens must be an int >= 1, got {max_new_tokens}")
     loop = _Loop(model, config, sampling, max_new_tokens)
+    if feed is not None:
+        check(joins(model, config), "this method cannot take requests in the middle of a call")
+        check(prompt_tokens is not None, "a call that takes joining requests needs prompt_tokens")
+        loop.room += feed.reserve
     with DecodeCall(loop.device) as call:
         loop.start(call, inputs, seed, eos_token_id, prompt_tokens)
+        if feed is not None:
+            _decode_fed(loop, call, feed, max(map(len, prompt_tokens)) + feed.reserve)
+            return call.result(loop.out, max_new_tokens, loop.lengths)
         all_done = AllDone(loop.out.done.device)
         # every pass emits at least one token per unfinished row: the host's own bound on the passes
         for _ in range(max_new_tokens - (0 if loop.ahead else 1)):
@@ -82,6 +112,36 @@ def decode(model: DecoderModel, inputs: Any, config: LoopConfig, *, max_new_toke
     call.stats.deviation_per_row = loop.spent.tolist()
     call.stats.deviation = float(sum(call.stats.deviation_per_row))
     return call.result(loop.out, max_new_tokens, loop.lengths)
+
+
+def joins(model: DecoderModel, config: LoopConfig) -> bool:
+    """Whether a call of `config` on `model` can take requests as its rows end (`decode`'s `feed`)."""
+    return (hasattr(model, "admit") and not config.coupled and config.adaptive is None
+            and (config.proposer is None or config.proposer.joins))
+
+
+def _decode_fed(loop: _Loop, call: DecodeCall, feed: RowFeed, max_prompt: int) -> None:
+    """Decode while any row does, handing each row that ends to `feed` and starting it over on a waiting prompt."""
+    B = loop.out.done.shape[0]
+    check(len(feed.limits) == B and all(1 <= n <= loop.max_new for n in feed.limits),
+          f"feed.limits needs {B} values in [1, {loop.max_new}]")
+    loop.limit = torch.tensor(feed.limits, device=loop.out.count.device)
+    loop.out.done |= loop.out.count >= loop.limit
+    free: list[int] = []
+    for _ in itertools.count():
+        for row in feed.dropped():
+            loop.out.done[row] = True
+        done = loop.out.done.tolist()
+        for row in range(B):
+            if done[row] and row not in free:
+                tokens, passes = loop.out.row(row, int(loop.limit[row]))
+                feed.finished(row, tokens, passes)
+                free.append(row)
+        while free and (joining := feed.next(free[0], max_prompt)) is not None:
+            loop.admit(call, free.pop(0), *joining)
+        if len(free) == B:
+            return
+        loop.step(call)
 
 
 class _Drafted(NamedTuple):
@@ -110,6 +170,7 @@ class _Loop:
         self.skip_filler = self.rule == "greedy" and getattr(model, "skips_filler", False) and on_host(self.device)
         self.block = None       # (drafts, logits) of a prefill that also scored the first drafts
         self.lengths_chosen: DraftLengths | None = None     # adaptive drafting (set by `start`)
+        self.limit: int | Tensor = max_new                  # the most new tokens, of every row or each ([B])
         self.first_k = self.width                           # drafts the first pass asks for
 
     def start(self, call: DecodeCall, inputs: Any, seed: int, eos: int | None, prompts: list[list[int]] | None) -> None:
@@ -153,6 +214,23 @@ class _Loop:
         if self.proposer is not None and not self.ahead:
             with call.stats.timed("draft"):
                 self.proposer.start(inputs, self.room, self.context())
+            call.draft_passes(self.proposer.passes())
+
+    def admit(self, call: DecodeCall, row: int, prompt: list[int], limit: int) -> None:
+        """Row `row` (ended) starts over on `prompt`, for at most `limit` new tokens: its prefill, first token
+        and proposer; the other rows go on where they are."""
+        check(1 <= limit <= self.max_new, f"a joining row's most new tokens must be in [1, {self.max_new}]")
+        with call.prefill():
+            logits = self.model.admit(self.state, row, prompt)
+        token = _sample_first(logits[None], self.sampling, self.sampler)
+        self.pending = self.pending.clone()
+        self.pending[row] = token[0]
+        self.out.restart(row, token, call.stats.nfe, limit, prompt)
+        self.limit[row] = limit
+        self.spent[row] = 0.0
+        if self.proposer is not None:
+            with call.stats.timed("draft"):
+                self.proposer.admit(row, prompt, token)
             call.draft_passes(self.proposer.passes())
 
     def context(self) -> DraftContext:
@@ -253,7 +331,7 @@ class _Loop:
                 self.proposer.observe(ctx, verdict.num_accepted, nxt, target_probs, RowLists(lambda kept=kept, n=n: [
                     row[:c] for row, c in zip(kept.tolist(), n.tolist())], padded=kept))
             call.draft_passes(self.proposer.passes())
-        self.out.emit(kept, n, nxt, active, call.stats.nfe, self.max_new)
+        self.out.emit(kept, n, nxt, active, call.stats.nfe, self.limit)
         self.lengths.add(n + 1, active)
         if verdict.deviation is not None:
             self.spent += torch.where(active, verdict.deviation.to(dev), 0.0).double()

@@ -82,6 +82,13 @@ class HFCausalLM(nn.Module):
         state.logits = append_ragged(self, state, rows)
         return state
 
+    def admit(self, state: DecodeState, row: int, prompt: list[int]) -> Tensor:
+        """Run `prompt` into row `row` of `state` (a row whose decoding has ended; the others stay as they are):
+        the logits [V] of its first new token. How a request joins a call in progress (continuous batching)."""
+        alone = self.prefill([prompt], 0)
+        state.cache.take_row(row, alone.cache)
+        return alone.logits[0]
+
     @torch.inference_mode()
     def step(self, state: DecodeState, tokens: Tensor, positions: Tensor | None = None,
              tree_mask: Tensor | None = None) -> Tensor:

@@ -12,6 +12,7 @@ import torch
 from mmaccel.core.driver import listen_to_emission
 from mmaccel.core.methods import Method, Resources, build_method
 from mmaccel.core.sampling import Sampling
+from mmaccel.core.speculative import RowFeed
 from mmaccel.core.stats import DecodeStats
 from mmaccel.devices import check_same_device, resolve_device, resolve_dtype, use_cuda_graphs
 from mmaccel.errors import InputError, ModelNotFoundError, check
@@ -98,18 +99,21 @@ class TextPipeline:
 
     def generate_ids(self, ids: list[list[int]], method: str | Method = "ar", *, max_new_tokens: int = 64,
                      temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-                     on_tokens: Callable[[list[list[int]]], None] | None = None, **method_params) -> TextOutput:
+                     on_tokens: Callable[[list[list[int]]], None] | None = None, feed: RowFeed | None = None,
+                     **method_params) -> TextOutput:
         """`generate` on prompts already tokenized (`encode`, `encode_messages` or the tokenizer's own ids).
-        `on_tokens(rows)`, where given, hears each row's tokens so far after every decoding step (streaming)."""
+        `on_tokens(rows)`, where given, hears each row's tokens so far after every decoding step (streaming);
+        with `feed`, rows that end take waiting prompts (continuous batching: `mmaccel.core.speculative.RowFeed`)."""
         sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
         built = build_method(method, **method_params)
         check(isinstance(ids, list) and ids and all(isinstance(row, list) and row for row in ids),
               "ids must be a non-empty list of non-empty token id lists")
         limit = getattr(self.model.hf.config, "max_position_embeddings", None)
-        if limit is not None and max(map(len, ids)) + max_new_tokens > limit:
+        longest = max(map(len, ids)) + (0 if feed is None else feed.reserve)
+        if limit is not None and longest + max_new_tokens > limit:
             raise InputError(f"prompt + max_new_tokens exceeds the model's {limit} positions")
         with listen_to_emission(on_tokens) if on_tokens is not None else contextlib.nullcontext():
             gen = built.run(self.resources, ids, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
-                            eos_token_id=self.tokenizer.eos_token_id, prompt_tokens=ids)
+                            eos_token_id=self.tokenizer.eos_token_id, prompt_tokens=ids, feed=feed)
         texts = [self.tokenizer.decode(t, skip_special_tokens=True) for t in gen.tokens]
         return TextOutput(texts, gen.tokens, gen.stats, gen.commit_pass)

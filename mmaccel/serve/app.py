@@ -54,6 +54,7 @@ class ServeConfig:
     speech_method: str = "greedy"    # the method of a request that names none, by family
     image_method: str = "ar"
     text_method: str = "ar"
+    continuous: bool = True          # text requests join calls in progress (where the method can)
     pipelines: dict[str, Any] = field(default_factory=dict, repr=False)   # model id -> a loaded pipeline (tests)
 
 
@@ -95,8 +96,9 @@ class Server:
             self.image_sizes[m.id] = "{}x{}".format(*pipeline.generate([0], "ar", seed=0).images[0].size)  # warm-up
             return images.image_worker(m.id, pipeline, m.pipeline, max_rows=rows, max_queue=queue,
                                        on_call=lambda call: self.metrics.observe_call(call, None))
-        return text.text_worker(m.id, pipeline, max_rows=rows, max_queue=queue, on_call=lambda call: (
-            self.metrics.observe_call(call, text.passes_per_token(call.result[0]) if call.result else None)))
+        return text.text_worker(m.id, pipeline, max_rows=rows, max_queue=queue, continuous=self.config.continuous,
+                                on_call=lambda call: (
+            self.metrics.observe_call(call, text.passes_per_token(call.result))))
 
     def model(self, requested: str, family: str) -> str:
         """The served model id a request names (or an alias such as whisper-1)."""
@@ -114,8 +116,9 @@ class Server:
             worker.close()
 
 
-async def _await(request: Request, future: concurrent.futures.Future, timeout_s: float):
-    """The job's result, waiting at most `timeout_s`; a client that went away takes its job out of the queue."""
+async def _await(request: Request, future: concurrent.futures.Future, worker: ModelWorker, timeout_s: float):
+    """The job's result, waiting at most `timeout_s`; a client that went away takes its job out of the queue (or
+    frees its rows in a joining call: `ModelWorker.abandon`)."""
     waiting = asyncio.wrap_future(future)
     deadline = time.monotonic() + timeout_s
     while True:
@@ -123,10 +126,10 @@ async def _await(request: Request, future: concurrent.futures.Future, timeout_s:
         if done:
             return waiting.result()
         if await request.is_disconnected():
-            future.cancel()
+            worker.abandon(future)
             raise ClientGone
         if time.monotonic() > deadline:
-            future.cancel()
+            worker.abandon(future)
             raise HTTPException(504, f"the request took over {timeout_s:g} s")
 
 
@@ -213,8 +216,9 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
             data = await run_in_threadpool(speech.read_upload, upload)
         finally:
             await form.close()
-        future = server.workers[model].submit(parsed.options, data, speech.windows(data))
-        transcript = await _await(request, future, config.timeout_s)
+        worker = server.workers[model]
+        future = worker.submit(parsed.options, data, speech.windows(data))
+        transcript = await _await(request, future, worker, config.timeout_s)
         if transcript.error is not None:
             raise InputError(transcript.error)
         body, media = speech.render(parsed, transcript)
@@ -229,11 +233,11 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
         text.check_options(pipeline, parsed.options)
         ids = text.prompt_ids(pipeline, parsed)
         stream = text.TokenStream(asyncio.get_running_loop()) if parsed.stream else None
-        future = server.workers[model].submit(parsed.options, text.TextJob(ids, parsed.n, parsed.max_tokens, stream),
-                                              parsed.n)
+        worker = server.workers[model]
+        future = worker.submit(parsed.options, text.TextJob(ids, parsed.n, parsed.max_tokens, stream), parsed.n)
         if stream is None:
-            return JSONResponse(text.render(parsed, await _await(request, future, config.timeout_s), model))
-        return StreamingResponse(text.stream_events(parsed, model, future, stream, pipeline.tokenizer),
+            return JSONResponse(text.render(parsed, await _await(request, future, worker, config.timeout_s), model))
+        return StreamingResponse(text.stream_events(parsed, model, future, worker, stream, pipeline.tokenizer),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     @app.post("/v1/audio/transcriptions")
@@ -256,8 +260,9 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
               f"size {parsed.size!r} is not drawn by {model}: it draws {server.image_sizes[model]}")
         images.check_options(pipeline, parsed.options)
         label = images.label_of(pipeline, parsed.prompt)
-        future = server.workers[model].submit(parsed.options, (label, parsed.n), parsed.n)
-        return JSONResponse(images.render(parsed, await _await(request, future, config.timeout_s)))
+        worker = server.workers[model]
+        future = worker.submit(parsed.options, (label, parsed.n), parsed.n)
+        return JSONResponse(images.render(parsed, await _await(request, future, worker, config.timeout_s)))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

@@ -4,8 +4,10 @@ A request becomes a `Job`: its key (requests with equal keys can share one pipel
 parameters and options), its payload (an audio, a class label, a prompt) and its size in rows. The worker
 takes the oldest waiting job and every other waiting job with its key, up to `max_rows` rows, and runs them as
 one call of the model's pipeline (`run(key, payloads) -> results`, one per payload); a request that arrives
-while a call decodes waits for the next call. A job whose client went away before its call started is
-dropped; the queue is bounded (`QueueFull`, which the server answers with 429).
+while a call decodes waits for the next call. Where `joins(key)` says the pipeline can, a call instead takes
+waiting jobs of its key as its rows end (continuous batching: `run_joining(key, Joining)`, which hands each job
+its result as soon as its rows are done). A job whose client went away before its call started is dropped; the
+queue is bounded (`QueueFull`, which the server answers with 429).
 
 >>> worker = ModelWorker("whisper-base", lambda key, audios: asr.transcribe(audios, key).transcripts, max_rows=8)
 >>> future = worker.submit("greedy", audio)          # a concurrent.futures.Future of the transcript
@@ -39,6 +41,7 @@ class Job:
     rows: int = 1
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     enqueued: float = field(default_factory=time.perf_counter)
+    gone: bool = False              # its client went away while its call decodes (a joining call frees its rows)
 
 
 @dataclass
@@ -53,14 +56,41 @@ class Call:
     result: Any = None
 
 
+class Joining:
+    """What a call that takes requests while it decodes is handed: its jobs so far (`jobs`, the first ones
+    taken with it), `take` for the next waiting job of its key, `finish` to answer a job, and `busy`: the queue
+    was not empty when the model's previous call ended (a call may then open rows for requests to come)."""
+
+    def __init__(self, worker: ModelWorker, key: Hashable, jobs: list[Job], busy: bool):
+        self.worker, self.key, self.jobs, self.busy = worker, key, list(jobs), busy
+        self.answered: set[int] = set()
+
+    def take(self, fits: Callable[[Any], bool], most_waiting: int | None = None) -> Job | None:
+        """The oldest waiting job of the call's key whose payload `fits`, taken out of the queue; None when the
+        oldest waiting job is of another key (it goes first: the call takes no more), does not fit, or more than
+        `most_waiting` jobs wait (a narrow call leaves a crowd to a wider call of its own)."""
+        job = self.worker._take(self.key, fits, most_waiting)
+        if job is not None:
+            self.jobs.append(job)
+        return job
+
+    def finish(self, job: Job, result: Any) -> None:
+        self.answered.add(id(job))
+        job.future.set_result(result)
+
+
 class ModelWorker:
     """One thread that runs `run(key, payloads)` over batches of waiting jobs, oldest first (see the module doc).
     `on_call(call)` is told of every call (the server's metrics), from the worker's thread."""
 
     def __init__(self, name: str, run: Callable[[Hashable, list[Any]], list[Any]], *, max_rows: int = 8,
-                 max_queue: int = 64, on_call: Callable[[Call], None] | None = None):
+                 max_queue: int = 64, on_call: Callable[[Call], None] | None = None,
+                 joins: Callable[[Hashable], bool] | None = None,
+                 run_joining: Callable[[Hashable, Joining], None] | None = None):
         self.name, self.run, self.max_rows, self.max_queue = name, run, max_rows, max_queue
-        self.on_call = on_call
+        self.on_call, self.joins, self.run_joining = on_call, joins, run_joining
+        self._busy = False                  # jobs waited when the last call ended
+        self._joining: Joining | None = None    # the call in progress, where it takes joining jobs
         self._jobs: collections.deque[Job] = collections.deque()
         self._cond = threading.Condition()
         self._closing = False
@@ -89,12 +119,35 @@ class ModelWorker:
             self._cond.notify()
         return job.future
 
+    def abandon(self, future: concurrent.futures.Future) -> None:
+        """The client of `future`'s job went away: a waiting job leaves the queue, one in a joining call frees its
+        rows at the call's next step (a call of its own decodes on)."""
+        if future.cancel():
+            return
+        joining = self._joining
+        for job in [] if joining is None else list(joining.jobs):
+            if job.future is future:
+                job.gone = True
+
     def close(self, timeout: float | None = None) -> None:
         """Take no new jobs, finish the waiting ones and stop the thread."""
         with self._cond:
             self._closing = True
             self._cond.notify()
         self._thread.join(timeout)
+
+    def _take(self, key: Hashable, fits: Callable[[Any], bool], most_waiting: int | None) -> Job | None:
+        with self._cond:
+            if most_waiting is not None and len(self._jobs) > most_waiting:
+                return None
+            while self._jobs and self._jobs[0].key == key and not self._closing:
+                job = self._jobs[0]
+                if not fits(job.payload):
+                    return None
+                self._jobs.popleft()
+                if job.future.set_running_or_notify_cancel():      # else its client went away while it waited
+                    return job
+            return None
 
     def _next_batch(self) -> list[Job]:
         """The oldest live job and the other live jobs of its key, up to `max_rows` rows (the oldest always goes)."""
@@ -120,6 +173,9 @@ class ModelWorker:
                 batch = self._next_batch()
             if not batch:
                 continue
+            if self.joins is not None and self.run_joining is not None and self.joins(batch[0].key):
+                self._call_joining(batch)
+                continue
             start = time.perf_counter()
             try:
                 results = self.run(batch[0].key, [job.payload for job in batch])
@@ -130,8 +186,31 @@ class ModelWorker:
                     job.future.set_exception(err)
                 continue
             run_s = time.perf_counter() - start
+            with self._cond:
+                self._busy = bool(self._jobs)
             for job, result in zip(batch, results):
                 job.future.set_result(result)
             if self.on_call is not None:
                 self.on_call(Call(self.name, len(batch), sum(j.rows for j in batch),
                                   [start - j.enqueued for j in batch], run_s, results))
+
+    def _call_joining(self, batch: list[Job]) -> None:
+        """One call that takes waiting jobs of its key as its rows end; a job it did not answer gets its error."""
+        start = time.perf_counter()
+        joining = self._joining = Joining(self, batch[0].key, batch, self._busy)
+        try:
+            self.run_joining(batch[0].key, joining)
+            error: Exception | None = None
+        except Exception as err:                   # the call's error goes to its open requests; the worker goes on
+            error = err
+        self._joining = None
+        for job in joining.jobs:
+            if id(job) not in joining.answered and not job.future.done():
+                job.future.set_exception(error or RuntimeError(f"{self.name}: the call ended without this request's result"))
+        with self._cond:
+            self._busy = bool(self._jobs)
+        if self.on_call is not None and error is None:
+            answered = [j for j in joining.jobs if id(j) in joining.answered]
+            self.on_call(Call(self.name, len(joining.jobs), sum(j.rows for j in joining.jobs),
+                              [start - j.enqueued for j in batch], time.perf_counter() - start,
+                              [j.future.result() for j in answered]))

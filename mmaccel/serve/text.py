@@ -2,9 +2,13 @@
 server-sent events with `stream: true`, plus our `method` and `method_params` fields.
 
 Requests with equal options (method and parameters, temperature, top_p) share a call, `n` completions of a
-request taking `n` rows; the call decodes up to the largest `max_tokens` among them and each request keeps its
-own. A sampling request with a `seed` is decoded in a call of its own, so its text does not depend on other
-requests. A streamed request hears its rows' tokens after every decoding step of the call, whatever the method
+request taking `n` rows. With a method that can (plain decoding, a draft model, prompt lookup: `Method.joins`),
+a request that arrives while a call decodes joins it at the next step where a row has ended, and each request is
+answered as soon as its own rows end (continuous batching over the core's per-row cache: `RowFeed`); a call
+started while requests were queueing opens all `max_rows` rows for those to come. Other methods decode each
+call's requests to the end together (up to the largest `max_tokens` among them, each request keeping its own).
+A sampling request with a `seed` is decoded in a call of its own, so its text does not depend on other requests.
+A streamed request hears its rows' tokens after every decoding step, whatever the method
 (`mmaccel.core.driver.listen_to_emission`): a speculative method sends several tokens a step.
 """
 
@@ -21,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mmaccel.errors import check
-from mmaccel.serve.batching import ModelWorker
+from mmaccel.serve.batching import Job, Joining, ModelWorker
 from mmaccel.serve.fields import check_fields, method_params, number, optional_int, optional_str, params_of, positive_int
 
 COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "seed", "stop", "user",
@@ -29,6 +33,7 @@ COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_
 FIELDS = {"completion": COMMON | {"prompt", "echo"}, "chat": COMMON | {"messages", "max_completion_tokens"}}
 DEFAULT_MAX_TOKENS = {"completion": 16, "chat": 256}      # OpenAI's 16 for completions; chat: a CPU-sized cap
 MOST_TOKENS = 4096
+JOIN_PROMPT_TOKENS = 512    # cache room a call keeps for joining prompts beyond its first rows' longest
 _ALONE = itertools.count()
 
 
@@ -77,8 +82,7 @@ class Choice:
 class TextResult:
     choices: list[Choice]
     prompt_tokens: int
-    passes: int                     # target passes of the call (shared by its rows)
-    call_tokens: int                # tokens the call generated, all rows
+    passes: int                     # target passes that committed its tokens (summed over its rows)
 
 
 @dataclass
@@ -176,9 +180,20 @@ def _choice(tokens: list[int], max_tokens: int, eos: int | None, tokenizer) -> C
     return Choice(tokens, tokenizer.decode(tokens, skip_special_tokens=True), "stop" if ended else "length")
 
 
-def text_worker(name: str, pipeline, *, max_rows: int, max_queue: int, on_call) -> ModelWorker:
-    """The worker that decodes one text model's requests: a call per batch of requests with equal options."""
+def _passes(commits: list[int]) -> int:
+    """Target passes that committed a row's tokens (tokens of one pass came from accepted drafts)."""
+    return len(set(commits))
+
+
+def text_worker(name: str, pipeline, *, max_rows: int, max_queue: int, on_call, continuous: bool = True) -> ModelWorker:
+    """The worker that decodes one text model's requests: continuous batching where the method can (and
+    `continuous`), else a call per batch of requests with equal options."""
     eos = pipeline.tokenizer.eos_token_id
+
+    def generate(options: TextOptions, rows: list[list[int]], max_new: int, tell=None, feed=None):
+        return pipeline.generate_ids(rows, options.method, max_new_tokens=max_new, temperature=options.temperature,
+                                     top_p=options.top_p, seed=options.seed, on_tokens=tell, feed=feed,
+                                     **dict(options.params))
 
     def run(options: TextOptions, jobs: list[TextJob]) -> list[TextResult]:
         rows = [job.ids for job in jobs for _ in range(job.n)]
@@ -190,19 +205,102 @@ def text_worker(name: str, pipeline, *, max_rows: int, max_queue: int, on_call) 
                     job.stream.push([row[:job.max_tokens] for row in tokens[start:start + job.n]])
 
         streamed = any(job.stream is not None for job in jobs)
-        out = pipeline.generate_ids(rows, options.method, max_new_tokens=max(job.max_tokens for job in jobs),
-                                    temperature=options.temperature, top_p=options.top_p, seed=options.seed,
-                                    on_tokens=tell if streamed else None, **dict(options.params))
-        tokens = sum(len(t) for t in out.tokens)
+        out = generate(options, rows, max(job.max_tokens for job in jobs), tell if streamed else None)
+        commits = out.commit_pass or [[i for i, _ in enumerate(t)] for t in out.tokens]
         return [TextResult([_choice(t, job.max_tokens, eos, pipeline.tokenizer)
-                            for t in out.tokens[start:start + job.n]], len(job.ids), out.stats.nfe, tokens)
+                            for t in out.tokens[start:start + job.n]], len(job.ids),
+                           sum(_passes(c) for c in commits[start:start + job.n]))
                 for job, start in zip(jobs, starts)]
 
-    return ModelWorker(name, run, max_rows=max_rows, max_queue=max_queue, on_call=on_call)
+    def joins(options: TextOptions) -> bool:
+        from mmaccel.core.methods import build_method
+
+        return options.temperature == 0.0 and build_method(options.method, **dict(options.params)).joins(
+            pipeline.resources)
+
+    def run_joining(options: TextOptions, joining: Joining) -> None:
+        JoinedCall(pipeline, eos, joining, max_rows).run(lambda *a, **k: generate(options, *a, **k))
+
+    return ModelWorker(name, run, max_rows=max_rows, max_queue=max_queue, on_call=on_call,
+                       joins=joins if continuous else None, run_joining=run_joining)
 
 
-def passes_per_token(result: TextResult) -> float | None:
-    return round(result.passes / result.call_tokens, 4) if result.call_tokens else None
+class JoinedCall:
+    """One continuous-batching call: the rows of the jobs it holds (row -> job and choice), the feed the decode
+    loop asks for joining prompts (`mmaccel.core.speculative.RowFeed`), each job answered when its rows end."""
+
+    def __init__(self, pipeline, eos: int | None, joining: Joining, max_rows: int):
+        self.pipeline, self.eos, self.joining, self.max_rows = pipeline, eos, joining, max_rows
+        self.table: dict[int, tuple[Job, int]] = {}              # row -> (job, choice index)
+        self.waiting: list[tuple[Job, int]] = []                 # rows of a taken job not placed yet
+        self.choices: dict[int, list[Choice | None]] = {}        # id(job) -> its choices so far
+        self.passes: dict[int, int] = {}
+        first = [(job, i) for job in joining.jobs for i in range(job.payload.n)]
+        spare = max(0, max_rows - len(first)) if joining.busy else 0     # rows opened for requests to come
+        self.rows = [job.payload.ids for job, _ in first] + [[eos if eos is not None else 0]] * spare
+        self.limits = [job.payload.max_tokens for job, _ in first] + [1] * spare
+        self.max_new = max(job.payload.max_tokens for job in joining.jobs)
+        self.table = dict(enumerate(first))
+        for job in joining.jobs:
+            self._open(job)
+        self.reserve = JOIN_PROMPT_TOKENS
+
+    def _open(self, job: Job) -> None:
+        self.choices[id(job)] = [None] * job.payload.n
+        self.passes[id(job)] = 0
+
+    def run(self, generate) -> None:
+        generate(self.rows, self.max_new, self.tell, self)        # a joining request may stream: every step is heard
+
+    # ---- RowFeed --------------------------------------------------------------------------------
+
+    def finished(self, row: int, tokens: list[int], passes: list[int]) -> None:
+        if row not in self.table:                   # a spare row (opened empty)
+            return
+        job, i = self.table.pop(row)
+        choices = self.choices[id(job)]
+        choices[i] = _choice(tokens, job.payload.max_tokens, self.eos, self.pipeline.tokenizer)
+        self.passes[id(job)] += _passes(passes)
+        if all(c is not None for c in choices):
+            self.joining.finish(job, TextResult(choices, len(job.payload.ids), self.passes[id(job)]))
+
+    def next(self, row: int, max_prompt: int) -> tuple[list[int], int] | None:
+        if not self.waiting:
+            narrow = len(self.rows) < self.max_rows          # opened while idle: a crowd waits for a wider call
+            job = self.joining.take(lambda p: len(p.ids) <= max_prompt and p.max_tokens <= self.max_new,
+                                    1 if narrow else None)
+            if job is None:
+                return None
+            self._open(job)
+            self.waiting = [(job, i) for i in range(job.payload.n)]
+        job, i = self.table[row] = self.waiting.pop(0)
+        return job.payload.ids, job.payload.max_tokens
+
+    def dropped(self) -> list[int]:
+        gone = [row for row, (job, _) in self.table.items() if job.gone]
+        for row in gone:
+            del self.table[row]
+        self.waiting = [(job, i) for job, i in self.waiting if not job.gone]
+        return gone
+
+    # ---- streaming ------------------------------------------------------------------------------
+
+    def tell(self, tokens: list[list[int]]) -> None:
+        """Each streamed job's rows' tokens so far (a row that ended: its choice's; one not placed yet: none)."""
+        streamed: dict[int, tuple[Job, dict[int, list[int]]]] = {}
+        for row, (job, i) in self.table.items():
+            if job.payload.stream is not None:
+                streamed.setdefault(id(job), (job, {}))[1][i] = tokens[row]
+        for job, seen in streamed.values():
+            done = self.choices[id(job)]
+            job.payload.stream.push([seen.get(j, done[j].tokens if done[j] is not None else [])
+                                     for j in range(job.payload.n)])
+
+
+def passes_per_token(results: list[TextResult]) -> float | None:
+    """Target passes per generated token of requests' completions (1 for plain decoding)."""
+    tokens = sum(len(c.tokens) for r in results for c in r.choices)
+    return round(sum(r.passes for r in results) / tokens, 4) if tokens else None
 
 
 def _usage(request: TextRequest, result: TextResult) -> dict:
@@ -213,7 +311,7 @@ def _usage(request: TextRequest, result: TextResult) -> dict:
 
 def _ours(request: TextRequest, result: TextResult) -> dict:
     return {"method": request.options.method, "params": dict(request.options.params),
-            "target_passes_per_token": passes_per_token(result)}
+            "target_passes_per_token": passes_per_token([result])}
 
 
 def render(request: TextRequest, result: TextResult, model: str) -> dict:
@@ -258,10 +356,21 @@ def _event(payload: dict | str) -> str:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
 
 
-async def stream_events(request: TextRequest, model: str, future: concurrent.futures.Future, stream: TokenStream,
-                        tokenizer) -> AsyncIterator[str]:
+async def stream_events(request: TextRequest, model: str, future: concurrent.futures.Future, worker: ModelWorker,
+                        stream: TokenStream, tokenizer) -> AsyncIterator[str]:
     """The server-sent events of a streamed request: a chunk per row each step that added text, a last chunk per
-    row with its finish reason, the usage where asked, then `[DONE]`. A call that fails sends an error event."""
+    row with its finish reason, the usage where asked, then `[DONE]`. A call that fails sends an error event; a
+    client that goes away mid-stream gives its rows up (`ModelWorker.abandon`)."""
+    try:
+        async for event in _events(request, model, future, stream, tokenizer):
+            yield event
+    finally:
+        if not future.done():
+            worker.abandon(future)
+
+
+async def _events(request: TextRequest, model: str, future: concurrent.futures.Future, stream: TokenStream,
+                  tokenizer) -> AsyncIterator[str]:
     head = _head(request, model, chunk=True)
     chat = request.kind == "chat"
 

@@ -53,3 +53,62 @@ def test_missing_checkpoint_paths(tmp_path):
         TextPipeline.from_pretrained(str(tmp_path))
     with pytest.raises(ModelNotFoundError, match="unknown built-in"):
         TextPipeline.from_pretrained("builtin:gpt-17")
+
+
+class Feed:
+    """A RowFeed over `prompts` (prompt ids, most new tokens): the first `first` take the call's rows, the rest
+    join as rows end; `drop` names prompts whose rows end at the next step after they are placed."""
+
+    reserve = 8
+
+    def __init__(self, prompts, first, drop=()):
+        self.prompts, self.drop = prompts, set(drop)
+        self.limits = [n for _, n in prompts[:first]]
+        self.rows = dict(enumerate(range(first)))          # row -> prompt index
+        self.queue, self.out, self.placed = list(range(first, len(prompts))), {}, []
+
+    def finished(self, row, tokens, passes):
+        if row in self.rows:
+            self.out[self.rows.pop(row)] = tokens
+
+    def next(self, row, max_prompt):
+        if not self.queue:
+            return None
+        j = self.queue.pop(0)
+        self.rows[row] = j
+        self.placed.append((j, row))
+        return self.prompts[j]
+
+    def dropped(self):
+        gone = [row for row, j in self.rows.items() if j in self.drop]
+        for row in gone:
+            del self.rows[row]
+        return gone
+
+
+@pytest.mark.parametrize("method, params", [("ar", {}), ("speculative", {"k": 3}), ("ngram", {}),
+                                            ("early-exit", {"exit_layer": 1})])
+def test_requests_joining_a_call_as_rows_end_get_what_they_get_alone(pipe, method, params):
+    texts = ["the cat sat on the mat", "a dog ran", "the red mat", "go away dog", "a blue cat ran far", "stop"]
+    prompts = [(ids, n) for ids, n in zip(pipe.encode(texts), [12, 3, 7, 5, 9, 2])]
+    alone = [pipe.generate_ids([ids], method, max_new_tokens=n, **params).tokens[0] for ids, n in prompts]
+    feed = Feed(prompts, first=2)
+    pipe.generate_ids([ids for ids, _ in prompts[:2]], method, max_new_tokens=12, feed=feed, **params)
+    assert [feed.out[j] for j in range(len(prompts))] == alone
+    assert feed.placed[0] == (2, 1)             # the second row ended first (3 tokens) and took the next prompt
+
+
+def test_a_dropped_row_ends_and_its_place_is_taken(pipe):
+    prompts = [(ids, 12) for ids in pipe.encode(["the cat sat on the mat", "a dog ran", "the red mat"])]
+    feed = Feed(prompts, first=2, drop={0})
+    pipe.generate_ids([ids for ids, _ in prompts[:2]], "ar", max_new_tokens=12, feed=feed)
+    assert 0 not in feed.out and feed.placed == [(2, 0)]        # row 0 ended at once, the third prompt took it
+    assert feed.out[2] == pipe.generate_ids([prompts[2][0]], "ar", max_new_tokens=12).tokens[0]
+
+
+def test_methods_that_cannot_take_joining_requests_say_so(pipe):
+    ids = pipe.encode(["the cat"])
+    with pytest.raises(InputError, match="cannot take requests in the middle of a call"):
+        pipe.generate_ids(ids, "sjd", max_new_tokens=4, feed=Feed([(ids[0], 4)], first=1))
+    with pytest.raises(InputError, match="cannot take requests in the middle of a call"):
+        pipe.generate_ids(ids, "ar", max_new_tokens=4, coupled=True, feed=Feed([(ids[0], 4)], first=1))

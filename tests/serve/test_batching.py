@@ -87,3 +87,76 @@ def test_closing_finishes_what_waits_and_takes_nothing_new():
     rec.release.set()
     closer.join(WAIT_S)
     assert not closer.is_alive() and waiting.result(0) == "a:1" and first.result(0) == "a:0"
+
+
+class Joiner:
+    """A stand-in joining call for key "j": answers its first jobs, then (after `go`) takes waiting jobs one by
+    one, answering each before taking the next; records each call's jobs and whether it was opened busy."""
+
+    def __init__(self, most_waiting=None):
+        self.calls, self.go, self.taking = [], threading.Event(), threading.Event()
+        self.most_waiting, self.answered_early = most_waiting, []
+
+    def __call__(self, key, joining):
+        jobs = list(joining.jobs)
+        self.calls.append(([j.payload for j in jobs], joining.busy))
+        for job in jobs:
+            joining.finish(job, f"{key}:{job.payload}")
+        self.taking.set()
+        assert self.go.wait(WAIT_S)
+        while (job := joining.take(lambda payload: payload != "too big", self.most_waiting)) is not None:
+            if job.gone:
+                continue
+            joining.finish(job, f"{key}:{job.payload}")
+            self.answered_early.append(job.future.done())
+            self.calls[-1][0].append(job.payload)
+
+
+def _joining(joiner, **kw):
+    rec = Recorder()
+    rec.release.set()                                           # calls of other keys run through
+    worker = ModelWorker("m", rec, joins=lambda key: key == "j", run_joining=joiner, **kw)
+    return worker, rec
+
+
+def test_a_joining_call_takes_waiting_jobs_of_its_key_and_answers_each_at_once():
+    joiner = Joiner()
+    worker, rec = _joining(joiner)
+    first = worker.submit("j", 0)
+    assert joiner.taking.wait(WAIT_S) and first.result(WAIT_S) == "j:0"     # answered while its call goes on
+    later = [worker.submit("j", 1), worker.submit("j", 2), worker.submit("j", "too big"), worker.submit("j", 3)]
+    joiner.go.set()
+    assert [f.result(WAIT_S) for f in later] == ["j:1", "j:2", "j:too big", "j:3"]
+    worker.close(WAIT_S)
+    # the call took 1 and 2 as they came; "too big" did not fit it and went to a call of its own, with 3 behind it
+    assert joiner.calls[0] == ([0, 1, 2], False) and joiner.calls[1] == (["too big", 3], True)
+    assert all(joiner.answered_early) and rec.calls == []
+
+
+def test_a_joining_call_leaves_older_jobs_of_other_keys_and_crowds_to_wider_calls():
+    joiner = Joiner(most_waiting=1)
+    worker, rec = _joining(joiner)
+    worker.submit("j", 0)
+    assert joiner.taking.wait(WAIT_S)
+    jobs = [worker.submit("x", 1), worker.submit("j", 2), worker.submit("j", 3)]
+    joiner.go.set()
+    assert [f.result(WAIT_S) for f in jobs] == ["x:1", "j:2", "j:3"]
+    worker.close(WAIT_S)
+    # x waited longest: the first call took no more; then three waited, more than the narrow call takes: the
+    # two j jobs got a call of their own, opened busy
+    assert joiner.calls == [([0], False), ([2, 3], True)] and rec.calls == [("x", [1])]
+
+
+def test_abandoning_a_job_in_a_joining_call_marks_it_gone():
+    joiner = Joiner()
+    worker, _ = _joining(joiner)
+    worker.submit("j", 0)
+    assert joiner.taking.wait(WAIT_S)
+    waiting, running = worker.submit("x", 1), None
+    worker.abandon(waiting)                                   # still queued: it just leaves
+    assert waiting.cancelled()
+    running = worker._joining.jobs[0]
+    worker.abandon(running.future)                            # answered already: nothing changes but the flag
+    assert running.gone
+    joiner.go.set()
+    worker.close(WAIT_S)

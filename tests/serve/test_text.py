@@ -74,7 +74,7 @@ def test_sixteen_requests_decoded_together_return_what_each_returns_alone(client
         until(lambda: worker.depth == len(rest))
         gated.hold.set()
         together = [f.result(WAIT_S).json() for f in [first, *rest]]
-    assert gated.batches == [1, 15]           # the fifteen waiting requests shared one call
+    assert gated.batches == [1, 16]           # the fifteen waiting requests shared one call (and a spare row)
     for body, tokens, answer in zip(requests, alone, together):
         choice = answer["choices"][0]
         want = smollm2.tokenizer.decode(tokens, skip_special_tokens=True)
@@ -176,3 +176,71 @@ def test_the_official_openai_client(gated):
         assert completion.choices[0].text and completion.choices[0].finish_reason in ("stop", "length")
         with pytest.raises(openai.BadRequestError, match="stop sequences are not supported"):
             client.chat.completions.create(model=MODEL, messages=messages, stop=["."])
+
+
+class Stepped:
+    """The pipeline, calling `on_step(call, step)` after every decoding step of its calls (numbered from 1)."""
+
+    def __init__(self, pipeline, on_step):
+        self.pipeline, self.on_step, self.calls = pipeline, on_step, []
+
+    def generate_ids(self, rows, *args, on_tokens=None, **kwargs):
+        self.calls.append(len(rows))
+        call, steps = len(self.calls), iter(range(1, 10**6))
+
+        def heard(tokens):
+            self.on_step(call, next(steps))
+            if on_tokens is not None:
+                on_tokens(tokens)
+
+        return self.pipeline.generate_ids(rows, *args, on_tokens=heard, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.pipeline, name)
+
+
+def test_a_request_joins_a_call_in_progress_and_is_answered_while_it_decodes(smollm2):
+    """The second call holds at its first step until a third request queues, and at its 20th until that request
+    has been answered: the request joined the call in progress (its spare row) and left before the call ended."""
+    import threading
+
+    queued, answered = threading.Event(), threading.Event()
+    bodies = {name: _chat(q, max_tokens=n) for name, q, n in (
+        ("first", "Say hello.", 2), ("long", "Tell me a long story about a brave cat.", 40),
+        ("short", "Name a colour.", 6), ("joiner", "What is two plus two?", 6))}
+    alone = {name: client_free_answer(smollm2, body) for name, body in bodies.items()}
+    assert len(alone["long"]) > 30                       # the long row decodes past the 20th step
+
+    def on_step(call, step):
+        if call == 1 and step == 1:
+            until(lambda: worker.depth == 2)             # long and short wait behind the first call
+        if call == 2 and step == 1:
+            assert queued.wait(WAIT_S)
+        if call == 2 and step == 20:
+            assert answered.wait(WAIT_S), "the joining request was not answered while its call decoded"
+
+    stepped = Stepped(smollm2, on_step)
+    app = create_app(ServeConfig(models=(MODEL,), pipelines={MODEL: stepped}, max_rows=4))
+    with TestClient(app, raise_server_exceptions=False) as client, ThreadPoolExecutor(4) as pool:
+        worker = client.app.state.server.workers[MODEL]
+        post = lambda name: client.post("/v1/chat/completions", json=bodies[name]).json()  # noqa: E731
+        first = pool.submit(post, "first")
+        until(lambda: stepped.calls)
+        long, short = pool.submit(post, "long"), pool.submit(post, "short")
+        until(lambda: len(stepped.calls) == 2)
+        joiner = pool.submit(post, "joiner")
+        until(lambda: worker.depth == 1)
+        queued.set()
+        got = joiner.result(WAIT_S)
+        answered.set()
+        answers = {"first": first.result(WAIT_S), "long": long.result(WAIT_S), "short": short.result(WAIT_S),
+                   "joiner": got}
+    assert stepped.calls == [1, 4]                       # the second call: long, short and two spare rows
+    for name, answer in answers.items():
+        want = smollm2.tokenizer.decode(alone[name], skip_special_tokens=True)
+        assert answer["choices"][0]["message"]["content"] == want, name
+
+
+def client_free_answer(pipeline, body) -> list[int]:
+    ids = pipeline.encode_messages(body["messages"])
+    return pipeline.generate_ids([ids], "ar", max_new_tokens=body["max_tokens"]).tokens[0]
