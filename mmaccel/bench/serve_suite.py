@@ -251,3 +251,91 @@ def memory_markdown(doc: dict) -> str:
     rows = zip(doc["trend"]["requests"], doc["trend"]["rss_mb"])
     return "\n".join(["| requests answered | resident memory (MB) |", "|---|---|", f"| 0 (after warm-up) | "
                       f"{doc['rss_mb_after_warm_up']} |", *(f"| {n} | {mb} |" for n, mb in rows)])
+
+
+TEXT_MODEL, TEXT_MAX_TOKENS, TEXT_DURATION_S, QUICK_TEXT_DURATION_S = "smollm2-135m-instruct", 48, 60.0, 10.0
+QUESTIONS = ("Name a colour.", "What is two plus two?", "Say hello to a friend.", "Name a river in Europe.",
+             "What is the capital of France?", "Give one word for happy.", "Count to five.", "Name a fruit.",
+             "Describe the sea in one sentence.", "Why is the sky blue?", "Name three animals.",
+             "What day comes after Monday?", "Write a short greeting.", "What is a cat?", "Name a planet.",
+             "Tell me a fun fact.")
+
+
+async def chat_load(url: str, clients: int, duration_s: float) -> list[dict]:
+    """`clients` tasks sending the questions round-robin (greedy, `TEXT_MAX_TOKENS` each) for `duration_s`."""
+    import httpx
+
+    records: list[dict] = []
+    stop = time.perf_counter() + duration_s
+
+    async def client(c: int, http: httpx.AsyncClient) -> None:
+        i = c
+        while True:
+            question = QUESTIONS[i % len(QUESTIONS)]
+            t0 = time.perf_counter()
+            r = await http.post(f"{url}/v1/chat/completions", json={
+                "model": TEXT_MODEL, "messages": [{"role": "user", "content": question}], "temperature": 0,
+                "max_tokens": TEXT_MAX_TOKENS})
+            body = r.json() if r.status_code == 200 else {}
+            records.append({"latency_s": time.perf_counter() - t0, "status": r.status_code, "question": question,
+                            "text": body["choices"][0]["message"]["content"] if body else "",
+                            "tokens": body["usage"]["completion_tokens"] if body else 0})
+            i += clients
+            if time.perf_counter() >= stop:
+                return
+
+    async with httpx.AsyncClient(timeout=600) as http:
+        await asyncio.gather(*(client(c, http) for c in range(clients)))
+    return records
+
+
+def run_text_serve_bench(quick: bool = False, log: Callable[[str], None] = print) -> dict:
+    """`mmaccel bench serve-text`: chat completions under concurrent clients, with continuous batching (requests
+    join calls in progress) against call-level batching (a request waits for the next call); greedy, so every
+    answer must be the text the question gets alone."""
+    import torch
+
+    from mmaccel.lm.pipeline import TextPipeline
+    from mmaccel.serve.app import ServeConfig, create_app
+
+    pipeline = TextPipeline.from_pretrained("builtin:smollm2")
+    alone = {q: pipeline.generate([q], max_new_tokens=TEXT_MAX_TOKENS).texts[0] for q in QUESTIONS}
+    concurrency, duration = (QUICK_CONCURRENCY, QUICK_TEXT_DURATION_S) if quick else (CONCURRENCY, TEXT_DURATION_S)
+    rows = []
+    for name, continuous in (("continuous", True), ("per-call", False)):
+        app = create_app(ServeConfig(models=(TEXT_MODEL,), pipelines={TEXT_MODEL: pipeline}, max_queue=256,
+                                     continuous=continuous))
+        with Served(app) as served:
+            asyncio.run(chat_load(served.url, 1, 0.0))                          # warm-up: one request
+            for clients in concurrency:
+                t0 = time.perf_counter()
+                records = asyncio.run(chat_load(served.url, clients, duration))
+                wall = time.perf_counter() - t0
+                ok = [r for r in records if r["status"] == 200]
+                latency = sorted(r["latency_s"] for r in ok) or [0.0]
+                rows.append({"batching": name, "clients": clients, "requests": len(records),
+                             "failed": len(records) - len(ok), "wall_s": round(wall, 2),
+                             "requests_per_s": round(len(ok) / wall, 3),
+                             "tokens_per_s": round(sum(r["tokens"] for r in ok) / wall, 2),
+                             "p50_s": round(statistics.median(latency), 3),
+                             "p95_s": round(float(np.percentile(latency, 95)), 3),
+                             "same_as_alone": sum(r["text"] == alone[r["question"]] for r in ok) / max(1, len(ok))})
+                log(f"[serve-text] {rows[-1]}")
+    return {"suite": "serve-text", "date": dt.date.today().isoformat(), "device": device_name(torch.device("cpu")),
+            "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "config": {"model": TEXT_MODEL, "duration_s": duration, "concurrency": list(concurrency), "quick": quick,
+                       "max_tokens": TEXT_MAX_TOKENS, "method": "ar", "temperature": 0, "max_rows": 8,
+                       "questions": len(QUESTIONS)},
+            "results": rows}
+
+
+def text_markdown(doc: dict) -> str:
+    lines = ["| batching | clients | requests | requests/s | tokens/s | × one at a time | p50 (s) | p95 (s) | "
+             "same text as alone |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in doc["results"]:
+        base = next(b for b in doc["results"] if b["batching"] == r["batching"] and b["clients"] == 1)
+        ratio = r["requests_per_s"] / base["requests_per_s"] if base["requests_per_s"] else 0.0
+        lines.append(f"| {r['batching']} | {r['clients']} | {r['requests']} | {r['requests_per_s']:.2f} | "
+                     f"{r['tokens_per_s']:.1f} | {ratio:.2f} | {r['p50_s']:.2f} | {r['p95_s']:.2f} | "
+                     f"{100 * r['same_as_alone']:.0f} % |")
+    return "\n".join(lines)

@@ -158,6 +158,15 @@ def _run_serve_memory(args: argparse.Namespace) -> BenchRun:
                   f"{doc['wall_s']} s\n\n{memory_markdown(doc)}"))
 
 
+def _run_serve_text(args: argparse.Namespace) -> BenchRun:
+    from mmaccel.bench.serve_suite import run_text_serve_bench, text_markdown
+
+    doc = run_text_serve_bench(quick=args.quick, log=say)
+    return BenchRun(doc, text_markdown(doc), lambda out: _write_document(
+        doc, out, f"# Benchmark `serve-text`\n\n`{doc['command']}`\n\n{doc['device']}, {doc['threads']} threads, "
+                  f"{doc['date']}\n\nConfig: `{json.dumps(doc['config'])}`\n\n{text_markdown(doc)}"))
+
+
 def suites() -> dict[str, BenchSuite]:
     """The table: the harness suites (their options are their builders' parameters), then image-fid and kernels."""
     from mmaccel.bench import SUITES
@@ -179,6 +188,9 @@ def suites() -> dict[str, BenchSuite]:
     # serve: `mmaccel serve` under concurrent clients, against one request at a time and faster-whisper
     table["serve"] = BenchSuite(takes=("quick",), records=("quick", "threads"), refusal=_takes_only, run=_run_serve,
                                 default_out=lambda args: f"serve/serve{'-quick' if args.quick else ''}.json")
+    table["serve-text"] = BenchSuite(takes=("quick",), records=("quick", "threads"), refusal=_takes_only,
+                                     run=_run_serve_text,
+                                     default_out=lambda args: f"serve/text{'-quick' if args.quick else ''}.json")
     table["serve-memory"] = BenchSuite(takes=("quick",), records=("quick", "threads"), refusal=_takes_only,
                                        run=_run_serve_memory,
                                        default_out=lambda args: f"serve/memory{'-quick' if args.quick else ''}.json")

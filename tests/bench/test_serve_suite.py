@@ -5,7 +5,7 @@ import asyncio
 
 from fastapi import FastAPI, Request
 
-from mmaccel.bench.serve_suite import Served, _point, load, markdown, memory_trend
+from mmaccel.bench.serve_suite import Served, _point, load, markdown, memory_trend, text_markdown
 
 
 def test_each_client_sends_at_least_one_request_and_records_it():
@@ -48,3 +48,11 @@ def test_the_table_compares_each_point_with_one_request_at_a_time():
     table = markdown({"results": rows})
     assert "| a | 4 | 10 | 5.00 | 15.00 | 2.50 |" in table and "| b | 1 | 10 | 1.00 | 3.00 | 1.00 |" in table
     assert table.splitlines()[0].endswith("memory after (MB) |")
+
+
+def test_the_text_table_compares_each_batching_with_its_own_lone_requests():
+    rows = [{"batching": b, "clients": c, "requests": 9, "requests_per_s": rps, "tokens_per_s": rps * 40,
+             "p50_s": 1.0, "p95_s": 2.0, "same_as_alone": same}
+            for b, c, rps, same in (("continuous", 1, 1.0, 1.0), ("continuous", 16, 3.0, 1.0), ("per-call", 1, 1.0, 0.5))]
+    table = text_markdown({"results": rows})
+    assert "| continuous | 16 | 9 | 3.00 | 120.0 | 3.00 |" in table and table.endswith("| 50 % |")
