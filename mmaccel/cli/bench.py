@@ -238,7 +238,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def add_parser(subparsers) -> None:
     b = subparsers.add_parser("bench", help="run a benchmark suite (or `report` to refresh the README tables)")
     b.add_argument("suite", help="core | image | image-scale | image-continuous | image-fid | asr | asr-stream | asr-nar | "
-                                 "ctc | video | kernels | asr-stream | serve | report")
+                                 "ctc | video | kernels | serve | serve-text | serve-memory | report")
     b.add_argument("--quick", action="store_true", help="reduced run (same code path, fewer samples)")
     add_out_option(b, "JSON path (Markdown and PNG are written beside it)")
     b.add_argument("--methods", help="comma-separated methods, e.g. 'speculative:k=6,ngram'")

@@ -5,7 +5,7 @@ Requests with equal options (method and parameters, temperature, top_p) share a 
 request taking `n` rows. With a method that can (plain decoding, a draft model, prompt lookup: `Method.joins`),
 a request that arrives while a call decodes joins it at the next step where a row has ended, and each request is
 answered as soon as its own rows end (continuous batching over the core's per-row cache: `RowFeed`); a call
-started while requests were queueing opens all `max_rows` rows for those to come. Other methods decode each
+started while requests were queueing opens as many rows again (up to `max_rows`) for those to come. Other methods decode each
 call's requests to the end together (up to the largest `max_tokens` among them, each request keeping its own).
 A sampling request with a `seed` is decoded in a call of its own, so its text does not depend on other requests.
 A streamed request hears its rows' tokens after every decoding step, whatever the method
@@ -236,7 +236,9 @@ class JoinedCall:
         self.choices: dict[int, list[Choice | None]] = {}        # id(job) -> its choices so far
         self.passes: dict[int, int] = {}
         first = [(job, i) for job in joining.jobs for i in range(job.payload.n)]
-        spare = max(0, max_rows - len(first)) if joining.busy else 0     # rows opened for requests to come
+        # rows opened for requests to come: as many again as the call starts with (up to max_rows) when requests
+        # were queueing, none on an idle server (on a CPU each step computes every row, an empty one too)
+        spare = min(max_rows - len(first), len(first)) if joining.busy else 0
         self.rows = [job.payload.ids for job, _ in first] + [[eos if eos is not None else 0]] * spare
         self.limits = [job.payload.max_tokens for job, _ in first] + [1] * spare
         self.max_new = max(job.payload.max_tokens for job in joining.jobs)
