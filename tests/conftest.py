@@ -60,16 +60,30 @@ def tiny_lm_dir(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="session")
-def tiny_en_asr():
-    """The builtin Whisper tiny.en in an ASRPipeline (skipped when its weight package is missing)."""
+def installed(load, what: str):
+    """`load()`, or the test skipped when the package that carries the weights of `what` is missing."""
     from mmaccel.errors import ModelNotFoundError
-    from mmaccel.speech.pipeline import ASRPipeline
 
     try:
-        return ASRPipeline.from_pretrained("builtin:tiny.en")
+        return load()
     except ModelNotFoundError as err:
-        pytest.skip(f"Whisper tiny.en not installed: {err}")
+        pytest.skip(f"{what} not installed: {err}")
+
+
+@pytest.fixture(scope="session")
+def tiny_en_asr():
+    """The builtin Whisper tiny.en in an ASRPipeline."""
+    from mmaccel.speech.pipeline import ASRPipeline
+
+    return installed(lambda: ASRPipeline.from_pretrained("builtin:tiny.en"), "Whisper tiny.en")
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The builtin SmolLM2-135M-Instruct (and its distilled draft) in a TextPipeline."""
+    from mmaccel.lm.pipeline import TextPipeline
+
+    return installed(lambda: TextPipeline.from_pretrained("builtin:smollm2"), "SmolLM2")
 
 
 def scripted(monkeypatch, lengths):

@@ -180,16 +180,25 @@ def run_serve_bench(quick: bool = False, log: Callable[[str], None] = print) -> 
             "rss_mb_after_warm_up": warm_rss, "results": rows}
 
 
-def markdown(doc: dict) -> str:
-    lines = ["| server | clients | requests | requests/s | audio s/s | × one at a time | p50 (s) | p95 (s) | WER | "
-             "memory after (MB) |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in doc["results"]:
-        base = next(b for b in doc["results"] if b["server"] == r["server"] and b["clients"] == 1)
+def load_table(rows: list[dict], group: str, columns: list[tuple[str, Callable[[dict], str]]]) -> str:
+    """A Markdown table of load points: `group`, clients, requests, requests/s, `columns` (header, cell of a
+    row) with "× one at a time" (requests/s over the group's one-client point) first, then p50 and p95."""
+    heads = [group, "clients", "requests", "requests/s", *(h for h, _ in columns[:1]), "× one at a time", "p50 (s)",
+             "p95 (s)", *(h for h, _ in columns[1:])]
+    lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    for r in rows:
+        base = next(b for b in rows if b[group] == r[group] and b["clients"] == 1)
         ratio = r["requests_per_s"] / base["requests_per_s"] if base["requests_per_s"] else 0.0
-        lines.append(f"| {r['server']} | {r['clients']} | {r['requests']} | {r['requests_per_s']:.2f} | "
-                     f"{r['audio_s_per_s']:.2f} | {ratio:.2f} | {r['p50_s']:.2f} | {r['p95_s']:.2f} | {r['wer']} | "
-                     f"{r.get('rss_mb_after', '–')} |")
+        cells = [r[group], r["clients"], r["requests"], f"{r['requests_per_s']:.2f}", *(c(r) for _, c in columns[:1]),
+                 f"{ratio:.2f}", f"{r['p50_s']:.2f}", f"{r['p95_s']:.2f}", *(c(r) for _, c in columns[1:])]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
+
+
+def markdown(doc: dict) -> str:
+    return load_table(doc["results"], "server", [("audio s/s", lambda r: f"{r['audio_s_per_s']:.2f}"),
+                                                 ("WER", lambda r: r["wer"]),
+                                                 ("memory after (MB)", lambda r: r.get("rss_mb_after", "–"))])
 
 
 def plot(doc: dict, path) -> None:
@@ -330,12 +339,5 @@ def run_text_serve_bench(quick: bool = False, log: Callable[[str], None] = print
 
 
 def text_markdown(doc: dict) -> str:
-    lines = ["| batching | clients | requests | requests/s | tokens/s | × one at a time | p50 (s) | p95 (s) | "
-             "same text as alone |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in doc["results"]:
-        base = next(b for b in doc["results"] if b["batching"] == r["batching"] and b["clients"] == 1)
-        ratio = r["requests_per_s"] / base["requests_per_s"] if base["requests_per_s"] else 0.0
-        lines.append(f"| {r['batching']} | {r['clients']} | {r['requests']} | {r['requests_per_s']:.2f} | "
-                     f"{r['tokens_per_s']:.1f} | {ratio:.2f} | {r['p50_s']:.2f} | {r['p95_s']:.2f} | "
-                     f"{100 * r['same_as_alone']:.0f} % |")
-    return "\n".join(lines)
+    return load_table(doc["results"], "batching", [("tokens/s", lambda r: f"{r['tokens_per_s']:.1f}"),
+                                                   ("same text as alone", lambda r: f"{100 * r['same_as_alone']:.0f} %")])

@@ -18,17 +18,6 @@ QUESTIONS = ["Name a colour.", "What is two plus two?", "Say hello.", "Name a ri
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    from mmaccel.errors import ModelNotFoundError
-    from mmaccel.lm.pipeline import TextPipeline
-
-    try:
-        return TextPipeline.from_pretrained("builtin:smollm2")
-    except ModelNotFoundError as err:
-        pytest.skip(f"SmolLM2 not installed: {err}")
-
-
-@pytest.fixture(scope="module")
 def gated(smollm2):
     return Gated(smollm2, "generate_ids")
 

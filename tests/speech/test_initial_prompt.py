@@ -6,6 +6,7 @@ import torch
 
 from mmaccel.errors import InputError
 from mmaccel.speech.audio import load_audio
+from tests.conftest import installed
 from tests.speech.test_pipeline import FILES
 
 HINT = "Dashwood, Norland, ill-disposed."      # the clip says "ill-disposed"; tiny.en hears "old-sposed" unprompted
@@ -40,13 +41,9 @@ def test_a_prompt_in_timestamp_mode_and_its_limits(tiny_en_asr):
 
 @pytest.fixture(scope="module")
 def base_asr():
-    from mmaccel.errors import ModelNotFoundError
     from mmaccel.speech.pipeline import ASRPipeline
 
-    try:
-        return ASRPipeline.from_pretrained("builtin:base")
-    except ModelNotFoundError as err:
-        pytest.skip(f"Whisper base not installed: {err}")
+    return installed(lambda: ASRPipeline.from_pretrained("builtin:base"), "Whisper base")
 
 
 @pytest.mark.parametrize("method", ["speculative", "eagle"])
