@@ -186,6 +186,8 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
             return _error(429, str(err), "rate_limit_error", {"Retry-After": "1"})
         if isinstance(err, ShuttingDown):
             return _error(503, str(err), "server_error")
+        if isinstance(err, speech.TooLarge):
+            return _error(413, str(err))
         return _error(400, str(err))
 
     @app.exception_handler(HTTPException)

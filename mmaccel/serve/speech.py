@@ -32,6 +32,10 @@ FIELDS = {"transcribe": {"file", "model", "language", "prompt", "response_format
                         "vad_filter"}}
 
 
+class TooLarge(InputError):
+    """An upload over the size limit (413)."""
+
+
 @dataclass(frozen=True)
 class Options:
     """What a transcription call is decoded with: requests with equal options share a call."""
@@ -101,7 +105,8 @@ def parse_request(form, task: str, default_method: str, max_bytes: int) -> tuple
     options = Options(_one(form, "method") or default_method, params_of(params), language, task,
                       timestamps, words, _fallback() if temperature == 0.0 else temperature,
                       _flag(_one(form, "vad_filter"), "vad_filter"), _one(form, "prompt") or None)
-    check(upload.size is None or upload.size <= max_bytes, f"the upload is {upload.size} bytes; the limit is {max_bytes}")
+    if upload.size is not None and upload.size > max_bytes:        # sent without a Content-Length the app could read
+        raise TooLarge(f"the upload is {upload.size} bytes; uploads are limited to {max_bytes / 2**20:g} MiB")
     return TranscriptionRequest(model, options, response_format, granularities), upload
 
 

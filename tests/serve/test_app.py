@@ -122,6 +122,16 @@ def test_bad_requests_get_one_line_and_the_server_goes_on(client, files, fields,
     assert client.get("/healthz").json()["status"] == "ok"
 
 
+def test_an_upload_over_the_limit_without_a_content_length_is_413(client):
+    boundary = "mmaccel-test-boundary"
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\n{MODEL}\r\n--{boundary}\r\n"
+            f"Content-Disposition: form-data; name=\"file\"; filename=\"big.wav\"\r\nContent-Type: audio/wav\r\n\r\n"
+            ).encode() + _wav(40.0) + f"\r\n--{boundary}--\r\n".encode()
+    r = client.post("/v1/audio/transcriptions", content=iter([body]),       # chunked: no Content-Length
+                    headers={"content-type": f"multipart/form-data; boundary={boundary}"})
+    assert r.status_code == 413 and r.json()["error"]["message"].startswith("the upload is"), r.text
+
+
 def test_requests_without_a_file_or_with_malformed_bodies(client):
     r = client.post("/v1/audio/transcriptions", data={"model": MODEL})
     assert r.status_code == 400 and r.json()["error"]["message"].startswith("the request needs one audio upload")
@@ -175,6 +185,19 @@ def test_the_official_openai_client(live, tiny_en_asr, files):  # noqa: F811
         client.audio.translations.create(model=MODEL, file=f)
     with open(files[1], "rb") as f, pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=live, api_key="wrong", max_retries=0).audio.transcriptions.create(model=MODEL, file=f)
+
+
+def test_curl(live, tiny_en_asr, files):  # noqa: F811
+    import json
+    import shutil
+    import subprocess
+
+    if shutil.which("curl") is None:
+        pytest.skip("no curl on this machine")
+    out = subprocess.run(["curl", "-sS", "--max-time", str(WAIT_S), "-H", "Authorization: Bearer k", "-F",
+                          "model=whisper-1", "-F", f"file=@{files[0]}", f"{live}/audio/transcriptions"],
+                         capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == {"text": tiny_en_asr.transcribe(files[0]).texts[0].strip()}
 
 
 def test_an_exit_signal_lets_requests_in_flight_finish_and_refuses_new_ones(gated, files):  # noqa: F811
