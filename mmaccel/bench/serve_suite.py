@@ -3,8 +3,9 @@ request at a time and against faster-whisper behind the same endpoints.
 
 The server runs in this process on a loopback port (uvicorn in a thread); each client is an asyncio task (httpx)
 that sends the real clips round-robin, one request after another, for `duration_s`. Points: 1 client (one request
-at a time: the baseline, and a lone request's latency), then more, for two servers: ours (requests with the same
-options decoded together) and a peer adapter that answers the same endpoints with faster-whisper's
+at a time: the baseline, and a lone request's latency), then more, for three servers: ours (continuous batching:
+a request's windows join the call in progress as its rows end), ours with per-call batching (`--per-call`: a
+request waits for the next call) and a peer adapter that answers the same endpoints with faster-whisper's
 `BatchedInferencePipeline` (int8, one request per call: it batches the chunks of one file, and a clip under 30 s is
 one chunk). Per point: requests, requests/s, audio seconds per second, p50/p95 latency, the corpus WER of what
 the server returned against the clips' references, and the process's resident memory after it (with the memory
@@ -161,8 +162,11 @@ def run_serve_bench(quick: bool = False, log: Callable[[str], None] = print) -> 
     concurrency, duration = (QUICK_CONCURRENCY, QUICK_DURATION_S) if quick else (CONCURRENCY, DURATION_S)
     load_before = os.getloadavg()[0]
     rows, warm_rss = [], {}
-    for name, pipeline in (("mmaccel", asr), ("faster-whisper-batched-int8", FasterWhisperPeer(asr))):
-        app = create_app(ServeConfig(models=(MODEL,), pipelines={MODEL: pipeline}, max_queue=256))
+    servers = (("mmaccel", asr, True), ("mmaccel-per-call", asr, False),
+               ("faster-whisper-batched-int8", FasterWhisperPeer(asr), False))
+    for name, pipeline, continuous in servers:
+        app = create_app(ServeConfig(models=(MODEL,), pipelines={MODEL: pipeline}, max_queue=256,
+                                     continuous=continuous))
         with Served(app) as served:
             asyncio.run(load(served.url, audio, 1, 0.0))                         # warm-up: one request
             warm_rss[name] = round(rss_mb())

@@ -67,7 +67,7 @@ def add_parser(subparsers) -> None:
     s.add_argument("--speech-method", default="greedy", help="the method of a speech request that names none")
     s.add_argument("--image-method", default="ar", help="the method of an image request that names none")
     s.add_argument("--text-method", default="ar", help="the method of a text request that names none")
-    s.add_argument("--per-call", action="store_true", help="text requests wait for the next call instead of joining "
+    s.add_argument("--per-call", action="store_true", help="requests wait for the next call instead of joining "
                                                           "calls in progress (continuous batching, the default)")
     s.add_argument("--batch-rows", type=int, default=8, help="rows (30-s windows) decoded together per call")
     s.add_argument("--max-queue", type=int, default=64, help="requests waiting per model before 429")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -19,6 +19,9 @@ from mmaccel.core.model import DecoderModel, append_padded, on_host
 from mmaccel.core.sampling import Sampling, TokenSampler
 from mmaccel.core.tree import TokenTree
 from mmaccel.errors import check
+
+if TYPE_CHECKING:
+    from mmaccel.core.speculative import Joiner
 
 
 @dataclass
@@ -95,8 +98,9 @@ class Proposer:
 
     joins = False                   # offers `admit`: rows may start over mid-call (continuous batching)
 
-    def admit(self, row: int, prompt: list[int], token: Tensor) -> None:
-        """Row `row` starts over with `prompt` and its first token `token` [1] (a request joining the call)."""
+    def admit(self, row: int, joiner: Joiner, token: Tensor) -> None:
+        """Row `row` starts over for `joiner` (its prompt, and what the model's `admit` reads) with its first
+        token `token` [1] (a request joining the call)."""
         raise TypeError(f"{type(self).__name__} cannot take a new row in the middle of a call")
 
 
@@ -251,10 +255,10 @@ class DraftModelProposer(Proposer):
     def joins(self) -> bool:        # a draft model that can take a row mid-call
         return hasattr(self.draft, "admit")
 
-    def admit(self, row, prompt, token):
+    def admit(self, row, joiner, token):
         """The draft reads the joining row's prompt now; its first token waits with the pending ones."""
         self.ready()
-        self.draft.admit(self.state, row, prompt)
+        self.draft.admit(self.state, row, joiner.prompt if joiner.inputs is None else joiner.inputs)
         self._passes += 1
         self.pending.reset_row(row, token)
 
@@ -486,7 +490,7 @@ class NGramProposer(Proposer):
 
     joins = True                    # it reads each row's history from the context: nothing to set up
 
-    def admit(self, row, prompt, token):
+    def admit(self, row, joiner, token):
         pass
 
     def propose(self, ctx, k):

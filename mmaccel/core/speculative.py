@@ -57,9 +57,18 @@ def _row_index(x: Tensor, idx: Tensor) -> Tensor:
     return x[torch.arange(x.shape[0], device=x.device), idx.to(x.device)]
 
 
+class Joiner(NamedTuple):
+    """A request that takes a row of a call in progress: its prompt's tokens, its most new tokens, and what the
+    model's `admit` reads for it (one row of what its `prefill` takes; None: the prompt's tokens)."""
+
+    prompt: list[int]
+    limit: int
+    inputs: Any = None
+
+
 class RowFeed(Protocol):
     """Requests that join a decode call in progress, a row each (continuous batching): when a row ends, the
-    call hands its tokens to `finished` and asks `next` for a prompt to start over with."""
+    call hands its tokens to `finished` and asks `next` for a request to start over with."""
 
     reserve: int            # prompt tokens a joining request may have beyond the first rows' longest
     limits: list[int]       # the most new tokens of each first row (each <= the call's max_new_tokens)
@@ -67,8 +76,9 @@ class RowFeed(Protocol):
     def finished(self, row: int, tokens: list[int], passes: list[int]) -> None:
         """Row `row` ended with `tokens` (and the pass that committed each)."""
 
-    def next(self, row: int, max_prompt: int) -> tuple[list[int], int] | None:
-        """A waiting prompt of at most `max_prompt` tokens for row `row` and its most new tokens, or None."""
+    def next(self, row: int, max_prompt: int) -> Joiner | tuple[list[int], int] | None:
+        """A waiting request (a `Joiner`, or its prompt and most new tokens) for row `row`, its prompt at most
+        `max_prompt` tokens; None when none waits."""
 
     def dropped(self) -> list[int]:
         """Rows to end now (their requests went away)."""
@@ -137,8 +147,9 @@ def _decode_fed(loop: _Loop, call: DecodeCall, feed: RowFeed, max_prompt: int) -
                 tokens, passes = loop.out.row(row, int(loop.limit[row]))
                 feed.finished(row, tokens, passes)
                 free.append(row)
-        while free and (joining := feed.next(free[0], max_prompt)) is not None:
-            loop.admit(call, free.pop(0), *joining)
+        # a prefill that scored the first drafts (`_drafts_ahead`) is verified at the first step: rows join after it
+        while free and loop.block is None and (joining := feed.next(free[0], max_prompt)) is not None:
+            loop.admit(call, free.pop(0), Joiner(*joining))
         if len(free) == B:
             return
         loop.step(call)
@@ -216,21 +227,27 @@ class _Loop:
                 self.proposer.start(inputs, self.room, self.context())
             call.draft_passes(self.proposer.passes())
 
-    def admit(self, call: DecodeCall, row: int, prompt: list[int], limit: int) -> None:
-        """Row `row` (ended) starts over on `prompt`, for at most `limit` new tokens: its prefill, first token
-        and proposer; the other rows go on where they are."""
+    def admit(self, call: DecodeCall, row: int, joiner: Joiner) -> None:
+        """Row `row` (ended) starts over on `joiner`'s prompt, for at most its `limit` new tokens: its prefill,
+        first token and proposer; the other rows go on where they are."""
+        prompt, limit = joiner.prompt, joiner.limit
         check(1 <= limit <= self.max_new, f"a joining row's most new tokens must be in [1, {self.max_new}]")
         with call.prefill():
-            logits = self.model.admit(self.state, row, prompt)
-        token = _sample_first(logits[None], self.sampling, self.sampler)
+            alone = self.model.admit(self.state, row, prompt if joiner.inputs is None else joiner.inputs)
+        token = _sample_first(alone.logits[:1], self.sampling, self.sampler)
         self.pending = self.pending.clone()
         self.pending[row] = token[0]
         self.out.restart(row, token, call.stats.nfe, limit, prompt)
         self.limit[row] = limit
         self.spent[row] = 0.0
+        if self.hidden is not None and alone.hidden is not None:      # the features of its last prompt position
+            self.hidden = self.hidden.clone()
+            self.hidden[row] = alone.hidden[0, -1]
+            if self.committed is not None:
+                self.committed.reset_row(row, alone.hidden[0, -1:])
         if self.proposer is not None:
             with call.stats.timed("draft"):
-                self.proposer.admit(row, prompt, token)
+                self.proposer.admit(row, joiner, token)
             call.draft_passes(self.proposer.passes())
 
     def context(self) -> DraftContext:

@@ -82,12 +82,13 @@ class HFCausalLM(nn.Module):
         state.logits = append_ragged(self, state, rows)
         return state
 
-    def admit(self, state: DecodeState, row: int, prompt: list[int]) -> Tensor:
-        """Run `prompt` into row `row` of `state` (a row whose decoding has ended; the others stay as they are):
-        the logits [V] of its first new token. How a request joins a call in progress (continuous batching)."""
+    def admit(self, state: DecodeState, row: int, prompt: list[int]) -> DecodeState:
+        """Run `prompt` into row `row` of `state` (a row whose decoding has ended; the others stay as they are).
+        Returns the prompt's own one-row state (the logits of its first new token, its hidden states): how a
+        request joins a call in progress (continuous batching)."""
         alone = self.prefill([prompt], 0)
         state.cache.take_row(row, alone.cache)
-        return alone.logits[0]
+        return alone
 
     @torch.inference_mode()
     def step(self, state: DecodeState, tokens: Tensor, positions: Tensor | None = None,

@@ -54,7 +54,7 @@ class ServeConfig:
     speech_method: str = "greedy"    # the method of a request that names none, by family
     image_method: str = "ar"
     text_method: str = "ar"
-    continuous: bool = True          # text requests join calls in progress (where the method can)
+    continuous: bool = True          # requests join calls in progress (where the method can)
     pipelines: dict[str, Any] = field(default_factory=dict, repr=False)   # model id -> a loaded pipeline (tests)
 
 
@@ -90,7 +90,8 @@ class Server:
     def _worker(self, m: ServedModel, pipeline) -> ModelWorker:
         rows, queue = self.config.max_rows, self.config.max_queue
         if m.family == "speech":
-            return speech.speech_worker(m.id, pipeline, max_rows=rows, max_queue=queue, on_call=lambda call: (
+            return speech.speech_worker(m.id, pipeline, max_rows=rows, max_queue=queue, continuous=self.config.continuous,
+                                        on_call=lambda call: (
                 self.metrics.observe_call(call, speech.passes_per_token(call))))
         if m.family == "image":
             self.image_sizes[m.id] = "{}x{}".format(*pipeline.generate([0], "ar", seed=0).images[0].size)  # warm-up

@@ -173,11 +173,11 @@ class ModelWorker:
                 batch = self._next_batch()
             if not batch:
                 continue
-            if self.joins is not None and self.run_joining is not None and self.joins(batch[0].key):
-                self._call_joining(batch)
-                continue
             start = time.perf_counter()
             try:
+                if self.joins is not None and self.run_joining is not None and self.joins(batch[0].key):
+                    self._call_joining(batch)
+                    continue
                 results = self.run(batch[0].key, [job.payload for job in batch])
                 if len(results) != len(batch):
                     raise RuntimeError(f"{self.name}: {len(results)} results for {len(batch)} requests")

@@ -18,7 +18,7 @@ from typing import Any
 from starlette.datastructures import UploadFile
 
 from mmaccel.errors import InputError, check
-from mmaccel.serve.batching import Call, ModelWorker
+from mmaccel.serve.batching import Call, Job, Joining, ModelWorker
 from mmaccel.serve.fields import params_of, parse_params
 from mmaccel.speech.audio import WINDOW_S, Audio, load_audio
 from mmaccel.speech.transcript import Transcript
@@ -111,10 +111,11 @@ def parse_request(form, task: str, default_method: str, max_bytes: int) -> tuple
 
 
 def check_options(asr, options: Options) -> None:
-    """Fail now, in one line, on what would fail the call this request shares: method, parameters, language, task."""
+    """Fail now, in one line, on what would fail the call this request shares: method, parameters (and what the
+    method needs of the model), language, task."""
     from mmaccel.speech.methods import build_asr_method
 
-    build_asr_method(options.method, **dict(options.params))
+    build_asr_method(options.method, **dict(options.params)).check_needs(asr.resources())
     asr.bundle.prompt(options.language or "en", options.task, options.timestamps)
 
 
@@ -141,8 +142,10 @@ def read_upload(upload: UploadFile) -> Audio:
     return Audio(audio.samples, name)
 
 
-def speech_worker(name: str, asr, *, max_rows: int, max_queue: int, on_call) -> ModelWorker:
-    """The worker that decodes one Whisper model's requests: a call per batch of requests with equal `Options`."""
+def speech_worker(name: str, asr, *, max_rows: int, max_queue: int, on_call, continuous: bool = True) -> ModelWorker:
+    """The worker that decodes one Whisper model's requests with equal `Options` together: in a call whose rows
+    take waiting requests' windows as they end where the method can (`continuous`; greedy first: the fallback's
+    temperature 0), else a call per batch of requests."""
 
     def run(options: Options, audios: list[Audio]) -> list[Transcript]:
         out = asr.transcribe(audios, options.method, batch_size=max_rows, language=options.language,
@@ -152,7 +155,45 @@ def speech_worker(name: str, asr, *, max_rows: int, max_queue: int, on_call) -> 
                              **dict(options.params))
         return out.transcripts
 
-    return ModelWorker(name, run, max_rows=max_rows, max_queue=max_queue, on_call=on_call)
+    def joins(options: Options) -> bool:
+        from mmaccel.speech.methods import build_asr_method
+
+        first = options.temperature[0] if isinstance(options.temperature, tuple) else options.temperature
+        method = build_asr_method(options.method, **dict(options.params))
+        return first == 0.0 and method.joins(asr.resources(method, True))
+
+    def run_joining(options: Options, joining: Joining) -> None:
+        from mmaccel.speech.joined import JoinedTranscription
+
+        first = sum(job.rows for job in joining.jobs)
+        # rows for requests to come: as many again as the call starts with when requests were queueing (see text)
+        rows = min(max_rows, 2 * first if joining.busy else first)
+        JoinedTranscription(asr, _Requests(joining, narrow=rows < max_rows), [(job, job.payload) for job in joining.jobs],
+                            rows=rows, method=options.method, language=options.language, task=options.task,
+                            timestamps=options.timestamps, word_timestamps=options.word_timestamps,
+                            vad_filter=options.vad_filter, temperature=options.temperature,
+                            initial_prompt=options.prompt, **dict(options.params)).run()
+
+    return ModelWorker(name, run, max_rows=max_rows, max_queue=max_queue, on_call=on_call,
+                       joins=joins if continuous else None, run_joining=run_joining)
+
+
+class _Requests:
+    """The `AudioSource` of a joined call over the worker's queue: a narrow call (one opened on an idle server)
+    takes a request only while at most one waits, leaving a crowd to a wider call."""
+
+    def __init__(self, joining: Joining, narrow: bool):
+        self.joining, self.narrow = joining, narrow
+
+    def take(self):
+        job = self.joining.take(lambda audio: True, 1 if self.narrow else None)
+        return None if job is None else (job, job.payload)
+
+    def finish(self, job: Job, transcript: Transcript) -> None:
+        self.joining.finish(job, transcript)
+
+    def gone(self, job: Job) -> bool:
+        return job.gone
 
 
 def windows(audio: Audio) -> int:

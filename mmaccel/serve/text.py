@@ -157,10 +157,11 @@ def parse_request(body: Any, kind: str, default_method: str, max_rows: int) -> T
 
 
 def check_options(pipeline, options: TextOptions) -> None:
-    """Fail now, in one line, on an unknown method or parameter (before the request can fail a shared call)."""
+    """Fail now, in one line, on an unknown method or parameter, or one that needs what the model lacks (before
+    the request can fail a shared call)."""
     from mmaccel.core.methods import build_method
 
-    build_method(options.method, **dict(options.params))
+    build_method(options.method, **dict(options.params)).check_needs(pipeline.resources)
 
 
 def prompt_ids(pipeline, request: TextRequest) -> list[int]:

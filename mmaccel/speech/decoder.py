@@ -215,6 +215,19 @@ class WhisperDecoderModel:
         return state
 
     @torch.inference_mode()
+    def admit(self, state: DecodeState, row: int, inputs: EncodedAudio) -> DecodeState:
+        """Row `row` of `state` (whose decoding has ended) starts over on `inputs` (one window, its prompt of the
+        call's length); the other rows stay as they are. Returns the window's own one-row state (the logits of
+        its first transcript token, its hidden states): a window that joins a call in progress (continuous
+        batching)."""
+        check(isinstance(inputs, EncodedAudio) and inputs.batch_size == 1,
+              f"admit takes one window's EncodedAudio, got {type(inputs).__name__}")
+        state.extras["inputs"].take_row(row, inputs)
+        alone = self.prefill(inputs, 0)
+        state.cache.take_row(row, alone.cache)
+        return alone
+
+    @torch.inference_mode()
     def prefill_with(self, inputs: EncodedAudio, room: int, tokens: Tensor) -> tuple[DecodeState, Tensor]:
         """`prefill` and `step(state, tokens)` in one pass: the prompt, then `tokens` [B, T] (drafts of
         the first transcript tokens). Returns the state (`room` counts from the prompt's end, as in

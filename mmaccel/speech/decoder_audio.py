@@ -33,6 +33,10 @@ class EncodedAudio:
     windows: dict = field(default_factory=dict, repr=False)      # cached cross-attention windows (see audio_window)
     rules: TimestampRules | None = None     # timestamp mode: the rules every decoder pass applies
     group: int = 1                          # consecutive rows that share a window's states
+    # how each cross_kv entry was computed (its attention module, heads, head size): `take_row` computes a
+    # joining row's entries alike
+    projections: dict = field(default_factory=dict, repr=False)
+    sources: dict = field(default_factory=dict, repr=False)      # row -> the audio it took (`take_row`)
 
     @property
     def batch_size(self) -> int:
@@ -58,7 +62,31 @@ class EncodedAudio:
             k = attn.k_proj(x).view(B, S, num_heads, head_dim).transpose(1, 2)
             v = attn.v_proj(x).view(B, S, num_heads, head_dim).transpose(1, 2)
             self.cross_kv[key] = (k, v)
+            self.projections[key] = (attn, num_heads, head_dim)
         return self.cross_kv[key]
+
+    def take_row(self, row: int, other: EncodedAudio) -> None:
+        """Row `row` becomes the one row of `other` (a window that joins a call in progress: continuous batching):
+        its encoder states, prompt, audio frames and every cross-attention entry computed so far (computed for
+        `other` alike, and kept there for its own prefill). Taking the same audio twice does nothing (a draft that
+        shares these states admits the row after the target)."""
+        check(self.group == 1 and other.batch_size == 1, "take_row takes one row into audio with a window per row")
+        check(other.prompt.shape[1] == self.prompt.shape[1] and other.rules is self.rules,
+              "a joining window needs a prompt of the call's length and the call's timestamp rules")
+        if self.sources.get(row) is other:
+            return
+        self.encoder_states[row] = other.encoder_states[0]
+        self.prompt[row] = other.prompt[0]
+        if self.audio_frames is not None:
+            check(other.audio_frames is not None, "a joining window needs its audio length, as the call's rows have")
+            self.audio_frames[row] = other.audio_frames[0]
+        if self.features is not None and other.features is not None:
+            self.features[row] = other.features[0]
+        for key, (k, v) in self.cross_kv.items():
+            joining_k, joining_v = other.cross_keys_values(key, *self.projections[key])
+            k[row], v[row] = joining_k[0], joining_v[0]
+        self.windows.clear()        # the cut keys/values are cut again at the next pass
+        self.sources[row] = other
 
     def audio_window(self, key: int, extra: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """Keys/values `k`, `v` [B, H, S, Dh] of entry `key` over each row's `audio_frames` plus `extra`

@@ -150,6 +150,13 @@ class EagleDecoder:
         state.extras["feature"] = None
         return state
 
+    def admit(self, state: DecodeState, row: int, inputs: EncodedAudio) -> DecodeState:
+        """Row `row` starts over, empty, on window `inputs` (one row): a window that joins a call in progress."""
+        state.extras["inputs"].take_row(row, inputs)
+        alone = self.prefill(inputs, 0)
+        state.cache.take_row(row, alone.cache)
+        return alone
+
     def outputs(self, state: DecodeState, x: Tensor, tokens: Tensor) -> Tensor:
         """Append pairs (normalised features [B, T, d], tokens [B, T]); the head's outputs g [B, T, d] (causal)."""
         emb = F.embedding(self.block.as_read(state, tokens.to(self.embedding.device)), self.embedding) * self.embed_scale
@@ -262,6 +269,13 @@ class EagleProposer(DraftModelProposer):
         self._passes += 1
         active = ctx.active if ctx.active is not None else torch.ones_like(ctx.pending, dtype=torch.bool)
         return self._chain(logits, self.draft.shortlist, active, k)
+
+    def admit(self, row, joiner, token):
+        """The head's row starts empty; the joining row's first feature (its last prompt position's, which the
+        loop keeps) goes with `token`."""
+        self.ready()
+        self.draft.admit(self.state, row, joiner.inputs)
+        self.committed.reset_row(row, token)
 
     def skip(self, ctx, next_token):
         """The loop keeps the plain step's feature after the unread ones; its token goes after theirs."""

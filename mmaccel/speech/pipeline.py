@@ -262,26 +262,16 @@ class ASRPipeline:
         their total.
         """
         check(isinstance(batch_size, int) and batch_size >= 1, f"batch_size must be an int >= 1, got {batch_size!r}")
-        check(isinstance(max_new_tokens, int) and 1 <= max_new_tokens <= MAX_NEW_TOKENS,
-              f"max_new_tokens must be in [1, {MAX_NEW_TOKENS}], got {max_new_tokens!r}")
-        check(isinstance(timestamps, bool), f"timestamps must be True or False, got {timestamps!r}")
-        check(isinstance(word_timestamps, bool), f"word_timestamps must be True or False, got {word_timestamps!r}")
         check(isinstance(vad_filter, bool), f"vad_filter must be True or False, got {vad_filter!r}")
-        check(isinstance(adaptive, bool), f"adaptive must be True or False, got {adaptive!r}")
         vad = VadParameters.of(vad_parameters) if vad_filter else None
-        timestamps = timestamps or word_timestamps
         fallback = Fallback.of(temperature, compression_ratio_threshold, log_prob_threshold, no_speech_threshold,
                                best_of, seed)
-        spec = build_asr_method(method, **method_params)
-        previous = self._previous_text(initial_prompt, max_new_tokens)
-        prompt = self.bundle.prompt(language or "en", task, timestamps, previous)       # checks language and task
+        job = self._job(method, method_params, language=language, task=task, max_new_tokens=max_new_tokens,
+                        encoder=encoder, timestamps=timestamps, word_timestamps=word_timestamps, fallback=fallback,
+                        adaptive=adaptive, initial_prompt=initial_prompt)
+        timestamps = job.rules is not None
         tokens = self.bundle.tokens
         started = time.perf_counter()
-        job = _Job(spec, self.resources(spec, timestamps or fallback.temperatures[0] > 0), self.encoder(encoder),
-                   max_new_tokens, task, previous,
-                   TimestampRules(tokens.no_timestamps, tokens.end_of_text, len(prompt)) if timestamps else None,
-                   self.alignment_heads() if word_timestamps else None, self._adaptive[timestamps] if adaptive else None,
-                   fallback)
         stats = DecodeStats()
         transcripts, windows = audio_windows(audio, sample_rate, vad, follow=timestamps)
         if language is None and tokens.multilingual:
@@ -310,7 +300,7 @@ class ASRPipeline:
                 progress(done, done + windows_left(windows))
         join_windows(transcripts, parts)
         stats.time_s["transcribe"] = time.perf_counter() - started
-        return ASROutput(transcripts, stats, spec.name)
+        return ASROutput(transcripts, stats, job.spec.name)
 
     def stream(self, chunks: Iterable, method: str | Method = "greedy", *, sample_rate: int = SAMPLE_RATE,
                language: str = "en", min_chunk_s: float = 1.0, trim_s: float = 15.0, encoder: str = "fp32",
@@ -370,14 +360,38 @@ class ASRPipeline:
             part = samples[row]
             if job.heads is not None:
                 with stats.timed("words"):
-                    add_words(self.model, inputs, row, part, self.bundle.prompt(owner.language, job.task), job.heads,
-                              self.bundle.tokenizer, eot, owner.language)
+                    self._add_words(job, inputs, row, part, owner)
             tried.setdefault((window.input, window.index), []).append(part)
             # one pass per token for methods that do not say (beam, calm); a row also rides
             # along in its batch's passes after it ends, which this does not count
             owner.passes += max(len(gen.tokens[r]) if gen.commit_pass is None else len(set(gen.commit_pass[r]))
                                 for r in rows)
         return stats
+
+    def _add_words(self, job: _Job, inputs: EncodedAudio, row: int, part: WindowResult, owner: Transcript) -> None:
+        """`part`'s words (decoded as row `row` of `inputs`), aligned by the model's alignment heads."""
+        add_words(self.model, inputs, row, part, self.bundle.prompt(owner.language, job.task), job.heads,
+                  self.bundle.tokenizer, self.bundle.tokens.end_of_text, owner.language)
+
+    def _job(self, method: str | Method, method_params: dict[str, Any], *, language: str | None, task: str,
+             max_new_tokens: int, encoder: str, timestamps: bool, word_timestamps: bool, fallback: Fallback,
+             adaptive: bool, initial_prompt: str | None) -> _Job:
+        """What every decode of one `transcribe` call (or one joined call) decodes with; checks the options."""
+        check(isinstance(max_new_tokens, int) and 1 <= max_new_tokens <= MAX_NEW_TOKENS,
+              f"max_new_tokens must be in [1, {MAX_NEW_TOKENS}], got {max_new_tokens!r}")
+        check(isinstance(timestamps, bool), f"timestamps must be True or False, got {timestamps!r}")
+        check(isinstance(word_timestamps, bool), f"word_timestamps must be True or False, got {word_timestamps!r}")
+        check(isinstance(adaptive, bool), f"adaptive must be True or False, got {adaptive!r}")
+        timestamps = timestamps or word_timestamps
+        spec = build_asr_method(method, **method_params)
+        previous = self._previous_text(initial_prompt, max_new_tokens)
+        prompt = self.bundle.prompt(language or "en", task, timestamps, previous)       # checks language and task
+        tokens = self.bundle.tokens
+        return _Job(spec, self.resources(spec, timestamps or fallback.temperatures[0] > 0), self.encoder(encoder),
+                    max_new_tokens, task, previous,
+                    TimestampRules(tokens.no_timestamps, tokens.end_of_text, len(prompt)) if timestamps else None,
+                    self.alignment_heads() if word_timestamps else None,
+                    self._adaptive[timestamps] if adaptive else None, fallback)
 
     def _previous_text(self, text: str | None, max_new_tokens: int) -> list[int]:
         """<|startofprev|> and the last tokens of `text` that leave the decoder room for `max_new_tokens` and

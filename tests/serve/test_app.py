@@ -66,12 +66,14 @@ def test_a_prompt_conditions_the_transcript(client, tiny_en_asr, files):  # noqa
 
 
 def test_requests_decoded_together_return_what_each_returns_alone(client, gated, files):  # noqa: F811
+    """Per-call batching (--per-call): requests that queue while a call decodes share the next call."""
     paths = (files * 2)[:6]
     alone = [_post(client, p, "a.wav", {"response_format": "verbose_json"}).json() for p in paths]
     gated.batches.clear()
     gated.hold.clear()                            # the first request's call waits: the other five queue behind it
-    worker = client.app.state.server.workers[MODEL]
-    with ThreadPoolExecutor(len(paths)) as pool:
+    app = create_app(ServeConfig(models=(MODEL,), pipelines={MODEL: gated}, continuous=False))
+    with TestClient(app, raise_server_exceptions=False) as client, ThreadPoolExecutor(len(paths)) as pool:
+        worker = client.app.state.server.workers[MODEL]
         first = pool.submit(_post, client, paths[0], "a.wav", {"response_format": "verbose_json", "method": "eagle"})
         until(lambda: gated.batches)
         rest = [pool.submit(_post, client, p, "a.wav", {"response_format": "verbose_json", "method": "eagle"})
@@ -79,12 +81,63 @@ def test_requests_decoded_together_return_what_each_returns_alone(client, gated,
         until(lambda: worker.depth == len(rest))
         gated.hold.set()
         together = [f.result(WAIT_S).json() for f in [first, *rest]]
+        metrics = client.get("/metrics").text
     assert gated.batches == [1, 5]                # the five waiting requests shared one call
     for a, b in zip(alone, together):
         assert b["mmaccel"]["method"] == "eagle" and a["mmaccel"]["method"] == "greedy"
         assert [s["tokens"] for s in a["segments"]] == [s["tokens"] for s in b["segments"]]     # token for token
-    metrics = client.get("/metrics").text
     assert 'mmaccel_batch_requests_bucket{le="4.0",model="whisper-tiny.en"}' in metrics
+
+
+class Encoding:
+    """A pipeline whose encoder, at its n-th use, first runs `before[n]` (a wait on the test's thread); `calls`
+    counts the joined calls (one options check each)."""
+
+    def __init__(self, pipeline, before):
+        self.pipeline, self.before, self.encoded, self.calls = pipeline, before, 0, 0
+
+    def _encode(self, *args, **kwargs):
+        self.encoded += 1
+        self.before.get(self.encoded, lambda: None)()
+        return self.pipeline._encode(*args, **kwargs)
+
+    def _job(self, *args, **kwargs):
+        self.calls += 1
+        return self.pipeline._job(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.pipeline, name)
+
+
+def test_a_request_joins_a_call_in_progress(tiny_en_asr, files):  # noqa: F811
+    """The first call (one request on an idle server) holds until two requests queue; the second call (a
+    59-s audio's two windows and a clip, one spare row) holds until a fourth request queues, which takes the
+    spare row at the first step: two calls in all, and every answer is what each request gets alone."""
+    clips = [sf.read(f, dtype="float32")[0] for f in files]
+    pause = np.zeros(16000, np.float32)
+    long = np.concatenate([x for c in clips + clips for x in (c, pause)])
+    buf = io.BytesIO()
+    sf.write(buf, long, 16000, format="WAV")
+    uploads = {"first": open(files[0], "rb").read(), "long": buf.getvalue(), "short": open(files[1], "rb").read(),
+               "joiner": open(files[2], "rb").read()}
+    alone = {name: tiny_en_asr.transcribe(sf.read(io.BytesIO(data), dtype="float32")[0], sample_rate=16000).texts[0]
+             for name, data in uploads.items()}
+    pipeline = Encoding(tiny_en_asr, {1: lambda: until(lambda: worker.depth == 2),
+                                      2: lambda: until(lambda: worker.depth == 1)})
+    app = create_app(ServeConfig(models=(MODEL,), pipelines={MODEL: pipeline}, max_rows=4))
+    with TestClient(app, raise_server_exceptions=False) as client, ThreadPoolExecutor(4) as pool:
+        worker = client.app.state.server.workers[MODEL]
+        post = lambda name: client.post("/v1/audio/transcriptions", data={"model": MODEL},  # noqa: E731
+                                        files={"file": (f"{name}.wav", uploads[name])}).json()
+        first = pool.submit(post, "first")
+        until(lambda: pipeline.calls == 1)
+        long, short = pool.submit(post, "long"), pool.submit(post, "short")
+        until(lambda: pipeline.calls == 2)
+        joiner = pool.submit(post, "joiner")
+        answers = {"first": first.result(WAIT_S), "long": long.result(WAIT_S), "short": short.result(WAIT_S),
+                   "joiner": joiner.result(WAIT_S)}
+    assert pipeline.calls == 2                    # the fourth request joined the second call
+    assert answers == {name: {"text": text.strip()} for name, text in alone.items()}
 
 
 def _wav(seconds: float) -> bytes:
@@ -100,6 +153,7 @@ BAD = [  # (form fields, upload name, upload bytes (None: a real clip), route, s
     ({"model": "whisper-9"}, "a.wav", None, None, 400, "model 'whisper-9' is not served here"),
     ({"method": "fastest"}, "a.wav", None, None, 400, "unknown method 'fastest'"),
     ({"method": "speculative", "method_params": '{"k": 0}'}, "a.wav", None, None, 400, "k must be"),
+    ({"method": "medusa"}, "a.wav", None, None, 400, "method 'medusa' needs trained Medusa heads"),
     ({"method_params": "{k: 4"}, "a.wav", None, None, 400, "method_params is not valid JSON"),
     ({"stream": "true"}, "a.wav", None, None, 400, "unknown field(s) stream"),
     ({"response_format": "xml"}, "a.wav", None, None, 400, "response_format must be one of"),
@@ -211,8 +265,8 @@ def test_an_exit_signal_lets_requests_in_flight_finish_and_refuses_new_ones(gate
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server = GracefulServer(uvicorn.Config(create_app(ServeConfig(models=(MODEL,), pipelines={MODEL: gated})),
-                                           log_level="warning"), drain_timeout_s=WAIT_S)
+    app = create_app(ServeConfig(models=(MODEL,), pipelines={MODEL: gated}, continuous=False))
+    server = GracefulServer(uvicorn.Config(app, log_level="warning"), drain_timeout_s=WAIT_S)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     until(lambda: server.started)
