@@ -8,8 +8,9 @@ window, CALM's early exits, ZipAR's wavefront, beam search, masked and next-scal
 so a fix to emission, rollback bookkeeping, statistics or the GPU path is made here once.
 
 `listen_to_emission(listener)` streams a call's tokens as they are committed, whatever the method: within the
-block every `Emission` calls `listener(rows)` after each step, `rows` each row's tokens so far (a host read per
-step, so only where someone listens: the server's streamed completions).
+block every `Emission` calls `listener(rows)` after each step, `rows` each row's tokens so far (a `RowLists`: read
+back from the device only when the listener looks, so a continuous call that listens for a request that may join
+and stream pays nothing while none does).
 
 >>> with DecodeCall(model.device) as call:
 ...     with call.prefill():
@@ -35,14 +36,15 @@ from torch import Tensor
 from mmaccel.core.model import on_host
 from mmaccel.core.stats import DecodeStats, track_peak_memory
 
-_LISTENER: contextvars.ContextVar[Callable[[list[list[int]]], None] | None] = contextvars.ContextVar(
+_LISTENER: contextvars.ContextVar[Callable[[Sequence[list[int]]], None] | None] = contextvars.ContextVar(
     "emission_listener", default=None)
 
 
 @contextlib.contextmanager
-def listen_to_emission(listener: Callable[[list[list[int]]], None]) -> Iterator[None]:
+def listen_to_emission(listener: Callable[[Sequence[list[int]]], None]) -> Iterator[None]:
     """Within the block, each decode call tells `listener(rows)` after every step that emitted, `rows` each
-    row's tokens so far (cut at the call's max_new_tokens)."""
+    row's tokens so far (cut at the call's max_new_tokens; a `RowLists`, read on first look: look within the
+    call to `listener`, or copy it)."""
     token = _LISTENER.set(listener)
     try:
         yield
@@ -141,7 +143,7 @@ class Emission:
 
     def _tell(self, max_new: int) -> None:
         if self.listener is not None:
-            self.listener(self.rows(max_new)[0])
+            self.listener(RowLists(lambda: self.rows(max_new)[0]))
 
     def first(self, token: Tensor, nfe: int, max_new: int) -> None:
         """The prefill's token [B]."""

@@ -188,6 +188,14 @@ class CFG:
         state.hidden = None if inner.hidden is None else inner.hidden[: len(cond)]
         return state
 
+    def admit(self, state: CFGState, row: int, inputs) -> DecodeState:
+        """Row `row` starts over on `inputs` = (conditional input, unconditional input) (continuous batching): each
+        into its half of the doubled batch. Returns the row's own state: guided logits [1, V], its hidden states."""
+        cond, uncond = inputs
+        c = self.model.admit(state.inner, row, cond)
+        u = self.model.admit(state.inner, state.batch_size + row, uncond)
+        return DecodeState(cache=c.cache, logits=self._mix(torch.cat([c.logits, u.logits])), hidden=c.hidden)
+
     def early_exit(self, exit_layer: int, head=None) -> CFG:
         """The guided early-exit draft view of the wrapped model (self-speculation under CFG)."""
         check(hasattr(self.model, "early_exit"), f"{type(self.model).__name__} offers no early-exit view")

@@ -20,6 +20,7 @@ from torch import Tensor
 from mmaccel.core.methods import Method, Resources
 from mmaccel.core.plugin import MethodPlugin
 from mmaccel.core.sampling import CFG, Sampling
+from mmaccel.core.speculative import Joiner, RowFeed
 from mmaccel.core.stats import DecodeStats
 from mmaccel.devices import check_same_device, resolve_device, resolve_dtype, use_cuda_graphs
 from mmaccel.errors import InputError, ModelNotFoundError, check
@@ -194,14 +195,41 @@ class ImagePipeline:
         Guidance is LlamaGen's logits = u + cfg_scale * (c - u) (1 = no guidance); temperature 0 is greedy.
         """
         labels = self.labels(class_labels)
-        sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
-        built = build_image_method(method, **params)
-        resources, guided = self.resources(cfg_scale)
-        inputs = (labels, [self.model.num_classes] * len(labels)) if guided else labels
-        gen = built.run(resources, inputs, max_new_tokens=self.grid * self.grid, sampling=sampling, seed=seed)
+        gen = self._run(labels, method, cfg_scale, Sampling(temperature=temperature, top_k=top_k, top_p=top_p), seed,
+                        params)
         tokens = torch.tensor(gen.tokens, dtype=torch.long).reshape(len(labels), self.grid, self.grid)
         passes = None if gen.commit_pass is None else torch.tensor(gen.commit_pass).reshape(tokens.shape)
         return ImageOutput(self.decode(tokens), tokens, labels, gen.stats, passes)
+
+    def generate_joined(self, class_labels: Any, feed: RowFeed, method: str | Method = "ar", *, cfg_scale: float = 2.0,
+                        temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+                        **params: Any) -> DecodeStats:
+        """`generate` as a call whose rows take waiting requests as they end (continuous batching): each row's
+        image tokens go to `feed.finished` as the row ends (`image_of` draws them), and `feed.next` gives the
+        joining classes (`joiner`). A method joins where its state is per row (`Method.joins`: ar, speculative,
+        early-exit, ...); the noise is drawn afresh every step (never coupled)."""
+        labels = self.labels(class_labels)
+        gen = self._run(labels, method, cfg_scale, Sampling(temperature=temperature, top_k=top_k, top_p=top_p), seed,
+                        params, feed)
+        return gen.stats
+
+    def joiner(self, label: int, cfg_scale: float = 2.0) -> Joiner:
+        """A request for one image of class `label` that joins a call (`generate_joined`) of this `cfg_scale`."""
+        label = self.labels([label])[0]
+        return Joiner([], self.grid * self.grid, (label, self.model.num_classes) if cfg_scale != 1.0 else label)
+
+    def image_of(self, tokens: list[int]):
+        """The PIL image of one row's image tokens (a finished row of `generate_joined`)."""
+        check(len(tokens) == self.grid * self.grid, f"an image takes {self.grid * self.grid} tokens, got {len(tokens)}")
+        return self.decode(torch.tensor(tokens, dtype=torch.long).reshape(1, self.grid, self.grid))[0]
+
+    def _run(self, labels: list[int], method: str | Method, cfg_scale: float, sampling: Sampling, seed: int,
+             params: dict[str, Any], feed: RowFeed | None = None):
+        built = build_image_method(method, **params)
+        resources, guided = self.resources(cfg_scale)
+        inputs = (labels, [self.model.num_classes] * len(labels)) if guided else labels
+        return built.run(resources, inputs, max_new_tokens=self.grid * self.grid, sampling=sampling, seed=seed,
+                         prompt_tokens=None if feed is None else [[] for _ in labels], feed=feed)
 
     @torch.inference_mode()
     def decode_pixels(self, tokens: Tensor) -> Tensor:

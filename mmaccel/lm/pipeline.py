@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,10 +99,11 @@ class TextPipeline:
 
     def generate_ids(self, ids: list[list[int]], method: str | Method = "ar", *, max_new_tokens: int = 64,
                      temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-                     on_tokens: Callable[[list[list[int]]], None] | None = None, feed: RowFeed | None = None,
+                     on_tokens: Callable[[Sequence[list[int]]], None] | None = None, feed: RowFeed | None = None,
                      **method_params) -> TextOutput:
         """`generate` on prompts already tokenized (`encode`, `encode_messages` or the tokenizer's own ids).
-        `on_tokens(rows)`, where given, hears each row's tokens so far after every decoding step (streaming);
+        `on_tokens(rows)`, where given, hears each row's tokens so far after every decoding step (streaming; `rows`
+        is read from the device when looked at: `listen_to_emission`);
         with `feed`, rows that end take waiting prompts (continuous batching: `mmaccel.core.speculative.RowFeed`)."""
         sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
         built = build_method(method, **method_params)

@@ -96,6 +96,7 @@ class Server:
         if m.family == "image":
             self.image_sizes[m.id] = "{}x{}".format(*pipeline.generate([0], "ar", seed=0).images[0].size)  # warm-up
             return images.image_worker(m.id, pipeline, m.pipeline, max_rows=rows, max_queue=queue,
+                                       continuous=self.config.continuous,
                                        on_call=lambda call: self.metrics.observe_call(call, None))
         return text.text_worker(m.id, pipeline, max_rows=rows, max_queue=queue, continuous=self.config.continuous,
                                 on_call=lambda call: (

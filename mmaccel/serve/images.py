@@ -2,9 +2,10 @@
 next-scale and continuous), with our `method`, `method_params`, `seed` and `cfg_scale` fields.
 
 `prompt` names a class (a class name, case aside, or its index) and `n` images of it become `n` rows of a call.
-Unseeded requests with equal options share calls (the call's seed is drawn at random); a request with a `seed`
-is decoded in a call of its own, so its images are what the pipeline gives for `[class] * n` with that seed
-however many requests the server holds.
+Unseeded requests with equal options share calls (the call's seed is drawn at random); on the next-token pipeline
+they join a call in progress as its rows end (`JoinedImages`), where the method can. A request with a `seed` is
+decoded in a call of its own, so its images are what the pipeline gives for `[class] * n` with that seed however
+many requests the server holds.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mmaccel.errors import check
-from mmaccel.serve.batching import ModelWorker
+from mmaccel.serve.batching import Job, Joining, ModelWorker
 from mmaccel.serve.fields import check_fields, method_params, number, optional_int, optional_str, params_of, positive_int
 
 FIELDS = {"model", "prompt", "n", "response_format", "size", "user", "method", "method_params", "seed", "cfg_scale"}
@@ -101,8 +102,11 @@ def check_options(pipeline, options: ImageOptions) -> None:
     registry[options.method].make(dict(options.params))
 
 
-def image_worker(name: str, pipeline, kind: str, *, max_rows: int, max_queue: int, on_call) -> ModelWorker:
-    """The worker that draws one image model's requests: a call per batch of requests with equal options."""
+def image_worker(name: str, pipeline, kind: str, *, max_rows: int, max_queue: int, on_call,
+                 continuous: bool = True) -> ModelWorker:
+    """The worker that draws one image model's requests with equal options together: unseeded next-token requests
+    in a call whose rows take waiting requests as they end (`continuous`, where the method can), the others in a
+    call per batch of requests."""
 
     def run(options: ImageOptions, payloads: list[tuple[int, int]]) -> list[ImageResult]:
         labels = [label for label, n in payloads for _ in range(n)]
@@ -115,7 +119,71 @@ def image_worker(name: str, pipeline, kind: str, *, max_rows: int, max_queue: in
             start += n
         return results
 
-    return ModelWorker(name, run, max_rows=max_rows, max_queue=max_queue, on_call=on_call)
+    def joins(options: ImageOptions) -> bool:
+        if options.seed is not None or not hasattr(pipeline, "generate_joined"):
+            return False
+        from mmaccel.image.methods import build_image_method
+
+        resources, _ = pipeline.resources(2.0 if options.cfg_scale is None else options.cfg_scale)
+        return build_image_method(options.method, **dict(options.params)).joins(resources)
+
+    def run_joining(options: ImageOptions, joining: Joining) -> None:
+        JoinedImages(pipeline, options, joining, max_rows).run()
+
+    return ModelWorker(name, run, max_rows=max_rows, max_queue=max_queue, on_call=on_call,
+                       joins=joins if continuous else None, run_joining=run_joining)
+
+
+class JoinedImages:
+    """One continuous-batching call of image requests: a row per image (row -> job and image index), the feed
+    the decode loop asks for joining classes (`mmaccel.core.speculative.RowFeed`), each job answered when its
+    images are drawn. Spare rows and the narrow rule as for text (`mmaccel.serve.text.JoinedCall`)."""
+
+    reserve = 0                     # an image request has no prompt tokens
+
+    def __init__(self, pipeline, options: ImageOptions, joining: Joining, max_rows: int):
+        self.pipeline, self.options, self.joining, self.max_rows = pipeline, options, joining, max_rows
+        self.cfg = 2.0 if options.cfg_scale is None else options.cfg_scale
+        self.seed = random.randrange(2**31)
+        first = [(job, i) for job in joining.jobs for i in range(job.payload[1])]
+        spare = min(max_rows - len(first), len(first)) if joining.busy else 0
+        self.labels = [job.payload[0] for job, _ in first] + [first[0][0].payload[0]] * spare
+        self.limits = [pipeline.grid ** 2] * len(first) + [1] * spare
+        self.table: dict[int, tuple[Job, int]] = dict(enumerate(first))
+        self.waiting: list[tuple[Job, int]] = []
+        self.images: dict[int, list] = {id(job): [None] * job.payload[1] for job in joining.jobs}
+
+    def run(self) -> None:
+        guidance = {} if self.options.cfg_scale is None else {"cfg_scale": self.options.cfg_scale}
+        self.pipeline.generate_joined(self.labels, self, self.options.method, seed=self.seed, **guidance,
+                                      **dict(self.options.params))
+
+    def finished(self, row: int, tokens: list[int], passes: list[int]) -> None:
+        if row not in self.table:                   # a spare row (opened empty), or a request that went away
+            return
+        job, i = self.table.pop(row)
+        images = self.images[id(job)]
+        images[i] = self.pipeline.image_of(tokens)
+        if all(image is not None for image in images):
+            self.joining.finish(job, ImageResult(images, self.seed, job.payload[0]))
+
+    def next(self, row: int, max_prompt: int):
+        if not self.waiting:
+            narrow = len(self.labels) < self.max_rows
+            job = self.joining.take(lambda payload: True, 1 if narrow else None)
+            if job is None:
+                return None
+            self.images[id(job)] = [None] * job.payload[1]
+            self.waiting = [(job, i) for i in range(job.payload[1])]
+        job, i = self.table[row] = self.waiting.pop(0)
+        return self.pipeline.joiner(job.payload[0], self.cfg)
+
+    def dropped(self) -> list[int]:
+        gone = [row for row, (job, _) in self.table.items() if job.gone]
+        for row in gone:
+            del self.table[row]
+        self.waiting = [(job, i) for job, i in self.waiting if not job.gone]
+        return gone
 
 
 def render(request: ImageRequest, result: ImageResult) -> dict:

@@ -20,7 +20,7 @@ import itertools
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -200,7 +200,7 @@ def text_worker(name: str, pipeline, *, max_rows: int, max_queue: int, on_call, 
         rows = [job.ids for job in jobs for _ in range(job.n)]
         starts = list(itertools.accumulate((job.n for job in jobs), initial=0))
 
-        def tell(tokens: list[list[int]]) -> None:
+        def tell(tokens: Sequence[list[int]]) -> None:
             for job, start in zip(jobs, starts):
                 if job.stream is not None:
                     job.stream.push([row[:job.max_tokens] for row in tokens[start:start + job.n]])
@@ -253,7 +253,8 @@ class JoinedCall:
         self.passes[id(job)] = 0
 
     def run(self, generate) -> None:
-        generate(self.rows, self.max_new, self.tell, self)        # a joining request may stream: every step is heard
+        # a joining request may stream: every step is heard (the tokens are read back only while one does)
+        generate(self.rows, self.max_new, self.tell, self)
 
     # ---- RowFeed --------------------------------------------------------------------------------
 
@@ -288,7 +289,7 @@ class JoinedCall:
 
     # ---- streaming ------------------------------------------------------------------------------
 
-    def tell(self, tokens: list[list[int]]) -> None:
+    def tell(self, tokens: Sequence[list[int]]) -> None:
         """Each streamed job's rows' tokens so far (a row that ended: its choice's; one not placed yet: none)."""
         streamed: dict[int, tuple[Job, dict[int, list[int]]]] = {}
         for row, (job, i) in self.table.items():

@@ -65,6 +65,17 @@ class EncodedAudio:
             self.projections[key] = (attn, num_heads, head_dim)
         return self.cross_kv[key]
 
+    def row_view(self, row: int) -> EncodedAudio:
+        """Row `row` as audio of its own that shares this audio's tensors (its cross-attention entries too, so
+        a pass over it computes none): valid until the row takes another window (`take_row`)."""
+        check(self.group == 1, "row_view takes audio with a window per row")
+        one = slice(row, row + 1)
+        return EncodedAudio(self.encoder_states[one], self.prompt[one],
+                            {key: (k[one], v[one]) for key, (k, v) in self.cross_kv.items()},
+                            None if self.features is None else self.features[one],
+                            None if self.audio_frames is None else self.audio_frames[one], rules=self.rules,
+                            projections=dict(self.projections))
+
     def take_row(self, row: int, other: EncodedAudio) -> None:
         """Row `row` becomes the one row of `other` (a window that joins a call in progress: continuous batching):
         its encoder states, prompt, audio frames and every cross-attention entry computed so far (computed for

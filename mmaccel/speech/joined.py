@@ -123,10 +123,8 @@ class JoinedTranscription:
             first = self._pop(self.rows)
             if not first:
                 continue
-            inputs = EncodedAudio.concat([audio for _, audio in first])
-            spare = self.rows - len(first)
-            if spare:               # rows for requests to come: a copy of the first window's, ended at once
-                inputs = EncodedAudio.concat([inputs] + [first[0][1]] * spare)
+            spare = self.rows - len(first)      # rows for requests to come: a copy of the first window's, ended at once
+            self.inputs = inputs = EncodedAudio.concat([audio for _, audio in first] + [first[0][1]] * spare)
             self.table = dict(enumerate(first))
             self.limits = [self.job.max_new_tokens] * len(first) + [1] * spare
             prompts = inputs.prompt.tolist()
@@ -170,7 +168,7 @@ class JoinedTranscription:
             return
         window, audio = self.table.pop(row)
         request = self.requests[window.input]
-        tried = [self._result(window, audio, tokens)]
+        tried = [self._result(window, self.inputs.row_view(row), tokens)]      # the call's keys/values of the row
         request.transcript.passes += len(set(passes))
         fallback = self.job.fallback
         if len(fallback.temperatures) > 1:

@@ -1,6 +1,7 @@
 """TextPipeline on a local HF directory: methods by name, identical greedy text, clear errors."""
 
 import pytest
+import torch
 
 from mmaccel.errors import InputError, ModelNotFoundError
 from mmaccel.lm.pipeline import TextPipeline
@@ -25,7 +26,7 @@ def test_methods_give_the_ar_text(pipe, method, params):
 def test_on_tokens_hears_each_rows_tokens_as_they_are_committed(pipe, method, params):
     heard = []
     ids = pipe.encode(["the cat sat on the mat", "a dog ran"])
-    out = pipe.generate_ids(ids, method, max_new_tokens=12, on_tokens=heard.append, **params)
+    out = pipe.generate_ids(ids, method, max_new_tokens=12, on_tokens=lambda rows: heard.append(list(rows)), **params)
     assert len(heard) >= 2 and heard[-1] == out.tokens
     for before, after in zip(heard, heard[1:]):              # each step extends each row's tokens
         assert all(b == a[:len(b)] for b, a in zip(before, after))
@@ -96,6 +97,25 @@ def test_requests_joining_a_call_as_rows_end_get_what_they_get_alone(pipe, metho
     pipe.generate_ids([ids for ids, _ in prompts[:2]], method, max_new_tokens=12, feed=feed, **params)
     assert [feed.out[j] for j in range(len(prompts))] == alone
     assert feed.placed[0] == (2, 1)             # the second row ended first (3 tokens) and took the next prompt
+
+
+def test_sampled_rows_that_join_follow_the_target_law(pipe):
+    """A joining row's first token is drawn with fresh noise from its own distribution (the first token of 600
+    requests for one prompt, top-k 8), and the test tells that law from a sharper one (negative control)."""
+    from mmaccel.core.sampling import Sampling
+    from tests.core.test_speculative import chi2_rejects
+
+    ids = pipe.encode(["the cat sat on the mat"])[0]
+    feed = Feed([(ids, 1)] * 600, first=4)
+    pipe.generate_ids([ids] * 4, "ar", max_new_tokens=1, temperature=1.0, top_k=8, seed=3, feed=feed)
+    first = torch.tensor([feed.out[j][0] for j in range(4, 600)])
+    logits = pipe.model.prefill([ids], 0).logits[0]
+    law, sharper = (Sampling(temperature=t, top_k=8).probs(logits[None])[0] for t in (1.0, 0.5))
+    kept = law > 0
+    index = torch.cumsum(kept.long(), 0) - 1            # the top-k tokens, numbered 0..7
+    assert bool(kept[first].all())
+    assert not chi2_rejects(index[first], law[kept])
+    assert chi2_rejects(index[first], sharper[kept])
 
 
 def test_a_dropped_row_ends_and_its_place_is_taken(pipe):

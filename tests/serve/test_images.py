@@ -4,6 +4,7 @@ next-scale and continuous pipelines behind the same route, bad requests get one 
 
 import base64
 import io
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -52,21 +53,65 @@ def test_a_seeded_request_draws_what_the_pipeline_draws(client, llamagen):
     assert body["mmaccel"] == {"method": "speculative", "params": {}, "seed": 11, "class": 1, "cfg_scale": 2.0}
 
 
-def test_unseeded_requests_share_a_call(client, gated):
+def _post(client, prompt, n):
+    return client.post("/v1/images/generations", json={"model": MODEL, "prompt": prompt, "n": n}).json()
+
+
+def test_unseeded_requests_share_a_call(gated):
+    """Per-call batching (--per-call): requests that queue while a call draws share the next call."""
+    app = create_app(ServeConfig(models=(MODEL,), pipelines={MODEL: gated}, continuous=False))   # draws a warm-up
     gated.batches.clear()
     gated.hold.clear()
-    worker = client.app.state.server.workers[MODEL]
-    post = lambda prompt, n: client.post("/v1/images/generations", json={"model": MODEL, "prompt": prompt, "n": n})  # noqa: E731
-    with ThreadPoolExecutor(4) as pool:
-        first = pool.submit(post, "0", 1)
+    with TestClient(app, raise_server_exceptions=False) as client, ThreadPoolExecutor(4) as pool:
+        worker = client.app.state.server.workers[MODEL]
+        first = pool.submit(_post, client, "0", 1)
         until(lambda: gated.batches)
-        rest = [pool.submit(post, p, n) for p, n in (("Dress", 2), ("7", 1), ("bag", 3))]
+        rest = [pool.submit(_post, client, p, n) for p, n in (("Dress", 2), ("7", 1), ("bag", 3))]
         until(lambda: worker.depth == len(rest))
         gated.hold.set()
-        answers = [f.result(WAIT_S).json() for f in [first, *rest]]
+        answers = [f.result(WAIT_S) for f in [first, *rest]]
     assert gated.batches == [1, 6]
     assert [len(a["data"]) for a in answers] == [1, 2, 1, 3]
     assert [a["mmaccel"]["class"] for a in answers] == [0, 3, 7, 8]
+    assert len({a["mmaccel"]["seed"] for a in answers[1:]}) == 1       # one call, one seed
+
+
+class Released:
+    """The pipeline, each of its first two joined calls waiting for its own `release`."""
+
+    def __init__(self, pipeline):
+        self.pipeline, self.batches, self.release = pipeline, [], [threading.Event(), threading.Event()]
+
+    def generate_joined(self, labels, *args, **kwargs):
+        self.batches.append(len(labels))
+        assert self.release[len(self.batches) - 1].wait(WAIT_S)
+        return self.pipeline.generate_joined(labels, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.pipeline, name)
+
+
+def test_unseeded_requests_join_a_call_in_progress(llamagen):
+    """The first call (one image on an idle server) holds until three requests queue; the second (their six
+    images and two spare rows) holds until a fifth request queues, which takes the spare rows at the first step:
+    two calls in all, the fifth request drawn with the second call's seed."""
+    joined = Released(llamagen)
+    app = create_app(ServeConfig(models=(MODEL,), pipelines={MODEL: joined}))
+    with TestClient(app, raise_server_exceptions=False) as client, ThreadPoolExecutor(5) as pool:
+        worker = client.app.state.server.workers[MODEL]
+        first = pool.submit(_post, client, "0", 1)
+        until(lambda: joined.batches)
+        rest = [pool.submit(_post, client, p, n) for p, n in (("Dress", 2), ("7", 1), ("bag", 3))]
+        until(lambda: worker.depth == len(rest))
+        joined.release[0].set()
+        until(lambda: len(joined.batches) == 2)
+        joiner = pool.submit(_post, client, "Sandal", 2)
+        until(lambda: worker.depth == 1)
+        joined.release[1].set()
+        answers = [f.result(WAIT_S) for f in [first, *rest, joiner]]
+    assert joined.batches == [1, 8]
+    assert [len(a["data"]) for a in answers] == [1, 2, 1, 3, 2]
+    assert [a["mmaccel"]["class"] for a in answers] == [0, 3, 7, 8, 5]
     assert len({a["mmaccel"]["seed"] for a in answers[1:]}) == 1       # one call, one seed
 
 

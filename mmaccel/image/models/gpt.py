@@ -144,6 +144,12 @@ class LlamaGenGPT(nn.Module):
         """
         return self._prefill(inputs, room, self.config.n_layer, self.output)
 
+    def admit(self, state: DecodeState, row: int, label: int) -> DecodeState:
+        """Row `row` of `state` (whose image has ended) starts over on class `label`; the other rows stay as they
+        are. Returns the label's own one-row state (the logits of its image token 0): a request that joins a call
+        in progress (continuous batching)."""
+        return _admit(self.prefill, state, row, label)
+
     def step(self, state: DecodeState, tokens: Tensor, positions: Tensor | None = None,
              tree_mask: Tensor | None = None, embeds: Tensor | None = None) -> Tensor:
         """Append image tokens [B, T]; returns logits [B, T, V] (row t predicts the token after tokens[:, t]).
@@ -251,9 +257,19 @@ class EarlyExitGPT:
     def prefill(self, inputs: Any, room: int) -> DecodeState:
         return self.model._prefill(inputs, room, self.exit_layer, self.head)
 
+    def admit(self, state: DecodeState, row: int, label: int) -> DecodeState:
+        return _admit(self.prefill, state, row, label)
+
     def step(self, state: DecodeState, tokens: Tensor, positions: Tensor | None = None,
              tree_mask: Tensor | None = None) -> Tensor:
         return self.model._step(state, tokens, positions, tree_mask, self.exit_layer, self.head)
+
+
+def _admit(prefill, state: DecodeState, row: int, label: int) -> DecodeState:
+    """`prefill` of `label` alone, copied into row `row` of `state`'s cache; that one-row state."""
+    alone = prefill([label], 0)
+    state.cache.take_row(row, alone.cache)
+    return alone
 
 
 # ---- checkpoints --------------------------------------------------------------------------------
