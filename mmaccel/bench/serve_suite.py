@@ -36,7 +36,7 @@ DURATION_S, QUICK_DURATION_S = 120.0, 15.0
 
 class FasterWhisperPeer:
     """The same `transcribe` the server's worker calls, answered by faster-whisper (int8) one input at a time; the
-    option checks read our pipeline's vocabulary (`bundle`)."""
+    option checks read our pipeline's vocabulary and resources (`bundle`, `resources`)."""
 
     def __init__(self, asr):
         import torch
@@ -44,7 +44,7 @@ class FasterWhisperPeer:
 
         from mmaccel.speech.whisper import ct2_model_dir
 
-        self.bundle = asr.bundle
+        self.bundle, self.resources = asr.bundle, asr.resources
         model = WhisperModel(str(ct2_model_dir("base")), device="cpu", compute_type="int8",
                              cpu_threads=torch.get_num_threads())
         self.pipeline = BatchedInferencePipeline(model)
@@ -235,14 +235,15 @@ def memory_trend(records: list[dict], every: int = 100) -> dict:
     return {"requests": marks, "rss_mb": [round(records[m - 1]["rss_mb"]) for m in marks]}
 
 
-def run_memory_check(quick: bool = False, log: Callable[[str], None] = print) -> dict:
-    """`mmaccel bench serve-memory`: 1 000 requests (64 with `quick`) from 8 clients to our server (Whisper tiny.en,
-    so that the run takes minutes), the process's resident memory after every 100 (8) of them."""
+def run_memory_check(quick: bool = False, requests: int | None = None, log: Callable[[str], None] = print) -> dict:
+    """`mmaccel bench serve-memory`: `requests` (1 000; 64 with `quick`) from 8 clients to our server (Whisper
+    tiny.en, so that the run takes minutes), the process's resident memory after every tenth of them."""
     import torch
 
     from mmaccel.serve.app import ServeConfig, create_app
 
-    audio, total = clips(), QUICK_MEMORY_REQUESTS if quick else MEMORY_REQUESTS
+    audio = clips()
+    total = requests if requests is not None else QUICK_MEMORY_REQUESTS if quick else MEMORY_REQUESTS
     app = create_app(ServeConfig(models=(MEMORY_MODEL,), max_queue=256))
     with Served(app) as served:
         asyncio.run(load(served.url, audio, MEMORY_CLIENTS, 0.0, MEMORY_MODEL, requests=MEMORY_CLIENTS))   # warm-up

@@ -151,7 +151,7 @@ def _run_serve(args: argparse.Namespace) -> BenchRun:
 def _run_serve_memory(args: argparse.Namespace) -> BenchRun:
     from mmaccel.bench.serve_suite import memory_markdown, run_memory_check
 
-    doc = run_memory_check(quick=args.quick, log=say)
+    doc = run_memory_check(quick=args.quick, requests=args.samples, log=say)
     return BenchRun(doc, memory_markdown(doc), lambda out: _write_document(
         doc, out, f"# Benchmark `serve-memory`\n\n`{doc['command']}`\n\n{doc['device']}, {doc['threads']} threads, "
                   f"{doc['date']}\n\nConfig: `{json.dumps(doc['config'])}`; failed requests: {doc['failed']}, "
@@ -191,9 +191,11 @@ def suites() -> dict[str, BenchSuite]:
     table["serve-text"] = BenchSuite(takes=("quick",), records=("quick", "threads"), refusal=_takes_only,
                                      run=_run_serve_text,
                                      default_out=lambda args: f"serve/text{'-quick' if args.quick else ''}.json")
-    table["serve-memory"] = BenchSuite(takes=("quick",), records=("quick", "threads"), refusal=_takes_only,
+    table["serve-memory"] = BenchSuite(takes=("quick", "samples"), records=("quick", "threads", "samples"),
+                                       refusal=_takes_only,
                                        run=_run_serve_memory,
-                                       default_out=lambda args: f"serve/memory{'-quick' if args.quick else ''}.json")
+                                       default_out=lambda args: "serve/memory{}{}.json".format(
+                                           "-quick" if args.quick else "", "" if args.samples is None else f"-{args.samples}"))
     return table
 
 
@@ -243,7 +245,8 @@ def add_parser(subparsers) -> None:
     add_out_option(b, "JSON path (Markdown and PNG are written beside it)")
     b.add_argument("--methods", help="comma-separated methods, e.g. 'speculative:k=6,ngram'")
     b.add_argument("--samples", type=int, default=None,
-                   help="image suite: samples per method for the quality scores (full run: 5008)")
+                   help="image suite: samples per method for the quality scores (full run: 5008); serve-memory: "
+                        "requests sent (default 1000)")
     b.add_argument("--inception-samples", type=int, default=None,
                    help="image suite: of those, how many the (slow) Inception FID scores (full run: 300)")
     b.add_argument("--model", default=None, help="asr suite: builtin:base (default), builtin:tiny.en or a Whisper directory; "

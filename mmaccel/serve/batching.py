@@ -79,6 +79,13 @@ class Joining:
         job.future.set_result(result)
 
 
+def most_waiting(rows: int, max_rows: int) -> int | None:
+    """The most waiting jobs at which a call of `rows` rows still takes one (`Joining.take`): a call narrower than
+    `max_rows` leaves a crowd larger than itself to a wider call of its own, which it makes way for by ending once
+    its rows are done; a call of `max_rows` rows takes jobs whatever the queue."""
+    return rows if rows < max_rows else None
+
+
 class ModelWorker:
     """One thread that runs `run(key, payloads)` over batches of waiting jobs, oldest first (see the module doc).
     `on_call(call)` is told of every call (the server's metrics), from the worker's thread."""

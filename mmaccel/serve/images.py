@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mmaccel.errors import check
-from mmaccel.serve.batching import Job, Joining, ModelWorker
+from mmaccel.serve.batching import Job, Joining, ModelWorker, most_waiting
 from mmaccel.serve.fields import check_fields, method_params, number, optional_int, optional_str, params_of, positive_int
 
 FIELDS = {"model", "prompt", "n", "response_format", "size", "user", "method", "method_params", "seed", "cfg_scale"}
@@ -137,7 +137,7 @@ def image_worker(name: str, pipeline, kind: str, *, max_rows: int, max_queue: in
 class JoinedImages:
     """One continuous-batching call of image requests: a row per image (row -> job and image index), the feed
     the decode loop asks for joining classes (`mmaccel.core.speculative.RowFeed`), each job answered when its
-    images are drawn. Spare rows and the narrow rule as for text (`mmaccel.serve.text.JoinedCall`)."""
+    images are drawn. Spare rows and `most_waiting` as for text (`mmaccel.serve.text.JoinedCall`)."""
 
     reserve = 0                     # an image request has no prompt tokens
 
@@ -169,8 +169,7 @@ class JoinedImages:
 
     def next(self, row: int, max_prompt: int):
         if not self.waiting:
-            narrow = len(self.labels) < self.max_rows
-            job = self.joining.take(lambda payload: True, 1 if narrow else None)
+            job = self.joining.take(lambda payload: True, most_waiting(len(self.labels), self.max_rows))
             if job is None:
                 return None
             self.images[id(job)] = [None] * job.payload[1]

@@ -18,7 +18,7 @@ from typing import Any
 from starlette.datastructures import UploadFile
 
 from mmaccel.errors import InputError, check
-from mmaccel.serve.batching import Call, Job, Joining, ModelWorker
+from mmaccel.serve.batching import Call, Job, Joining, ModelWorker, most_waiting
 from mmaccel.serve.fields import params_of, parse_params
 from mmaccel.speech.audio import WINDOW_S, Audio, load_audio
 from mmaccel.speech.transcript import Transcript
@@ -168,7 +168,7 @@ def speech_worker(name: str, asr, *, max_rows: int, max_queue: int, on_call, con
         first = sum(job.rows for job in joining.jobs)
         # rows for requests to come: as many again as the call starts with when requests were queueing (see text)
         rows = min(max_rows, 2 * first if joining.busy else first)
-        JoinedTranscription(asr, _Requests(joining, narrow=rows < max_rows), [(job, job.payload) for job in joining.jobs],
+        JoinedTranscription(asr, _Requests(joining, most_waiting(rows, max_rows)), [(job, job.payload) for job in joining.jobs],
                             rows=rows, method=options.method, language=options.language, task=options.task,
                             timestamps=options.timestamps, word_timestamps=options.word_timestamps,
                             vad_filter=options.vad_filter, temperature=options.temperature,
@@ -179,14 +179,14 @@ def speech_worker(name: str, asr, *, max_rows: int, max_queue: int, on_call, con
 
 
 class _Requests:
-    """The `AudioSource` of a joined call over the worker's queue: a narrow call (one opened on an idle server)
-    takes a request only while at most one waits, leaving a crowd to a wider call."""
+    """The `AudioSource` of a joined call over the worker's queue (taking a request while at most `most` wait:
+    `batching.most_waiting`)."""
 
-    def __init__(self, joining: Joining, narrow: bool):
-        self.joining, self.narrow = joining, narrow
+    def __init__(self, joining: Joining, most: int | None):
+        self.joining, self.most = joining, most
 
     def take(self):
-        job = self.joining.take(lambda audio: True, 1 if self.narrow else None)
+        job = self.joining.take(lambda audio: True, self.most)
         return None if job is None else (job, job.payload)
 
     def finish(self, job: Job, transcript: Transcript) -> None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mmaccel.errors import check
-from mmaccel.serve.batching import Job, Joining, ModelWorker
+from mmaccel.serve.batching import Job, Joining, ModelWorker, most_waiting
 from mmaccel.serve.fields import check_fields, method_params, number, optional_int, optional_str, params_of, positive_int
 
 COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "seed", "stop", "user",
@@ -270,9 +270,8 @@ class JoinedCall:
 
     def next(self, row: int, max_prompt: int) -> tuple[list[int], int] | None:
         if not self.waiting:
-            narrow = len(self.rows) < self.max_rows          # opened while idle: a crowd waits for a wider call
             job = self.joining.take(lambda p: len(p.ids) <= max_prompt and p.max_tokens <= self.max_new,
-                                    1 if narrow else None)
+                                    most_waiting(len(self.rows), self.max_rows))
             if job is None:
                 return None
             self._open(job)

@@ -23,6 +23,7 @@ class _FasterWhisperHere:
         return _run_faster_whisper(self.peer, audios, self.options)
 
 
+@pytest.mark.slow      # the default suite's time budget
 def test_quick_asr_suite_compares_methods_and_peers(tiny_en_asr, monkeypatch):
     """One ragged batch of three clips: a lossless method and faster-whisper beside greedy (the HF peer: below)."""
     from mmaccel.bench import asr_suite

@@ -143,6 +143,7 @@ def _replica_actor(replica: str):
     return ray.get_actor(name, namespace="serve")
 
 
+@pytest.mark.slow      # the default suite's time budget
 def test_a_replica_killed_under_load_fails_cleanly_and_is_replaced(expected, files, url):  # noqa: F811
     paths = files * 2
     with ThreadPoolExecutor(len(paths)) as pool:
