@@ -69,7 +69,9 @@ class DecoderModel(Protocol):
     (tree nodes) of row b need logits, and it may leave the rest out of its products (their logits
     and cache entries are arbitrary; the loop rolls them back). Greedy verification then skips
     finished rows and the drafts a proposer marks as filler (`Draft.lengths`), which batched verify
-    passes otherwise compute.
+    passes otherwise compute. A model offering `admit(state, row, inputs) -> DecodeState` (one row of what
+    `prefill` takes run alone into row `row` of `state`; the returned one-row state holds its logits and hidden
+    states) lets requests join a call as rows end (continuous batching: `decode(..., feed=)`).
     """
 
     vocab_size: int
