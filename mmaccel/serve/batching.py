@@ -15,6 +15,7 @@ queue is bounded (`QueueFull`, which the server answers with 429).
 
 from __future__ import annotations
 
+import abc
 import collections
 import concurrent.futures
 import threading
@@ -34,7 +35,7 @@ class ShuttingDown(MMAccelError):
     """The worker takes no new jobs: the server is stopping."""
 
 
-@dataclass
+@dataclass(eq=False)             # a job is itself: equal only to itself (its payload may be an array)
 class Job:
     key: Hashable
     payload: Any
@@ -57,13 +58,17 @@ class Call:
 
 
 class Joining:
-    """What a call that takes requests while it decodes is handed: its jobs so far (`jobs`, the first ones
-    taken with it), `take` for the next waiting job of its key, `finish` to answer a job, and `busy`: the queue
-    was not empty when the model's previous call ended (a call may then open rows for requests to come)."""
+    """What a call that takes requests while it decodes is handed: its open jobs (`jobs`: the first ones taken
+    with it, then those `take` takes; a job leaves when `finish` answers it), and `busy`: the queue was not empty
+    when the model's previous call ended (a call may then open rows for requests to come). A call that runs on
+    under load reports to `on_call` every `max_rows` requests it answers (a `Call` of those), so that it holds
+    no answered request."""
 
     def __init__(self, worker: ModelWorker, key: Hashable, jobs: list[Job], busy: bool):
         self.worker, self.key, self.jobs, self.busy = worker, key, list(jobs), busy
-        self.answered: set[int] = set()
+        self.started = {id(job): time.perf_counter() for job in jobs}     # open job -> when its call took it
+        self.answered: list[tuple[Job, float, Any]] = []                   # since the last report
+        self.since = time.perf_counter()
 
     def take(self, fits: Callable[[Any], bool], most_waiting: int | None = None) -> Job | None:
         """The oldest waiting job of the call's key whose payload `fits`, taken out of the queue; None when the
@@ -72,11 +77,31 @@ class Joining:
         job = self.worker._take(self.key, fits, most_waiting)
         if job is not None:
             self.jobs.append(job)
+            self.started[id(job)] = time.perf_counter()
         return job
 
     def finish(self, job: Job, result: Any) -> None:
-        self.answered.add(id(job))
+        self.jobs.remove(job)
+        self.answered.append((job, self.started.pop(id(job)), result))
         job.future.set_result(result)
+        if len(self.answered) >= self.worker.max_rows:
+            self.report()
+
+    def report(self) -> None:
+        """The requests answered since the last report, as one `Call`, to the worker's `on_call`."""
+        if self.answered and self.worker.on_call is not None:
+            now = time.perf_counter()
+            self.worker.on_call(Call(self.worker.name, len(self.answered), sum(j.rows for j, _, _ in self.answered),
+                                     [started - j.enqueued for j, started, _ in self.answered], now - self.since,
+                                     [result for _, _, result in self.answered]))
+        self.answered, self.since = [], time.perf_counter()
+
+
+def call_rows(first: int, max_rows: int, busy: bool) -> int:
+    """The rows of a joining call that starts with `first` rows: as many again for requests to come (up to
+    `max_rows`) when requests were queueing, none on an idle server (on a CPU each step computes every row, an
+    empty one too)."""
+    return min(max_rows, 2 * first) if busy else first
 
 
 def most_waiting(rows: int, max_rows: int) -> int | None:
@@ -84,6 +109,56 @@ def most_waiting(rows: int, max_rows: int) -> int | None:
     `max_rows` leaves a crowd larger than itself to a wider call of its own, which it makes way for by ending once
     its rows are done; a call of `max_rows` rows takes jobs whatever the queue."""
     return rows if rows < max_rows else None
+
+
+class JoinedRows(abc.ABC):
+    """The rows of a joining call whose jobs take a row per unit (a completion choice, an image): which job and unit
+    each row serves, the units of a taken job not placed yet, and the `next` and `dropped` halves of the decode
+    loop's `RowFeed`. Its first rows are its jobs' units, then spare rows (`call_rows`); a subclass says how many
+    units a job has (`units`), whether a waiting job fits (`fits`), what a placed unit starts its row with
+    (`joiner`), and notes each job it takes (`opened`)."""
+
+    def __init__(self, joining: Joining, max_rows: int):
+        self.joining, self.max_rows = joining, max_rows
+        self.first = [(job, i) for job in joining.jobs for i in range(self.units(job))]
+        self.width = call_rows(len(self.first), max_rows, joining.busy)
+        self.table: dict[int, tuple[Job, int]] = dict(enumerate(self.first))     # row -> (job, unit)
+        self.waiting: list[tuple[Job, int]] = []            # units of a taken job not placed yet
+        for job in joining.jobs:
+            self.opened(job)
+
+    @abc.abstractmethod
+    def units(self, job: Job) -> int:
+        """The rows `job` takes."""
+
+    def fits(self, payload: Any, max_prompt: int) -> bool:
+        return True
+
+    @abc.abstractmethod
+    def opened(self, job: Job) -> None:
+        """`job` is taken into the call (its rows are placed as rows end)."""
+
+    @abc.abstractmethod
+    def joiner(self, job: Job, unit: int) -> Any:
+        """What row `unit` of `job` starts with (a `Joiner`, or a prompt and its most new tokens)."""
+
+    def next(self, row: int, max_prompt: int) -> Any:
+        if not self.waiting:
+            job = self.joining.take(lambda payload: self.fits(payload, max_prompt),
+                                    most_waiting(self.width, self.max_rows))
+            if job is None:
+                return None
+            self.opened(job)
+            self.waiting = [(job, i) for i in range(self.units(job))]
+        job, i = self.table[row] = self.waiting.pop(0)
+        return self.joiner(job, i)
+
+    def dropped(self) -> list[int]:
+        gone = [row for row, (job, _) in self.table.items() if job.gone]
+        for row in gone:
+            del self.table[row]
+        self.waiting = [(job, i) for job, i in self.waiting if not job.gone]
+        return gone
 
 
 class ModelWorker:
@@ -203,7 +278,6 @@ class ModelWorker:
 
     def _call_joining(self, batch: list[Job]) -> None:
         """One call that takes waiting jobs of its key as its rows end; a job it did not answer gets its error."""
-        start = time.perf_counter()
         joining = self._joining = Joining(self, batch[0].key, batch, self._busy)
         try:
             self.run_joining(batch[0].key, joining)
@@ -212,12 +286,8 @@ class ModelWorker:
             error = err
         self._joining = None
         for job in joining.jobs:
-            if id(job) not in joining.answered and not job.future.done():
+            if not job.future.done():
                 job.future.set_exception(error or RuntimeError(f"{self.name}: the call ended without this request's result"))
         with self._cond:
             self._busy = bool(self._jobs)
-        if self.on_call is not None and error is None:
-            answered = [j for j in joining.jobs if id(j) in joining.answered]
-            self.on_call(Call(self.name, len(joining.jobs), sum(j.rows for j in joining.jobs),
-                              [start - j.enqueued for j in batch], time.perf_counter() - start,
-                              [j.future.result() for j in answered]))
+        joining.report()

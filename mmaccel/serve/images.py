@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mmaccel.errors import check
-from mmaccel.serve.batching import Job, Joining, ModelWorker, most_waiting
+from mmaccel.serve.batching import Job, JoinedRows, Joining, ModelWorker
 from mmaccel.serve.fields import check_fields, method_params, number, optional_int, optional_str, params_of, positive_int
 
 FIELDS = {"model", "prompt", "n", "response_format", "size", "user", "method", "method_params", "seed", "cfg_scale"}
@@ -134,24 +134,30 @@ def image_worker(name: str, pipeline, kind: str, *, max_rows: int, max_queue: in
                        joins=joins if continuous else None, run_joining=run_joining)
 
 
-class JoinedImages:
-    """One continuous-batching call of image requests: a row per image (row -> job and image index), the feed
-    the decode loop asks for joining classes (`mmaccel.core.speculative.RowFeed`), each job answered when its
-    images are drawn. Spare rows and `most_waiting` as for text (`mmaccel.serve.text.JoinedCall`)."""
+class JoinedImages(JoinedRows):
+    """One continuous-batching call of image requests: a row per image, each job answered when its images are drawn
+    (spare rows and the joining rule of `JoinedRows`)."""
 
     reserve = 0                     # an image request has no prompt tokens
 
     def __init__(self, pipeline, options: ImageOptions, joining: Joining, max_rows: int):
-        self.pipeline, self.options, self.joining, self.max_rows = pipeline, options, joining, max_rows
+        self.pipeline, self.options = pipeline, options
         self.cfg = 2.0 if options.cfg_scale is None else options.cfg_scale
         self.seed = random.randrange(2**31)
-        first = [(job, i) for job in joining.jobs for i in range(job.payload[1])]
-        spare = min(max_rows - len(first), len(first)) if joining.busy else 0
-        self.labels = [job.payload[0] for job, _ in first] + [first[0][0].payload[0]] * spare
-        self.limits = [pipeline.grid ** 2] * len(first) + [1] * spare
-        self.table: dict[int, tuple[Job, int]] = dict(enumerate(first))
-        self.waiting: list[tuple[Job, int]] = []
-        self.images: dict[int, list] = {id(job): [None] * job.payload[1] for job in joining.jobs}
+        self.images: dict[int, list] = {}
+        super().__init__(joining, max_rows)
+        labels = [job.payload[0] for job, _ in self.first]
+        self.labels = labels + [labels[0]] * (self.width - len(labels))
+        self.limits = [pipeline.grid ** 2] * len(labels) + [1] * (self.width - len(labels))
+
+    def units(self, job: Job) -> int:
+        return job.payload[1]
+
+    def opened(self, job: Job) -> None:
+        self.images[id(job)] = [None] * job.payload[1]
+
+    def joiner(self, job: Job, unit: int):
+        return self.pipeline.joiner(job.payload[0], self.cfg)
 
     def run(self) -> None:
         guidance = {} if self.options.cfg_scale is None else {"cfg_scale": self.options.cfg_scale}
@@ -165,24 +171,8 @@ class JoinedImages:
         images = self.images[id(job)]
         images[i] = self.pipeline.image_of(tokens)
         if all(image is not None for image in images):
+            del self.images[id(job)]
             self.joining.finish(job, ImageResult(images, self.seed, job.payload[0]))
-
-    def next(self, row: int, max_prompt: int):
-        if not self.waiting:
-            job = self.joining.take(lambda payload: True, most_waiting(len(self.labels), self.max_rows))
-            if job is None:
-                return None
-            self.images[id(job)] = [None] * job.payload[1]
-            self.waiting = [(job, i) for i in range(job.payload[1])]
-        job, i = self.table[row] = self.waiting.pop(0)
-        return self.pipeline.joiner(job.payload[0], self.cfg)
-
-    def dropped(self) -> list[int]:
-        gone = [row for row, (job, _) in self.table.items() if job.gone]
-        for row in gone:
-            del self.table[row]
-        self.waiting = [(job, i) for job, i in self.waiting if not job.gone]
-        return gone
 
 
 def render(request: ImageRequest, result: ImageResult) -> dict:

@@ -18,7 +18,7 @@ from typing import Any
 from starlette.datastructures import UploadFile
 
 from mmaccel.errors import InputError, check
-from mmaccel.serve.batching import Call, Job, Joining, ModelWorker, most_waiting
+from mmaccel.serve.batching import Call, Job, Joining, ModelWorker, call_rows, most_waiting
 from mmaccel.serve.fields import params_of, parse_params
 from mmaccel.speech.audio import WINDOW_S, Audio, load_audio
 from mmaccel.speech.transcript import Transcript
@@ -165,9 +165,7 @@ def speech_worker(name: str, asr, *, max_rows: int, max_queue: int, on_call, con
     def run_joining(options: Options, joining: Joining) -> None:
         from mmaccel.speech.joined import JoinedTranscription
 
-        first = sum(job.rows for job in joining.jobs)
-        # rows for requests to come: as many again as the call starts with when requests were queueing (see text)
-        rows = min(max_rows, 2 * first if joining.busy else first)
+        rows = call_rows(sum(job.rows for job in joining.jobs), max_rows, joining.busy)
         JoinedTranscription(asr, _Requests(joining, most_waiting(rows, max_rows)), [(job, job.payload) for job in joining.jobs],
                             rows=rows, method=options.method, language=options.language, task=options.task,
                             timestamps=options.timestamps, word_timestamps=options.word_timestamps,

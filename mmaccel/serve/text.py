@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mmaccel.errors import check
-from mmaccel.serve.batching import Job, Joining, ModelWorker, most_waiting
+from mmaccel.serve.batching import Job, JoinedRows, Joining, ModelWorker
 from mmaccel.serve.fields import check_fields, method_params, number, optional_int, optional_str, params_of, positive_int
 
 COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "seed", "stop", "user",
@@ -226,37 +226,39 @@ def text_worker(name: str, pipeline, *, max_rows: int, max_queue: int, on_call, 
                        joins=joins if continuous else None, run_joining=run_joining)
 
 
-class JoinedCall:
-    """One continuous-batching call: the rows of the jobs it holds (row -> job and choice), the feed the decode
-    loop asks for joining prompts (`mmaccel.core.speculative.RowFeed`), each job answered when its rows end."""
+class JoinedCall(JoinedRows):
+    """One continuous-batching call: a row per choice of its jobs, each job answered when its rows end (spare rows
+    and the joining rule of `mmaccel.serve.batching.JoinedRows`)."""
 
     def __init__(self, pipeline, eos: int | None, joining: Joining, max_rows: int):
-        self.pipeline, self.eos, self.joining, self.max_rows = pipeline, eos, joining, max_rows
-        self.table: dict[int, tuple[Job, int]] = {}              # row -> (job, choice index)
-        self.waiting: list[tuple[Job, int]] = []                 # rows of a taken job not placed yet
+        self.pipeline, self.eos = pipeline, eos
         self.choices: dict[int, list[Choice | None]] = {}        # id(job) -> its choices so far
         self.passes: dict[int, int] = {}
-        first = [(job, i) for job in joining.jobs for i in range(job.payload.n)]
-        # rows opened for requests to come: as many again as the call starts with (up to max_rows) when requests
-        # were queueing, none on an idle server (on a CPU each step computes every row, an empty one too)
-        spare = min(max_rows - len(first), len(first)) if joining.busy else 0
-        self.rows = [job.payload.ids for job, _ in first] + [[eos if eos is not None else 0]] * spare
-        self.limits = [job.payload.max_tokens for job, _ in first] + [1] * spare
+        super().__init__(joining, max_rows)
+        spare = self.width - len(self.first)
+        self.rows = [job.payload.ids for job, _ in self.first] + [[eos if eos is not None else 0]] * spare
+        self.limits = [job.payload.max_tokens for job, _ in self.first] + [1] * spare
         self.max_new = max(job.payload.max_tokens for job in joining.jobs)
-        self.table = dict(enumerate(first))
-        for job in joining.jobs:
-            self._open(job)
         self.reserve = JOIN_PROMPT_TOKENS
 
-    def _open(self, job: Job) -> None:
+    def units(self, job: Job) -> int:
+        return job.payload.n
+
+    def fits(self, payload: TextJob, max_prompt: int) -> bool:
+        return len(payload.ids) <= max_prompt and payload.max_tokens <= self.max_new
+
+    def opened(self, job: Job) -> None:
         self.choices[id(job)] = [None] * job.payload.n
         self.passes[id(job)] = 0
+
+    def joiner(self, job: Job, unit: int) -> tuple[list[int], int]:
+        return job.payload.ids, job.payload.max_tokens
 
     def run(self, generate) -> None:
         # a joining request may stream: every step is heard (the tokens are read back only while one does)
         generate(self.rows, self.max_new, self.tell, self)
 
-    # ---- RowFeed --------------------------------------------------------------------------------
+    # ---- RowFeed (next and dropped: JoinedRows) ------------------------------------------------
 
     def finished(self, row: int, tokens: list[int], passes: list[int]) -> None:
         if row not in self.table:                   # a spare row (opened empty)
@@ -266,25 +268,8 @@ class JoinedCall:
         choices[i] = _choice(tokens, job.payload.max_tokens, self.eos, self.pipeline.tokenizer)
         self.passes[id(job)] += _passes(passes)
         if all(c is not None for c in choices):
-            self.joining.finish(job, TextResult(choices, len(job.payload.ids), self.passes[id(job)]))
-
-    def next(self, row: int, max_prompt: int) -> tuple[list[int], int] | None:
-        if not self.waiting:
-            job = self.joining.take(lambda p: len(p.ids) <= max_prompt and p.max_tokens <= self.max_new,
-                                    most_waiting(len(self.rows), self.max_rows))
-            if job is None:
-                return None
-            self._open(job)
-            self.waiting = [(job, i) for i in range(job.payload.n)]
-        job, i = self.table[row] = self.waiting.pop(0)
-        return job.payload.ids, job.payload.max_tokens
-
-    def dropped(self) -> list[int]:
-        gone = [row for row, (job, _) in self.table.items() if job.gone]
-        for row in gone:
-            del self.table[row]
-        self.waiting = [(job, i) for job, i in self.waiting if not job.gone]
-        return gone
+            del self.choices[id(job)]
+            self.joining.finish(job, TextResult(choices, len(job.payload.ids), self.passes.pop(id(job))))
 
     # ---- streaming ------------------------------------------------------------------------------
 

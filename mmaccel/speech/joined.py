@@ -19,6 +19,7 @@ join: greedy, speculative, early-exit, ngram).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -53,6 +54,7 @@ class AudioSource(Protocol):
 @dataclass
 class _Request:
     handle: Any
+    number: int
     transcript: Transcript
     open: int = 0                                   # its windows queued or decoding
     parts: dict[int, WindowResult] = field(default_factory=dict)
@@ -82,7 +84,8 @@ class JoinedTranscription:
               f"method {self.job.spec.name!r} cannot take requests in the middle of a call")
         self.vad = VadParameters() if vad_filter else None
         self.stats = DecodeStats()
-        self.requests: dict[int, _Request] = {}
+        self.requests: dict[int, _Request] = {}    # open requests (answered and abandoned ones leave)
+        self.numbers = itertools.count()
         self.queue: list[Window] = []               # windows waiting for a row, oldest first
         self.table: dict[int, tuple[Window, EncodedAudio]] = {}      # row -> its window and that window's audio
         for handle, audio in first:
@@ -92,10 +95,10 @@ class JoinedTranscription:
 
     def _add(self, handle: Any, audio: Audio) -> None:
         """A request's windows join the queue (its language detected first, where it is not given)."""
-        number = len(self.requests)
+        number = next(self.numbers)
         [transcript], windows = audio_windows([audio], None, self.vad, follow=self.job.rules is not None)
         windows = [dataclasses.replace(w, input=number) for w in windows]
-        request = self.requests[number] = _Request(handle, transcript, len(windows))
+        request = self.requests[number] = _Request(handle, number, transcript, len(windows))
         if transcript.error is None and self.language is None and self.pipe.bundle.tokens.multilingual:
             with self.stats.timed("language"):
                 self.pipe._detect_languages({number: transcript}, windows, self.job, len(windows))
@@ -105,6 +108,7 @@ class JoinedTranscription:
             self._answer(request)
 
     def _answer(self, request: _Request) -> None:
+        del self.requests[request.number]
         join_windows({0: request.transcript}, {0: request.parts})
         self.source.finish(request.handle, request.transcript)
 
@@ -152,10 +156,10 @@ class JoinedTranscription:
 
     def _drop(self, window: Window) -> bool:
         """Whether `window`'s request went away (it is then closed: no result is made for it)."""
-        request = self.requests[window.input]
-        if not self.source.gone(request.handle):
+        request = self.requests.get(window.input)
+        if request is not None and not self.source.gone(request.handle):
             return False
-        request.open = -1
+        self.requests.pop(window.input, None)       # its other windows find it gone
         self.job.states.pop((window.input, window.index), None)
         return True
 

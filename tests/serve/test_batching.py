@@ -147,16 +147,42 @@ def test_a_joining_call_leaves_older_jobs_of_other_keys_and_crowds_to_wider_call
     assert joiner.calls == [([0], False), ([2, 3], True)] and rec.calls == [("x", [1])]
 
 
-def test_abandoning_a_job_in_a_joining_call_marks_it_gone():
-    joiner = Joiner()
-    worker, _ = _joining(joiner)
-    worker.submit("j", 0)
-    assert joiner.taking.wait(WAIT_S)
-    waiting, running = worker.submit("x", 1), None
-    worker.abandon(waiting)                                   # still queued: it just leaves
+def test_abandoning_a_job_in_a_joining_call_marks_it_gone_and_an_answered_job_leaves_the_call():
+    started, go, seen = threading.Event(), threading.Event(), {}
+
+    def run_joining(key, joining):
+        job = joining.jobs[0]
+        started.set()
+        assert go.wait(WAIT_S)
+        seen["gone"] = job.gone
+        joining.finish(job, "done")
+        seen["open"] = list(joining.jobs)               # the call holds no answered job
+
+    worker = ModelWorker("m", Recorder(), joins=lambda key: key == "j", run_joining=run_joining)
+    running = worker.submit("j", 0)
+    assert started.wait(WAIT_S)
+    waiting = worker.submit("x", 1)
+    worker.abandon(waiting)                             # still queued: it just leaves
     assert waiting.cancelled()
-    running = worker._joining.jobs[0]
-    worker.abandon(running.future)                            # answered already: nothing changes but the flag
-    assert running.gone
-    joiner.go.set()
+    worker.abandon(running)                             # in the call: marked, its rows to be freed
+    go.set()
     worker.close(WAIT_S)
+    assert seen == {"gone": True, "open": []} and running.result(WAIT_S) == "done"
+
+def test_a_joining_call_reports_every_max_rows_requests_it_answers():
+    go, calls = threading.Event(), []
+
+    def run_joining(key, joining):
+        assert go.wait(WAIT_S)
+        for job in list(joining.jobs):
+            joining.finish(job, job.payload)
+        while (job := joining.take(lambda payload: True)) is not None:
+            joining.finish(job, job.payload)
+
+    worker = ModelWorker("m", Recorder(), max_rows=2, joins=lambda key: True, run_joining=run_joining,
+                         on_call=calls.append)
+    futures = [worker.submit("j", i) for i in range(5)]
+    go.set()
+    assert [f.result(WAIT_S) for f in futures] == [0, 1, 2, 3, 4]
+    worker.close(WAIT_S)
+    assert [c.result for c in calls] == [[0, 1], [2, 3], [4]] and [c.jobs for c in calls] == [2, 2, 1]
