@@ -33,7 +33,7 @@ from starlette.exceptions import HTTPException
 
 from mmaccel.errors import InputError, MMAccelError, check
 from mmaccel.serve import images, speech, text
-from mmaccel.serve.batching import ModelWorker, QueueFull, ShuttingDown
+from mmaccel.serve.batching import ClientGone, ModelWorker, QueueFull, ShuttingDown
 from mmaccel.serve.catalogue import ALIASES, DEFAULT_MODELS, REGISTRY_OF, ServedModel, served_models
 from mmaccel.serve.metrics import ServeMetrics
 
@@ -56,10 +56,6 @@ class ServeConfig:
     text_method: str = "ar"
     continuous: bool = True          # requests join calls in progress (where the method can)
     pipelines: dict[str, Any] = field(default_factory=dict, repr=False)   # model id -> a loaded pipeline (tests)
-
-
-class ClientGone(Exception):
-    """The client closed the connection while its request waited."""
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error", headers: dict | None = None) -> JSONResponse:
@@ -129,9 +125,11 @@ async def _await(request: Request, future: concurrent.futures.Future, worker: Mo
             return waiting.result()
         if await request.is_disconnected():
             worker.abandon(future)
+            waiting.cancel()                    # what the job still ends with is heard by no one
             raise ClientGone
         if time.monotonic() > deadline:
             worker.abandon(future)
+            waiting.cancel()
             raise HTTPException(504, f"the request took over {timeout_s:g} s")
 
 

@@ -7,7 +7,8 @@ one call of the model's pipeline (`run(key, payloads) -> results`, one per paylo
 while a call decodes waits for the next call. Where `joins(key)` says the pipeline can, a call instead takes
 waiting jobs of its key as its rows end (continuous batching: `run_joining(key, Joining)`, which hands each job
 its result as soon as its rows are done). A job whose client went away before its call started is dropped; the
-queue is bounded (`QueueFull`, which the server answers with 429).
+queue is bounded (`QueueFull`, which the server answers with 429). A joining call lets a job whose client went
+away go at its next step (`Joining.release`).
 
 >>> worker = ModelWorker("whisper-base", lambda key, audios: asr.transcribe(audios, key).transcripts, max_rows=8)
 >>> future = worker.submit("greedy", audio)          # a concurrent.futures.Future of the transcript
@@ -33,6 +34,10 @@ class QueueFull(MMAccelError):
 
 class ShuttingDown(MMAccelError):
     """The worker takes no new jobs: the server is stopping."""
+
+
+class ClientGone(MMAccelError):
+    """The client closed the connection before its request was answered (a joining call lets its job go)."""
 
 
 @dataclass(eq=False)             # a job is itself: equal only to itself (its payload may be an array)
@@ -79,6 +84,14 @@ class Joining:
             self.jobs.append(job)
             self.started[id(job)] = time.perf_counter()
         return job
+
+    def release(self, job: Job) -> None:
+        """`job`'s client went away and its rows are freed: the call holds it no more (its future ends with
+        `ClientGone`, which no one reads)."""
+        if job in self.jobs:
+            self.jobs.remove(job)
+            del self.started[id(job)]
+            job.future.set_exception(ClientGone(f"{self.worker.name}: the client went away"))
 
     def finish(self, job: Job, result: Any) -> None:
         self.jobs.remove(job)
@@ -139,6 +152,10 @@ class JoinedRows(abc.ABC):
         """`job` is taken into the call (its rows are placed as rows end)."""
 
     @abc.abstractmethod
+    def closed(self, job: Job) -> None:
+        """`job`'s client went away before its rows were done: forget what was kept for it."""
+
+    @abc.abstractmethod
     def joiner(self, job: Job, unit: int) -> Any:
         """What row `unit` of `job` starts with (a `Joiner`, or a prompt and its most new tokens)."""
 
@@ -154,11 +171,13 @@ class JoinedRows(abc.ABC):
         return self.joiner(job, i)
 
     def dropped(self) -> list[int]:
-        gone = [row for row, (job, _) in self.table.items() if job.gone]
-        for row in gone:
-            del self.table[row]
+        rows = [row for row, (job, _) in self.table.items() if job.gone]
+        gone = {id(job): job for job, _ in [*(self.table.pop(row) for row in rows), *self.waiting] if job.gone}
         self.waiting = [(job, i) for job, i in self.waiting if not job.gone]
-        return gone
+        for job in gone.values():
+            self.closed(job)
+            self.joining.release(job)
+        return rows
 
 
 class ModelWorker:

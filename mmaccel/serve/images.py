@@ -156,6 +156,9 @@ class JoinedImages(JoinedRows):
     def opened(self, job: Job) -> None:
         self.images[id(job)] = [None] * job.payload[1]
 
+    def closed(self, job: Job) -> None:
+        del self.images[id(job)]
+
     def joiner(self, job: Job, unit: int):
         return self.pipeline.joiner(job.payload[0], self.cfg)
 

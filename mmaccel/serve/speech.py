@@ -193,6 +193,9 @@ class _Requests:
     def gone(self, job: Job) -> bool:
         return job.gone
 
+    def release(self, job: Job) -> None:
+        self.joining.release(job)
+
 
 def windows(audio: Audio) -> int:
     """The 30-s windows an audio takes at least (its rows in a call)."""

@@ -251,6 +251,9 @@ class JoinedCall(JoinedRows):
         self.choices[id(job)] = [None] * job.payload.n
         self.passes[id(job)] = 0
 
+    def closed(self, job: Job) -> None:
+        del self.choices[id(job)], self.passes[id(job)]
+
     def joiner(self, job: Job, unit: int) -> tuple[list[int], int]:
         return job.payload.ids, job.payload.max_tokens
 

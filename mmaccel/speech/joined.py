@@ -48,7 +48,10 @@ class AudioSource(Protocol):
         """Request `handle` is done: its transcript."""
 
     def gone(self, handle: Any) -> bool:
-        """Whether request `handle`'s client went away (its rows are freed)."""
+        """Whether request `handle`'s client went away (its rows are then freed)."""
+
+    def release(self, handle: Any) -> None:
+        """Request `handle`'s rows are freed (its client went away): the call holds it no more."""
 
 
 @dataclass
@@ -159,7 +162,9 @@ class JoinedTranscription:
         request = self.requests.get(window.input)
         if request is not None and not self.source.gone(request.handle):
             return False
-        self.requests.pop(window.input, None)       # its other windows find it gone
+        if request is not None:                     # its other windows find it gone
+            del self.requests[window.input]
+            self.source.release(request.handle)
         self.job.states.pop((window.input, window.index), None)
         return True
 

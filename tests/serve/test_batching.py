@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from mmaccel.serve.batching import ModelWorker, QueueFull, ShuttingDown
+from mmaccel.serve.batching import ClientGone, Job, JoinedRows, Joining, ModelWorker, QueueFull, ShuttingDown
 
 WAIT_S = 30
 
@@ -168,6 +168,46 @@ def test_abandoning_a_job_in_a_joining_call_marks_it_gone_and_an_answered_job_le
     go.set()
     worker.close(WAIT_S)
     assert seen == {"gone": True, "open": []} and running.result(WAIT_S) == "done"
+
+class Rows(JoinedRows):
+    """A joined call whose jobs take `payload` rows each; records the jobs it forgot."""
+
+    def __init__(self, joining):
+        self.forgot = []
+        super().__init__(joining, max_rows=4)
+
+    def units(self, job):
+        return job.payload
+
+    def opened(self, job):
+        pass
+
+    def closed(self, job):
+        self.forgot.append(job.payload)
+
+    def joiner(self, job, unit):
+        return job.payload, unit
+
+
+def test_a_job_whose_client_went_away_leaves_its_call_at_the_next_step():
+    worker = ModelWorker("m", Recorder())
+    first, two, three = Job("j", 1), Job("j", 2), Job("j", 3)
+    joining = Joining(worker, "j", [first, two], busy=False)
+    rows = Rows(joining)
+    rows.waiting = [(three, 0), (three, 1)]           # taken, its rows not placed yet
+    joining.jobs.append(three)
+    joining.started[id(three)] = 0.0
+    assert rows.dropped() == [] and len(joining.jobs) == 3
+    two.gone = three.gone = True
+    assert rows.dropped() == [1, 2]                     # two's rows end now; three is never placed
+    assert joining.jobs == [first] and list(joining.started) == [id(first)] and rows.waiting == []
+    assert rows.forgot == [2, 3] and list(rows.table) == [0]
+    for job in (two, three):
+        with pytest.raises(ClientGone):
+            job.future.result(0)
+    assert rows.dropped() == []
+    worker.close(WAIT_S)
+
 
 def test_a_joining_call_reports_every_max_rows_requests_it_answers():
     go, calls = threading.Event(), []

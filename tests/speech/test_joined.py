@@ -16,6 +16,7 @@ class Source:
 
     def __init__(self, items, gone=()):
         self.items, self.away, self.out, self.taken = list(items), dict.fromkeys(gone, 0), {}, []
+        self.released = {}                             # handle -> requests answered when the call let it go
 
     def take(self):
         if not self.items:
@@ -31,6 +32,10 @@ class Source:
             return False
         self.away[handle] += 1                         # asked once when its window is placed, then every step
         return self.away[handle] > 4
+
+    def release(self, handle):
+        assert handle not in self.released
+        self.released[handle] = len(self.out)
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +105,7 @@ def test_a_request_that_went_away_frees_its_rows(tiny_en_asr, audios):
     source = Source(items[1:], gone={1})             # the long audio's client goes away as it decodes
     JoinedTranscription(tiny_en_asr, source, items[:1], rows=2).run()
     assert set(source.out) == {0, 2, 3} and source.away[1] > 4
+    assert source.released == {1: 0}                # let go at once, before any other request was answered
     assert source.out[3].text == tiny_en_asr.transcribe(audios[3]).texts[0]
 
 
