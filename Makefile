@@ -17,7 +17,7 @@ HAVE_DATA := test -d $(FMNIST) -a -d $(SPHINX) -a -d /usr/share/sounds/alsa -a -
              && command -v flite >/dev/null && command -v text2wave >/dev/null && command -v espeak-ng >/dev/null \
              && command -v chromium >/dev/null
 
-.PHONY: install demo compare serve test test-slow bench bench-quick clean
+.PHONY: install demo compare serve test test-slow bench bench-quick docs docs-serve clean
 
 install: $(STAMP)
 
@@ -51,11 +51,17 @@ test-slow: install
 bench: install
 	$(BIN)/mmaccel bench core
 	$(BIN)/mmaccel bench image
-	$(BIN)/mmaccel bench report
+	$(BIN)/mmaccel bench report   # README headline tables, docs/benchmarks/, docs/reference/methods.md
 
 bench-quick: install
 	$(BIN)/mmaccel bench core --quick
 	$(BIN)/mmaccel bench image --quick
 
+docs: install     # the documentation site into site/ (strict: a broken link or a missing page fails)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: install   # the site on http://127.0.0.1:8001, rebuilt as pages change
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr 127.0.0.1:8001
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info site

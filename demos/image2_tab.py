@@ -1,6 +1,6 @@
 """Image II tab: the other image worlds, each method next to its own model's AR with the same seed:
 next-scale VAR with CoDe, continuous tokens (MAR) with CSpD and MAR's multi-token mode, and SJD2 on the
-GPT fine-tuned for it. Every world samples with its built-in recipe (mmaccel/assets/README.md)."""
+GPT fine-tuned for it. Every world samples with its built-in recipe (docs/models.md)."""
 
 from __future__ import annotations
 

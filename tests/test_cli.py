@@ -49,7 +49,8 @@ def test_methods_listing(capsys):
     assert "relaxed (budget: epsilon)" in out and "k=4 (int, [1, 64]): draft tokens per verification" in out
     assert main(["methods", "--pipeline", "image", "--markdown"]) == 0
     out = capsys.readouterr().out
-    assert "### `lantern` (image: `mmaccel image generate --method lantern`)" in out and "speech" not in out
+    assert "### `lantern` (image)" in out and "run: `mmaccel image generate --method lantern`" in out
+    assert "follows: LANTERN (ICLR 2025), arXiv 2410.03355" in out and "speech" not in out
     assert "| `delta` | float | `0.1` | [0.0, 1.0] |" in out
 
 

@@ -1,6 +1,6 @@
 """Conformance generated from the registries: every method of every plug-in family builds from its defaults,
 refuses an unknown parameter and an out-of-range value in one line that names what is valid, and declares its
-exactness (a relaxed one names its budget parameter) and typed needs. A new method gets these cases by its
+exactness (a relaxed one names its budget parameter), typed needs and the paper it follows. A new method gets these cases by its
 registry line alone."""
 
 from dataclasses import fields
@@ -21,6 +21,7 @@ def test_builds_from_defaults_and_declares_itself(family, name):
     method = build_method(name, method_registry(family))
     assert isinstance(method, Method) and method.name == name
     assert plugin.exactness in EXACTNESS and set(plugin.needs) <= set(NEEDS) and plugin.summary
+    assert plugin.paper or name in ("ar", "greedy"), f"{name} names no paper (the docs' methods reference shows it)"
     assert (plugin.budget is not None) == (plugin.exactness == "relaxed")
     if plugin.exactness in EXACT:
         assert method.lossless, f"{name} is declared exact but its default Method says it is not lossless"

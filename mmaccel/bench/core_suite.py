@@ -10,7 +10,7 @@ from mmaccel.bench.harness import MethodSpec, Suite
 from mmaccel.core.methods import build_method
 
 # Widths follow the measured step cost of SmolLM2 on 2 CPU cores: verifying T = 3 tokens costs about
-# 1.15x a one-token step, T = 5 about 1.9x (docs in mmaccel/assets/README.md, "smollm2_draft").
+# 1.15x a one-token step, T = 5 about 1.9x (docs in docs/models.md, "smollm2_draft").
 DEFAULT_METHODS = [
     MethodSpec("ar"),
     MethodSpec("speculative", {"k": 2}, label="speculative-k2"),

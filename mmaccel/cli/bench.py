@@ -211,10 +211,10 @@ def _check_options(name: str, suite: BenchSuite, args: argparse.Namespace) -> No
 
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.suite == "report":
-        from mmaccel.bench.report import update_readme
+        from mmaccel.bench.report import update
 
-        changed = update_readme(Path(args.readme), Path(args.dir))
-        print(f"{args.readme}: {'updated' if changed else 'already up to date'}")
+        changed = update(Path(args.root))
+        print("updated " + ", ".join(changed) if changed else "every generated page is up to date")
         return 0
     if args.threads is not None:
         import torch
@@ -267,6 +267,6 @@ def add_parser(subparsers) -> None:
     add_device_option(b, default=None)
     b.add_argument("--threads", type=int, default=None,
                    help="CPU threads for the run (default: torch's, one per core); recorded with the results")
-    b.add_argument("--readme", default="README.md", help="report: the README whose benchmark tables are refreshed")
-    b.add_argument("--dir", default="benchmarks", help="report: the folder of result documents")
+    b.add_argument("--root", default=".", help="report: the repository whose README headline tables, docs/benchmarks/ "
+                                               "pages and methods reference are regenerated from benchmarks/")
     b.set_defaults(func=cmd_bench)

@@ -8,35 +8,19 @@ import argparse
 from mmaccel.registries import FAMILIES
 
 
-def _exactness(plugin) -> str:
-    return f"relaxed (budget: {plugin.budget})" if plugin.exactness == "relaxed" else plugin.exactness
-
-
-def _usage(command: str, name: str) -> str:
-    """How method `name` is run: the family's command with `--method NAME`, or its {name} filled (an API call)."""
-    return command.format(name=name) if "{name}" in command else f"{command} --method {name}"
-
-
 def _print_family(family: str, markdown: bool) -> None:
-    from mmaccel.registries import method_registry
+    from mmaccel.registries import exactness, family_markdown, method_registry
 
-    command = FAMILIES[family][2]
+    if markdown:
+        print(f"\n{family_markdown(family)}")
+        return
+    width = max(map(len, FAMILIES))
     for name, plugin in method_registry(family).items():
         needs = ", ".join(plugin.needs) or "target only"
-        if markdown:
-            print(f"\n### `{name}` ({family}: `{_usage(command, name)}`)\n\n{plugin.summary}. "
-                  f"{_exactness(plugin)}; needs {needs}.\n")
-            rows = plugin.parameters()
-            if rows:
-                print("| parameter | type | default | range | what |\n|---|---|---|---|---|")
-                for r in rows:
-                    print(f"| `{r['name']}` | {r['type']} | `{r['default']}` | {r['range']} | {r['help']} |")
-        else:
-            width = max(map(len, FAMILIES))
-            print(f"{family:{width}} {name:18} {_exactness(plugin):34} needs {needs}: {plugin.summary}")
-            for r in plugin.parameters():
-                print(f"{'':{width + 20}}{r['name']}={r['default']!r} ({r['type']}{', ' + r['range'] if r['range'] else ''}): "
-                      f"{r['help']}")
+        print(f"{family:{width}} {name:18} {exactness(plugin).replace('`', ''):34} needs {needs}: {plugin.summary}")
+        for r in plugin.parameters():
+            print(f"{'':{width + 20}}{r['name']}={r['default']!r} ({r['type']}{', ' + r['range'] if r['range'] else ''}): "
+                  f"{r['help']}")
 
 
 def cmd_methods(args: argparse.Namespace) -> int:

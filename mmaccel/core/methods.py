@@ -229,20 +229,28 @@ def _medusa_typical(p: TypicalParams) -> Method:
 
 AR = MethodPlugin("ar", ARParams, _ar, "law-exact", summary="plain autoregressive decoding (the baseline)")
 SPECULATIVE = MethodPlugin("speculative", SpeculativeParams, _speculative, "law-exact", ("draft",),
-                           summary="chain speculative decoding with a draft model")
+                           summary="chain speculative decoding with a draft model",
+                           paper="Leviathan et al. 2023, arXiv 2211.17192; Chen et al. 2023, arXiv 2302.01318")
 TREE = MethodPlugin("tree", TreeParams, _tree, "law-exact", ("draft",),
-                    summary="tree speculative decoding with a draft model")
+                    summary="tree speculative decoding with a draft model",
+                    paper="EAGLE-2 (Li et al. 2024), arXiv 2406.16858")
 NGRAM = MethodPlugin("ngram", NGramParams, _ngram, "law-exact", summary="prompt-lookup n-gram drafts",
                      host_reads=None, host_reads_why="prompt lookup is a string search on the host: every proposal "
-                                                     "reads the history back (NGramProposer)")
-SJD = MethodPlugin("sjd", JacobiParams, _sjd, "law-exact", summary="speculative Jacobi decoding (SJD)")
+                                                     "reads the history back (NGramProposer)",
+                     paper="prompt lookup decoding (Saxena 2023)")
+SJD = MethodPlugin("sjd", JacobiParams, _sjd, "law-exact", summary="speculative Jacobi decoding (SJD)",
+                   paper="SJD (Teng et al., ICLR 2025), arXiv 2410.01699")
 SJD_COUPLED = MethodPlugin("sjd-coupled", JacobiParams, lambda p: _sjd(p, coupled=True), "law-exact",
-                           summary="speculative Jacobi decoding with coupled noise (SCD)")
+                           summary="speculative Jacobi decoding with coupled noise (SCD)",
+                           paper="SCD / MC-SJD (ICML 2026), arXiv 2510.24211")
 EARLY_EXIT = MethodPlugin("early-exit", EarlyExitParams, _early_exit, "law-exact",
-                          summary="self-speculative: the first layers draft")
-MEDUSA = MethodPlugin("medusa", MedusaParams, _medusa, "law-exact", ("heads",), summary="Medusa heads, tree verify")
+                          summary="self-speculative: the first layers draft",
+                          paper="LayerSkip (Elhoushi et al. 2024), arXiv 2404.16710")
+MEDUSA = MethodPlugin("medusa", MedusaParams, _medusa, "law-exact", ("heads",), summary="Medusa heads, tree verify",
+                      paper="Medusa (Cai et al. 2024), arXiv 2401.10774")
 MEDUSA_TYPICAL = MethodPlugin("medusa-typical", TypicalParams, _medusa_typical, "relaxed", ("heads",),
-                              budget="epsilon", summary="Medusa heads with typical acceptance")
+                              budget="epsilon", summary="Medusa heads with typical acceptance",
+                              paper="Medusa (Cai et al. 2024), arXiv 2401.10774")
 
 REGISTRY: dict[str, MethodPlugin] = registry(AR, SPECULATIVE, TREE, NGRAM, SJD, SJD_COUPLED, EARLY_EXIT, MEDUSA,
                                              MEDUSA_TYPICAL)

@@ -5,7 +5,8 @@ A plug-in has a name; a frozen dataclass of parameters whose fields are made wit
 default, range or choices, one line of help); its exactness ("greedy-exact": bit-identical to plain greedy;
 "law-exact": also the target's law when sampling; "relaxed": a budget parameter bounds what it changes, and it
 reports the deviation in `DecodeStats.deviation`; "another-model": it runs another model than the target, a
-baseline or quality floor such as the small model alone, and nothing bounds what that changes); the resources it
+baseline or quality floor such as the small model alone, and nothing bounds what that changes); the paper it
+follows (`paper`, shown by the docs' methods reference); the resources it
 needs (keys of `NEEDS`); how often a call reads back to the host on a GPU (`host_reads`: at most that many
 values per call, or None with the reason it reads per pass); and `build`, which turns validated parameters into
 the `Method` that runs. Cross-parameter rules go in the dataclass's `__post_init__`. A pipeline family's registry
@@ -87,6 +88,7 @@ class MethodPlugin:
     needs: tuple[str, ...] = ()
     budget: str | None = None        # relaxed methods: the parameter that bounds the deviation
     summary: str = ""
+    paper: str = ""                  # the paper (or work) it follows, with its arXiv id where it has one; "" for a baseline
     # relaxed methods: whether parameters spend no budget, so that the output is exact (LANTERN at delta 0)
     exact_when: Callable[[Any], bool] | None = field(default=None, repr=False)
     # the most host reads of one call on a GPU, whatever its length (tests/test_method_conformance.py measures

@@ -118,15 +118,19 @@ def _cspd(p: CSpDParams) -> Method:
 
 
 CONTINUOUS_REGISTRY: dict[str, MethodPlugin] = registry(
-    MethodPlugin("ar", NoParams, _ar, "law-exact", summary="the target, one token a step (the baseline)"),
+    MethodPlugin("ar", NoParams, _ar, "law-exact", summary="the target, one token a step (the baseline)",
+                 paper="MAR (Li et al. 2024), arXiv 2406.11838"),
     MethodPlugin("mar", MARParams, _mar, "relaxed", budget="tokens_per_step",
                  exact_when=lambda p: p.tokens_per_step == 1,
-                 summary="MAR's multi-token mode: several tokens per target step"),
+                 summary="MAR's multi-token mode: several tokens per target step",
+                 paper="MAR (Li et al. 2024), arXiv 2406.11838"),
     MethodPlugin("ar-draft", NoParams, _ar_draft, "another-model", ("draft",),
-                 summary="the draft model alone, one token a step (the quality floor)"),
+                 summary="the draft model alone, one token a step (the quality floor)",
+                 paper="MAR (Li et al. 2024), arXiv 2406.11838"),
     MethodPlugin("cspd", CSpDParams, _cspd, "relaxed", ("draft",), budget="inner_temperature",
                  exact_when=lambda p: p.inner_temperature == 1 and p.num_draft == 1,
-                 summary="CSpD: the draft proposes, the target keeps a draft by the diffusion heads' density ratio"),
+                 summary="CSpD: the draft proposes, the target keeps a draft by the diffusion heads' density ratio",
+                 paper="CSpD, arXiv 2411.11925"),
 )
 
 

@@ -47,7 +47,7 @@ BUILTIN_CONTINUOUS_FILES = {"model": _ASSETS / "fashion_mar.safetensors",
                             "draft": _ASSETS / "fashion_mar_draft.safetensors",
                             "kl": _ASSETS / "fashion_kl.safetensors"}
 CONTINUOUS_METHODS = tuple(CONTINUOUS_REGISTRY)
-# The built-in models' sampling recipe (chosen on the development split, see mmaccel/assets/README.md).
+# The built-in models' sampling recipe (chosen on the development split, see docs/models.md).
 CONTINUOUS_SAMPLING = {"cfg": 3.0, "cfg_schedule": "linear", "temperature": 1.0, "diffusion_steps": 10}
 OUTPUT_SIZE = 64             # decoded images are resized to the other image pipelines' side (FID references)
 

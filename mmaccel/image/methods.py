@@ -161,16 +161,19 @@ IMAGE_REGISTRY: dict[str, MethodPlugin] = registry(
     core.AR, core.SPECULATIVE, core.TREE, core.SJD, core.SJD_COUPLED, core.EARLY_EXIT,
     MethodPlugin("lantern", LanternParams, _lantern, "relaxed", ("draft", "latents"), budget="delta",
                  exact_when=lambda p: p.delta == 0,
-                 summary="LANTERN: draft tokens accepted over latent neighbourhoods within a TV budget"),
+                 summary="LANTERN: draft tokens accepted over latent neighbourhoods within a TV budget",
+                 paper="LANTERN (ICLR 2025), arXiv 2410.03355"),
     MethodPlugin("gsd", GSDParams, _gsd, "relaxed", ("latents",), budget="p_threshold",
                  exact_when=lambda p: p.p_threshold == 0 or p.d_threshold == 0 or p.half_window == 0,
-                 summary="GSD: SJD drafts accepted by dynamic clusters"),
+                 summary="GSD: SJD drafts accepted by dynamic clusters", paper="GSD (ICCV 2025), arXiv 2508.07747"),
     MethodPlugin("zipar", ZipARParams, _zipar, "relaxed", budget="s",
                  summary="ZipAR: rows decoded in parallel once the row above is s tokens ahead",
                  host_reads=None, host_reads_why="the wavefront's plan (which rows run, their inputs and drafts) is "
-                                                 "Python state: every pass reads its tokens back (zipar.py)"),
+                                                 "Python state: every pass reads its tokens back (zipar.py)",
+                 paper="ZipAR (ICML 2025), arXiv 2412.04062"),
     MethodPlugin("sjd2", SJD2Params, _sjd2, "law-exact", ("embeddings", "embedding_scale"),
-                 summary="SJD2: Jacobi drafts denoised from embedding noise, verified exactly"),
+                 summary="SJD2: Jacobi drafts denoised from embedding noise, verified exactly",
+                 paper="SJD2 (NeurIPS 2025), arXiv 2510.08994"),
     SJD_ENTROPY,
 )
 

@@ -72,7 +72,7 @@ def locate_checkpoints(name: str, builtins: dict[str, dict[str, Path]], stems: d
         missing = [str(p) for p in paths.values() if not p.is_file()]
         if missing:
             raise ModelNotFoundError(f"the built-in {what} files are missing: {', '.join(missing)} "
-                                     "(reinstall mmaccel, or train them: see mmaccel/assets/README.md)")
+                                     "(reinstall mmaccel, or train them: see docs/models.md)")
         return paths, True
     if name.startswith("builtin:"):
         raise ModelNotFoundError(f"unknown built-in {what} {name!r}; the built-in ones are "

@@ -109,11 +109,13 @@ def _code(p: CodeParams) -> Method:
 
 
 SCALE_REGISTRY: dict[str, MethodPlugin] = registry(
-    MethodPlugin("ar", NoParams, _ar, "law-exact", summary="the large VAR on every scale (the baseline)"),
+    MethodPlugin("ar", NoParams, _ar, "law-exact", summary="the large VAR on every scale (the baseline)",
+                 paper="VAR (Tian et al. 2024), arXiv 2404.02905"),
     MethodPlugin("ar-small", NoParams, _ar_small, "another-model", ("refiner",),
-                 summary="the small VAR alone (the quality floor)"),
+                 summary="the small VAR alone (the quality floor)", paper="VAR (Tian et al. 2024), arXiv 2404.02905"),
     MethodPlugin("code", CodeParams, _code, "relaxed", ("refiner",), budget="draft_steps",
-                 summary="CoDe: the large VAR draws the first N scales, the small one the rest"),
+                 summary="CoDe: the large VAR draws the first N scales, the small one the rest",
+                 paper="CoDe (CVPR 2025), arXiv 2411.17787"),
 )
 
 

@@ -48,7 +48,7 @@ BUILTIN_SCALE_FILES = {"var": _ASSETS / "fashion_var_large.safetensors",
                        "refiner": _ASSETS / "fashion_var_small.safetensors",
                        "vq": _ASSETS / "fashion_msvq.safetensors"}
 SCALE_METHODS = tuple(SCALE_REGISTRY)
-# The built-in models' sampling recipe (tuned on the development split, see mmaccel/assets/README.md).
+# The built-in models' sampling recipe (tuned on the development split, see docs/models.md).
 SCALE_SAMPLING = {"cfg_scale": 3.0, "top_k": 128, "top_p": 1.0, "temperature": 1.0}
 
 
@@ -141,6 +141,7 @@ class ScalePipeline:
 
     @property
     def num_scales(self) -> int:
+        """The number of scales K of the token pyramid, one per entry of the VQ's `patch_nums`."""
         return len(self.vq.patch_nums)
 
     def specialised_refiner(self, draft_steps: int) -> VAR:

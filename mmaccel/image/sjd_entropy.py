@@ -81,4 +81,5 @@ def _sjd_entropy(p: SJDEntropyParams) -> Method:
 SJD_ENTROPY = MethodPlugin("sjd-entropy", SJDEntropyParams, _sjd_entropy, "relaxed", budget="boost",
                            exact_when=lambda p: p.boost == 0,
                            summary="SJD with entropy-aware acceptance (Ma et al. 2025): flat target distributions "
-                                   "accept drafts more easily, TV bound reported")
+                                   "accept drafts more easily, TV bound reported",
+                           paper="entropy-aware acceptance for SJD (Ma et al. 2025)")

@@ -23,6 +23,11 @@ BUILTIN = "builtin:smollm2"
 
 @dataclass
 class TextOutput:
+    """What `TextPipeline.generate` returns, a row per prompt (with a `feed`, each row's last request): each row's
+    text (special tokens skipped), its generated token ids (the prompt left out; cut after the end-of-text token or
+    at `max_new_tokens`), the decode statistics, and per token the target pass that committed it (None where the
+    method does not record it)."""
+
     texts: list[str]
     tokens: list[list[int]]
     stats: DecodeStats
@@ -72,6 +77,12 @@ class TextPipeline:
         return cls(target, tokenizer, drafter)
 
     def encode(self, prompts: list[str]) -> list[list[int]]:
+        """Token ids of each prompt (a single string is one prompt): as a user turn in the tokenizer's chat template
+        when the pipeline is a chat one and the tokenizer has a template, else the text as it is.
+
+        Raises:
+            InputError: `prompts` is not a non-empty list, or one of them is not a string or is blank.
+        """
         from mmaccel.lm.smollm2 import render_prompt
 
         if isinstance(prompts, str):

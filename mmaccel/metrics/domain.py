@@ -7,7 +7,7 @@ FIDs; it runs at about 1 ms per image. `classify` uses the same network to check
 class-conditional samples: the fraction whose predicted label is the requested class.
 
 The shipped weights, `mmaccel/assets/fashion_classifier.safetensors`, are trained by
-`python -m mmaccel.image.train.train_classifier` (see `mmaccel/assets/README.md`). Domain-FID values
+`python -m mmaccel.image.train.train_classifier` (see `docs/models.md`). Domain-FID values
 are only comparable between runs that use the same weights file; `fid.reference_stats` keys its
 cache on the file's hash.
 """

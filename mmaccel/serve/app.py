@@ -44,6 +44,12 @@ POLL_S = 0.25                        # how often a waiting request checks whethe
 
 @dataclass
 class ServeConfig:
+    """How `create_app` serves: the catalogue ids of the models to load, the bearer token every route but /healthz
+    needs (None: no token), the device their pipelines load on, the upload limit, each model's queue bound and rows
+    per call (30-s windows, images or completions), a request's whole timeout, the method of a request that names
+    none (by family), whether requests join calls in progress, and pipelines already loaded (by model id, for
+    tests)."""
+
     models: tuple[str, ...] = DEFAULT_MODELS
     api_key: str | None = None
     device: str | None = None
@@ -109,6 +115,8 @@ class Server:
         return requested
 
     def close(self) -> None:
+        """Answer new requests 503 and close every model's worker; returns once each has answered its waiting
+        requests."""
         self.draining = True
         for worker in self.workers.values():
             worker.close()

@@ -42,6 +42,10 @@ class ClientGone(MMAccelError):
 
 @dataclass(eq=False)             # a job is itself: equal only to itself (its payload may be an array)
 class Job:
+    """One request in a model's queue or call: its key (jobs with equal keys may share a call), its payload, the
+    rows it takes, the future its result goes to, when it was queued (`time.perf_counter`) and whether its client
+    went away."""
+
     key: Hashable
     payload: Any
     rows: int = 1
@@ -94,6 +98,7 @@ class Joining:
             job.future.set_exception(ClientGone(f"{self.worker.name}: the client went away"))
 
     def finish(self, job: Job, result: Any) -> None:
+        """Answer `job` with `result`: it leaves the open jobs, and every `max_rows` answers are reported (`report`)."""
         self.jobs.remove(job)
         self.answered.append((job, self.started.pop(id(job)), result))
         job.future.set_result(result)
@@ -145,6 +150,7 @@ class JoinedRows(abc.ABC):
         """The rows `job` takes."""
 
     def fits(self, payload: Any, max_prompt: int) -> bool:
+        """Whether a waiting job's `payload` may take a row whose prompt is at most `max_prompt` tokens (here: any)."""
         return True
 
     @abc.abstractmethod
@@ -160,6 +166,7 @@ class JoinedRows(abc.ABC):
         """What row `unit` of `job` starts with (a `Joiner`, or a prompt and its most new tokens)."""
 
     def next(self, row: int, max_prompt: int) -> Any:
+        """`RowFeed.next`: what row `row` starts on (`joiner`): a taken job's unit, else a new job's; None for none."""
         if not self.waiting:
             job = self.joining.take(lambda payload: self.fits(payload, max_prompt),
                                     most_waiting(self.width, self.max_rows))
@@ -171,6 +178,7 @@ class JoinedRows(abc.ABC):
         return self.joiner(job, i)
 
     def dropped(self) -> list[int]:
+        """`RowFeed.dropped`: the rows of jobs whose clients went away, which the call releases (`Joining.release`)."""
         rows = [row for row, (job, _) in self.table.items() if job.gone]
         gone = {id(job): job for job, _ in [*(self.table.pop(row) for row in rows), *self.waiting] if job.gone}
         self.waiting = [(job, i) for job, i in self.waiting if not job.gone]

@@ -11,6 +11,8 @@ FAMILIES = ("speech", "image", "text")
 
 @dataclass(frozen=True)
 class ServedModel:
+    """One model `mmaccel serve` can serve: the id clients name it by, its family, its pipeline and its source."""
+
     id: str            # what clients send as `model`
     family: str        # speech, image or text: the endpoints that take it
     pipeline: str      # the pipeline class that loads it (`load`)

@@ -19,12 +19,14 @@ def check_fields(body: Any, allowed: set[str], *required: str) -> None:
 
 
 def optional_str(body: dict, name: str) -> str | None:
+    """Field `name` of `body` as a string; None when it is absent, null or empty."""
     value = body.get(name)
     check(value is None or isinstance(value, str), f"{name} must be a string, got {json.dumps(value)[:40]}")
     return value or None
 
 
 def optional_int(body: dict, name: str) -> int | None:
+    """Field `name` of `body` as an integer (a boolean is not one); None when it is absent or null."""
     value = body.get(name)
     check(value is None or (isinstance(value, int) and not isinstance(value, bool)),
           f"{name} must be an integer, got {json.dumps(value)[:40]}")
@@ -32,6 +34,7 @@ def optional_int(body: dict, name: str) -> int | None:
 
 
 def positive_int(body: dict, name: str, default: int) -> int:
+    """Field `name` of `body` as an integer of at least 1; `default` when it is absent or null."""
     value = optional_int(body, name)
     value = default if value is None else value
     check(value >= 1, f"{name} must be at least 1, got {value}")
@@ -40,6 +43,8 @@ def positive_int(body: dict, name: str, default: int) -> int:
 
 def number(body: dict, name: str, default: float | None = None, low: float = -math.inf,
            high: float = math.inf) -> float:
+    """Field `name` of `body` as a finite number in [`low`, `high`], as a float; `default` when it is absent or null
+    (a None `default` makes the field required)."""
     value = body.get(name, default)
     value = default if value is None else value
     check(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
@@ -62,6 +67,7 @@ def parse_params(raw: Any) -> dict:
 
 
 def method_params(body: dict) -> dict:
+    """The body's `method_params` (`parse_params`): {} when it is absent."""
     return parse_params(body.get("method_params"))
 
 

@@ -41,6 +41,10 @@ class ImageOptions:
 
 @dataclass
 class ImageRequest:
+    """An image request as `parse_request` reads it: the model it names, the class its prompt names (not yet
+    checked: `label_of`), the `n` images asked for, the size asked for (None or "auto": the model's own) and the
+    options it is drawn with."""
+
     model: str
     prompt: str
     n: int
@@ -50,6 +54,9 @@ class ImageRequest:
 
 @dataclass
 class ImageResult:
+    """What an image request is answered with: its `n` images, the seed of the call that drew them and their class
+    index."""
+
     images: list                         # PIL images
     seed: int
     label: int
@@ -87,6 +94,7 @@ def label_of(pipeline, prompt: str) -> int:
 
 
 def pipeline_labels(pipeline, labels: list) -> list[int]:
+    """`labels` (class indices or names) as class indices of `pipeline`'s model, checked (`check_labels`)."""
     from mmaccel.image.pipeline import check_labels
 
     classes = getattr(pipeline.model, "num_classes", None)
@@ -163,11 +171,13 @@ class JoinedImages(JoinedRows):
         return self.pipeline.joiner(job.payload[0], self.cfg)
 
     def run(self) -> None:
+        """Draw the call to its end (`generate_joined`), this object as its `RowFeed`."""
         guidance = {} if self.options.cfg_scale is None else {"cfg_scale": self.options.cfg_scale}
         self.pipeline.generate_joined(self.labels, self, self.options.method, seed=self.seed, **guidance,
                                       **dict(self.options.params))
 
     def finished(self, row: int, tokens: list[int], passes: list[int]) -> None:
+        """`RowFeed.finished`: draw row `row`'s image; its job is answered once all its images are drawn."""
         if row not in self.table:                   # a spare row (opened empty), or a request that went away
             return
         job, i = self.table.pop(row)

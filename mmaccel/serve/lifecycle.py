@@ -21,6 +21,8 @@ class GracefulServer(uvicorn.Server):
         self._draining: threading.Thread | None = None
 
     def handle_exit(self, sig, frame) -> None:
+        """uvicorn's signal handler: the first signal starts draining and exits once no request is in flight (or
+        after `drain_timeout_s`); a later one, or one while uvicorn is already exiting, is uvicorn's own."""
         state = self.config.app.state.server
         if self._draining is not None or self.should_exit:
             super().handle_exit(sig, frame)

@@ -15,6 +15,10 @@ PASS_BUCKETS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.2)
 
 
 class ServeMetrics:
+    """The server's Prometheus metrics: requests by route and status, latency by route, and per model its queue
+    depth, the requests and rows of each call, the seconds each request waited for its call and the target passes
+    per generated token."""
+
     content_type = CONTENT_TYPE_LATEST
 
     def __init__(self):
@@ -34,9 +38,12 @@ class ServeMetrics:
                                 "(1: plain decoding)", ["model"], buckets=PASS_BUCKETS, registry=r)
 
     def watch_queue(self, model: str, depth: Callable[[], int]) -> None:
+        """Report `model`'s queue depth as `depth()`, read at each scrape."""
         self.queue.labels(model).set_function(depth)
 
     def observe_call(self, call: Call, passes_per_token: float | None) -> None:
+        """Record one call of a model: its requests, its rows, each request's wait and, where given (None: not
+        measured, as for images), its target passes per generated token."""
         self.batch_requests.labels(call.model).observe(call.jobs)
         self.batch_rows.labels(call.model).observe(call.rows)
         for waited in call.waited_s:
@@ -45,8 +52,10 @@ class ServeMetrics:
             self.passes.labels(call.model).observe(passes_per_token)
 
     def observe_request(self, route: str, status: int, seconds: float) -> None:
+        """Count one answered HTTP request of `route` with its `status`, and record its latency."""
         self.requests.labels(route, str(status)).inc()
         self.latency.labels(route).observe(seconds)
 
     def render(self) -> bytes:
+        """The metrics in Prometheus' text format (served as `content_type`)."""
         return generate_latest(self.registry)

@@ -53,6 +53,9 @@ class Options:
 
 @dataclass
 class TranscriptionRequest:
+    """A transcription or translation request as `parse_request` reads it: the model it names, the options it is
+    decoded with, its response format and the timestamp granularities asked for (verbose_json only)."""
+
     model: str
     options: Options
     response_format: str
@@ -210,6 +213,8 @@ def passes_per_token(call: Call) -> float | None:
 
 
 def language_name(code: str | None) -> str | None:
+    """Whisper's name of language `code` ("en" -> "english"), as verbose_json reports it; an unknown code as it is,
+    None for none."""
     from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
     return LANGUAGES.get(code, code) if code else None

@@ -51,6 +51,10 @@ class TextOptions:
 
 @dataclass
 class TextRequest:
+    """A completion or chat request as `parse_request` reads it: the model it names, its prompt (text, or the chat's
+    messages), the `n` completions asked for and the most tokens of each, whether it streams (and sends its usage
+    in the stream), and the options it is decoded with."""
+
     kind: str                       # completion or chat
     model: str
     prompt: Any                     # the prompt text, or the chat's messages
@@ -73,6 +77,9 @@ class TextJob:
 
 @dataclass
 class Choice:
+    """One completion: its tokens (at most `max_tokens`, ending with the end-of-text token where one came), their
+    text (special tokens skipped) and why it ended."""
+
     tokens: list[int]
     text: str
     finish_reason: str              # stop (an end of text) or length (max_tokens)
@@ -80,6 +87,9 @@ class Choice:
 
 @dataclass
 class TextResult:
+    """What a text request is answered with: its `n` choices, its prompt's length in tokens and the target passes
+    that committed its tokens."""
+
     choices: list[Choice]
     prompt_tokens: int
     passes: int                     # target passes that committed its tokens (summed over its rows)
@@ -93,6 +103,7 @@ class TokenStream:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
 
     def push(self, rows: list[list[int]]) -> None:
+        """Queue `rows` (each row's tokens so far) on the request's event loop; safe from any thread."""
         self.loop.call_soon_threadsafe(self.queue.put_nowait, rows)
 
 
@@ -245,6 +256,7 @@ class JoinedCall(JoinedRows):
         return job.payload.n
 
     def fits(self, payload: TextJob, max_prompt: int) -> bool:
+        """A waiting job joins when its prompt is at most `max_prompt` tokens and its `max_tokens` within the call's."""
         return len(payload.ids) <= max_prompt and payload.max_tokens <= self.max_new
 
     def opened(self, job: Job) -> None:
@@ -258,12 +270,14 @@ class JoinedCall(JoinedRows):
         return job.payload.ids, job.payload.max_tokens
 
     def run(self, generate) -> None:
+        """Decode the call to its end with `generate(rows, max_new, tell, feed)`, this object as the `RowFeed`."""
         # a joining request may stream: every step is heard (the tokens are read back only while one does)
         generate(self.rows, self.max_new, self.tell, self)
 
     # ---- RowFeed (next and dropped: JoinedRows) ------------------------------------------------
 
     def finished(self, row: int, tokens: list[int], passes: list[int]) -> None:
+        """`RowFeed.finished`: row `row`'s tokens become its job's choice; the job is answered once all are in."""
         if row not in self.table:                   # a spare row (opened empty)
             return
         job, i = self.table.pop(row)

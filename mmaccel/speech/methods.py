@@ -98,23 +98,28 @@ ASR_REGISTRY: dict[str, MethodPlugin] = registry(
     MethodPlugin("beam", BeamParams, _beam, "relaxed", budget="num_beams",
                  summary="length-normalised beam search (another output than greedy by design)",
                  host_reads=None, host_reads_why="hypotheses are re-ranked on the host: every step reads the beams' "
-                                                 "log-probabilities back (core/beam.py)"),
+                                                 "log-probabilities back (core/beam.py)",
+                 paper="Whisper (Radford et al. 2022), arXiv 2212.04356"),
     core.SPECULATIVE,
     MethodPlugin("speculative-cross", CrossParams, _speculative_cross, "greedy-exact", ("assistant",),
                  summary="chain speculative decoding with an assistant of another tokenizer",
                  host_reads=None, host_reads_why="drafts cross tokenizers as text: every pass reads the assistant's "
-                                                 "tokens back to re-tokenise them (cross_draft.py)"),
+                                                 "tokens back to re-tokenise them (cross_draft.py)",
+                 paper="universal assisted generation (Hugging Face, 2024)"),
     core.TREE, core.MEDUSA, core.MEDUSA_TYPICAL,
     MethodPlugin("medusa-block", core.MedusaParams, _medusa_block, "greedy-exact", ("medusa_block",),
-                 summary="Medusa-Block heads (one block over the target's last state), tree verify"),
+                 summary="Medusa-Block heads (one block over the target's last state), tree verify",
+                 paper="Whisper-Medusa (ICASSP 2025), arXiv 2409.15869"),
     MethodPlugin("eagle", EagleParams, _eagle, "greedy-exact", ("eagle",),
-                 summary="EAGLE: a head drafting from the target's features"),
+                 summary="EAGLE: a head drafting from the target's features",
+                 paper="EAGLE, arXiv 2401.15077; EAGLE-3, arXiv 2503.01840"),
     core.EARLY_EXIT,
     MethodPlugin("calm", CALMParams, _calm, "relaxed", ("exit_heads",), budget="threshold",
                  exact_when=lambda p: p.threshold >= 1.0,
                  summary="confident adaptive language modelling: leave at the first confident exit head",
                  host_reads=None, host_reads_why="the rows that run on after each exit head are picked on the host: "
-                                                 "every step reads confidences and exit layers back (calm.py)"),
+                                                 "every step reads confidences and exit layers back (calm.py)",
+                 paper="CALM (Schuster et al. 2022), arXiv 2207.07061"),
     core.NGRAM,
 )
 

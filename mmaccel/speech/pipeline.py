@@ -58,10 +58,12 @@ PROMPT_SLACK = 72      # decoder positions an initial prompt leaves free beside 
 
 
 def builtin_heads_path(name: str) -> Path:
+    """Where the shipped heads file of builtin Whisper `name` ("base", "tiny.en") lies; it may not exist."""
     return assets_dir() / f"whisper_{name}_heads.safetensors"
 
 
 def builtin_eagle_path(name: str) -> Path:
+    """Where the shipped EAGLE head of builtin Whisper `name` lies; it may not exist."""
     return assets_dir() / f"whisper_{name}_eagle.safetensors"
 
 
@@ -76,21 +78,27 @@ def draft_option(value: str) -> str | None:
 
 
 def builtin_draft_path(name: str) -> Path:
+    """Where the shipped draft decoder of builtin Whisper `name` lies; it may not exist."""
     return assets_dir() / f"whisper_{name}_draft.safetensors"
 
 
 @dataclass
 class ASROutput:
+    """What `ASRPipeline.transcribe` returns: one transcript per input, in input order (a list input's bad file
+    has its `error` set and an empty text), the decode statistics and the name of the method that decoded."""
+
     transcripts: list[Transcript]
     stats: DecodeStats              # decoder counters; time_s also holds "features" and "encoder"
     method: str
 
     @property
     def texts(self) -> list[str]:
+        """Each transcript's text, in input order."""
         return [t.text for t in self.transcripts]
 
     @property
     def audio_s(self) -> float:
+        """Seconds of audio transcribed: the inputs' durations, leaving out those that failed."""
         return sum(t.duration for t in self.transcripts if t.error is None)
 
     @property
@@ -101,10 +109,15 @@ class ASROutput:
 
     @property
     def rtfx(self) -> float:
+        """Inverse real-time factor: `audio_s / wall_s`, seconds of audio per second of `transcribe`; 0 when
+        `wall_s` is 0."""
         return self.audio_s / self.wall_s if self.wall_s > 0 else 0.0
 
 
 class ASRPipeline:
+    """A Whisper model with its optional draft heads (Medusa, early exit, Medusa-Block, EAGLE), draft decoder and
+    assistant Whisper; `transcribe` decodes with any method of `mmaccel.speech.methods.ASR_REGISTRY`."""
+
     def __init__(self, bundle: WhisperBundle, heads: WhisperHeads | None = None, draft: WhisperDraft | None = None):
         check(isinstance(bundle, WhisperBundle), f"bundle must be a WhisperBundle, got {type(bundle).__name__}")
         self.bundle = bundle

@@ -58,6 +58,10 @@ class FrameReport:
 
 @dataclass
 class VideoAnswer:
+    """One answer of `VideoStreamPipeline.ask`: the question, the answer's text (end-of-turn token left out) and
+    tokens, the frames fed before it was asked, the decode statistics and the seconds from the question to its
+    answer, with the vision tokens in the cache when the question came and after the pipeline's KV reduction."""
+
     question: str
     text: str
     tokens: list[int]
@@ -150,7 +154,7 @@ class VideoStreamPipeline:
             path = assets_dir() / BUILTIN_DIR
             if not (path / "config.json").is_file():
                 raise ModelNotFoundError(f"the built-in streaming model is not in {path}: train and export it with "
-                                         "`python -m mmaccel.video.train` (mmaccel/assets/README.md)")
+                                         "`python -m mmaccel.video.train` (docs/models.md)")
         elif name_or_path.startswith("builtin:"):
             raise ModelNotFoundError(f"unknown built-in model {name_or_path!r}; the built-in video model is {BUILTIN!r}")
         else:
@@ -193,6 +197,7 @@ class VideoStreamPipeline:
 
     @property
     def kv_entries(self) -> int:
+        """Cache entries the stream holds now (system prompt, vision segments, questions and answers)."""
         return int(self.state.cache.lengths[0])
 
     def feed(self, frame) -> FrameReport:
@@ -365,12 +370,15 @@ class ChatTokenizer:
             else tokenizer.eos_token_id
 
     def question_ids(self, text: str) -> list[int]:
+        """Token ids of `text` closing the user turn, then the opening of the assistant's turn."""
         return self.tokenizer(f"{text}{self.turns.end}{self.turns.assistant}", add_special_tokens=False)["input_ids"]
 
     def resume_ids(self) -> list[int]:
+        """Token ids that open a new user turn, for the frames that follow an answer."""
         return self.tokenizer(self.turns.user, add_special_tokens=False)["input_ids"]
 
     def decode(self, ids: list[int]) -> str:
+        """The text of answer ids, special tokens skipped and surrounding whitespace stripped."""
         return self.tokenizer.decode(ids, skip_special_tokens=True).strip()
 
 

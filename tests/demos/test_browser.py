@@ -110,16 +110,24 @@ def _images_loaded(page, selector: str, count: int) -> None:
 
 
 def _shot(page, name: str) -> None:
+    """The page's screenshot for the docs, once its outputs settled; it may show no message (an error toast)."""
     page.wait_for_function("document.querySelectorAll('.generating, .pending').length === 0")   # outputs settled
     page.wait_for_timeout(1500)                     # and Gradio's fade-in of fresh outputs finished
+    toasts = page.locator(".toast-body")
+    assert toasts.count() == 0, f"{name}: a message is on screen: {toasts.first.inner_text()!r}"
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
 def _error_toast(page, pattern: str) -> str:
+    """The text of the error message matching `pattern`, once it shows; then every message is dismissed, so that no
+    later screenshot shows it."""
     toast = page.locator(".toast-body").filter(has_text=re.compile(pattern)).first
     toast.wait_for()
-    return toast.inner_text()
+    text = toast.inner_text()
+    page.evaluate("document.querySelectorAll('[data-testid=toast-close]').forEach(b => b.click())")
+    page.wait_for_function("document.querySelectorAll('.toast-body').length === 0")
+    return text
 
 
 def test_image_tab(page):

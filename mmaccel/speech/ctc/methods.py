@@ -71,10 +71,12 @@ def _beam(p: BeamParams) -> Method:
 
 
 CTC_REGISTRY: dict[str, MethodPlugin] = registry(
-    MethodPlugin("greedy", NoParams, _greedy, "greedy-exact", summary="best path: each frame's arg-max (the baseline)"),
+    MethodPlugin("greedy", NoParams, _greedy, "greedy-exact", summary="best path: each frame's arg-max (the baseline)",
+                 paper="CTC (Graves et al. 2006)"),
     MethodPlugin("beam", BeamParams, _beam, "relaxed", budget="beam",
                  summary="batched beam search with the pipeline's LM, boost list and insertion bonus fused "
-                         "(another output than greedy by design)"),
+                         "(another output than greedy by design)",
+                 paper="FlexCTC (Grigoryan et al. 2025), arXiv 2508.07315"),
 )
 
 

@@ -53,6 +53,7 @@ class CTCOutput:
 
     @property
     def texts(self) -> list[str]:
+        """Each transcript's text, in input order."""
         return [t.text for t in self.transcripts]
 
     @property

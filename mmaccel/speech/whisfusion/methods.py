@@ -60,7 +60,8 @@ def _whisfusion(p: WhisfusionParams) -> Method:
 WHISFUSION_REGISTRY: dict[str, MethodPlugin] = registry(
     MethodPlugin("whisfusion", WhisfusionParams, _whisfusion, "another-model",
                  summary="Whisfusion: a masked-diffusion decoder, every position in parallel over a few steps, "
-                         "K candidates voted on (its own transcript, not Whisper's greedy one)"),
+                         "K candidates voted on (its own transcript, not Whisper's greedy one)",
+                 paper="Whisfusion, arXiv 2508.07048"),
 )
 
 

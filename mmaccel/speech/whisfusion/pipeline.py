@@ -37,6 +37,9 @@ TRAIN_COMMAND = "python -m mmaccel.speech.whisfusion.train --out runs/whisfusion
 
 
 class WhisfusionPipeline:
+    """A Whisper encoder and the Whisfusion decoder trained on it (`WhisfusionDecoder`), which decodes every
+    position of a window's transcript in parallel over a few denoising steps; English only, no timestamps."""
+
     def __init__(self, bundle: WhisperBundle, decoder: WhisfusionDecoder):
         check(isinstance(bundle, WhisperBundle), f"bundle must be a WhisperBundle, got {type(bundle).__name__}")
         check(isinstance(decoder, WhisfusionDecoder), f"decoder must be a WhisfusionDecoder, got {type(decoder).__name__}")
