@@ -46,7 +46,7 @@ def test_headline_numbers_are_read_from_the_documents(tmp_path):
     row["speedup"] = 7.25
     (root / "benchmarks" / "core.json").write_text(json.dumps(doc))
     tables = headline_tables(root / "benchmarks")
-    assert f"| SmolLM2-135M | `ngram` (k=2, max_ngram=3) | yes | 7.25× (b{row['batch']}) |" in tables
+    assert f"| SmolLM2-135M | `ngram` (k=2, max_ngram=3) | exact | 7.25× (b{row['batch']}) |" in tables
     assert stale(root) == ["docs/benchmarks/core.md", "README.md"]
     readme = (ROOT / "README.md").read_text()
     assert readme.count(BEGIN) == 1 and readme.count(END) == 1
