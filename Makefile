@@ -43,7 +43,7 @@ compare: install # the terminal comparison on the embedded models
 
 test: install
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25   # a worker per core, a test file per worker
 
 test-slow: install
 	$(BIN)/python -m pytest -q -m slow

@@ -50,7 +50,7 @@ def test_ctc_suite_reports_early_exit_for_a_whisper_ctc(monkeypatch, tmp_path):
     import mmaccel.bench.asr_suite as asr_suite
     import mmaccel.bench.ctc_suite as ctc_suite
     import mmaccel.speech.data as data
-    from mmaccel.bench.report import render
+    from mmaccel.bench.report import suite_pages
     from mmaccel.speech.ctc.pipeline import CTCPipeline
     from tests.speech.ctc.test_whisper_ctc import bundle, clips, ctc
 
@@ -72,5 +72,5 @@ def test_ctc_suite_reports_early_exit_for_a_whisper_ctc(monkeypatch, tmp_path):
     out = tmp_path / "bench" / "ctc.json"
     out.parent.mkdir()
     out.write_text(json.dumps(doc))
-    text = render(out.parent)
+    text = suite_pages(out.parent)["ctc.md"]
     assert "Encoder early exit" in text and "| budget 0.5 |" in text and "LM weight" in text

@@ -1,4 +1,4 @@
-"""`bench image-fid`: Inception FID of cached quality samples, its table and its README section."""
+"""`bench image-fid`: Inception FID of cached quality samples, its table and its benchmark page."""
 
 import json
 
@@ -7,7 +7,7 @@ import torch
 
 from mmaccel.bench import image_fid
 from mmaccel.bench.harness import MethodSpec
-from mmaccel.bench.report import render
+from mmaccel.bench.report import suite_pages
 from mmaccel.cli import main
 from mmaccel.errors import InputError
 from mmaccel.metrics import fid
@@ -35,8 +35,8 @@ def test_scores_each_method_against_one_reference(monkeypatch, tmp_path):
     assert ar["fid_ratio"] == 1.0 and sjd["fid"] > ar["fid"] and sjd["lossless"] and sjd["samples"] == 5008
     doc["command"] = "mmaccel bench image-fid --samples 5008"
     (tmp_path / "image_fid.json").write_text(json.dumps(doc))
-    text = render(tmp_path)
-    assert "### `image-fid` — `mmaccel bench image-fid --samples 5008`" in text and "| sjd-coupled | window=16 |" in text
+    text = suite_pages(tmp_path)["image-fid.md"]
+    assert "## `mmaccel bench image-fid --samples 5008`" in text and "| sjd-coupled | window=16 |" in text
 
 
 def test_bad_options_are_refused(capsys):

@@ -1,5 +1,5 @@
 """`mmaccel bench kernels`: every kernel family timed per shape on tiny quick shapes, compile failures
-recorded rather than raised, the JSON / Markdown outputs and their README section."""
+recorded rather than raised, the JSON / Markdown outputs and their benchmark page."""
 
 import json
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mmaccel.bench import kernels_suite
-from mmaccel.bench.report import render
+from mmaccel.bench.report import suite_pages
 from mmaccel.cli import main
 
 KERNELS = ["speculative", "pooled", "grouped", "grouped-coupled", "tree-sampled", "tree-greedy", "tree-mask"]
@@ -32,7 +32,7 @@ def test_quick_cli_writes_every_kernel(tmp_path, monkeypatch, capsys):
         assert r["triton_us"] is None and r["triton_note"].startswith("n/a")      # CPU tensors: no kernel runs
     md = out.with_suffix(".md").read_text()
     assert "| tree-mask | B=2, N=7 |" in md and "n/a: " in md
-    assert "### `kernels` — `mmaccel bench kernels --quick --device cpu`" in render(tmp_path)
+    assert "## `mmaccel bench kernels --quick --device cpu`" in suite_pages(tmp_path)["kernels.md"]
 
 
 def test_compile_failures_are_recorded(monkeypatch):
