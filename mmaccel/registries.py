@@ -35,7 +35,7 @@ EXACTNESS_MEANS = {"greedy-exact": "bit-identical to plain greedy decoding",
 
 def exactness(plugin: MethodPlugin) -> str:
     """`plugin`'s exactness in words: its kind, and for a relaxed method its budget parameter."""
-    return f"relaxed (budget: `{plugin.budget}`)" if plugin.exactness == "relaxed" else plugin.exactness
+    return f"relaxed (budget: {plugin.budget})" if plugin.exactness == "relaxed" else plugin.exactness
 
 
 def usage(family: str, name: str) -> str:

@@ -17,7 +17,7 @@ def _print_family(family: str, markdown: bool) -> None:
     width = max(map(len, FAMILIES))
     for name, plugin in method_registry(family).items():
         needs = ", ".join(plugin.needs) or "target only"
-        print(f"{family:{width}} {name:18} {exactness(plugin).replace('`', ''):34} needs {needs}: {plugin.summary}")
+        print(f"{family:{width}} {name:18} {exactness(plugin):34} needs {needs}: {plugin.summary}")
         for r in plugin.parameters():
             print(f"{'':{width + 20}}{r['name']}={r['default']!r} ({r['type']}{', ' + r['range'] if r['range'] else ''}): "
                   f"{r['help']}")
