@@ -3,13 +3,14 @@ request at a time and against faster-whisper behind the same endpoints.
 
 The server runs in this process on a loopback port (uvicorn in a thread); each client is an asyncio task (httpx)
 that sends the real clips round-robin, one request after another, for `duration_s`. Points: 1 client (one request
-at a time: the baseline, and a lone request's latency), then more, for three servers: ours (continuous batching:
-a request's windows join the call in progress as its rows end), ours with per-call batching (`--per-call`: a
-request waits for the next call) and a peer adapter that answers the same endpoints with faster-whisper's
-`BatchedInferencePipeline` (int8, one request per call: it batches the chunks of one file, and a clip under 30 s is
-one chunk). Per point: requests, requests/s, audio seconds per second, p50/p95 latency, the corpus WER of what
-the server returned against the clips' references, and the process's resident memory after it (with the memory
-after the warm-up: over a run's requests it should stay flat).
+at a time: the baseline, and a lone request's latency), then more, for four servers (`servers`): ours (continuous
+batching: a request's windows join the call in progress as its rows end), ours with per-call batching
+(`--per-call`: a request waits for the next call), ours with EAGLE on the bf16 encoder (the requests ask for them)
+and a peer adapter that answers the same endpoints with faster-whisper's `BatchedInferencePipeline` (int8, one
+request per call: it batches the chunks of one file, and a clip under 30 s is one chunk). Per point: requests,
+requests/s, audio seconds per second, p50/p95 latency, the corpus WER of what the server returned against the
+clips' references, and the process's resident memory after it (with the memory after the warm-up: over a run's
+requests it should stay flat).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -103,9 +105,10 @@ class Served:
 
 
 async def load(url: str, clips, clients: int, duration_s: float, model: str = MODEL,
-               requests: int | None = None) -> list[dict]:
+               requests: int | None = None, fields: dict[str, str] | None = None) -> list[dict]:
     """`clients` tasks sending clips round-robin for `duration_s` (at least one each), or until `requests` were
-    sent: one record per request. Every request names its language (English), as the peer adapter assumes."""
+    sent: one record per request. Every request names its language (English), as the peer adapter assumes, and
+    carries `fields` (a method, an encoder)."""
     import httpx
 
     records: list[dict] = []
@@ -119,7 +122,7 @@ async def load(url: str, clips, clients: int, duration_s: float, model: str = MO
             sent += 1
             data, seconds, reference = clips[i % len(clips)]
             t0 = time.perf_counter()
-            r = await http.post(f"{url}/v1/audio/transcriptions", data={"model": model, "language": "en"},
+            r = await http.post(f"{url}/v1/audio/transcriptions", data={"model": model, "language": "en", **(fields or {})},
                                 files={"file": ("clip.wav", data, "audio/wav")})
             records.append({"latency_s": time.perf_counter() - t0, "status": r.status_code, "audio_s": seconds,
                             "reference": reference, "text": r.json().get("text", "") if r.status_code == 200 else "",
@@ -150,6 +153,15 @@ def _point(server: str, clients: int, records: list[dict], wall_s: float) -> dic
             "wer": round(100 * corpus_wer([r["reference"] for r in ok], [r["text"] for r in ok]).wer, 2) if ok else None}
 
 
+def servers(asr) -> dict[str, tuple[Any, bool, dict[str, str]]]:
+    """The servers measured: name -> (the pipeline behind the endpoints, continuous batching, the form fields every
+    request carries). Ours with greedy (continuous and per call), ours with its fastest Whisper options (EAGLE on
+    the bf16 encoder: not lossless against the fp32 encoder), and faster-whisper's batched pipeline (int8)."""
+    return {"mmaccel": (asr, True, {}), "mmaccel-per-call": (asr, False, {}),
+            "mmaccel-eagle-bf16": (asr, True, {"method": "eagle", "encoder": "bf16"}),
+            "faster-whisper-batched-int8": (FasterWhisperPeer(asr), False, {})}
+
+
 def run_serve_bench(quick: bool = False, log: Callable[[str], None] = print) -> dict:
     """The result document: one row per (server, clients)."""
     import torch
@@ -162,23 +174,23 @@ def run_serve_bench(quick: bool = False, log: Callable[[str], None] = print) -> 
     concurrency, duration = (QUICK_CONCURRENCY, QUICK_DURATION_S) if quick else (CONCURRENCY, DURATION_S)
     load_before = os.getloadavg()[0]
     rows, warm_rss = [], {}
-    servers = (("mmaccel", asr, True), ("mmaccel-per-call", asr, False),
-               ("faster-whisper-batched-int8", FasterWhisperPeer(asr), False))
-    for name, pipeline, continuous in servers:
+    measured = servers(asr)
+    for name, (pipeline, continuous, fields) in measured.items():
         app = create_app(ServeConfig(models=(MODEL,), pipelines={MODEL: pipeline}, max_queue=256,
                                      continuous=continuous))
         with Served(app) as served:
-            asyncio.run(load(served.url, audio, 1, 0.0))                         # warm-up: one request
+            asyncio.run(load(served.url, audio, 1, 0.0, fields=fields))          # warm-up: one request
             warm_rss[name] = round(rss_mb())
             for clients in concurrency:
                 t0 = time.perf_counter()
-                records = asyncio.run(load(served.url, audio, clients, duration))
+                records = asyncio.run(load(served.url, audio, clients, duration, fields=fields))
                 rows.append(_point(name, clients, records, time.perf_counter() - t0))
                 log(f"[serve] {rows[-1]}")
     return {"suite": "serve", "date": dt.date.today().isoformat(), "device": device_name(asr.model.device),
             "torch": torch.__version__, "threads": torch.get_num_threads(), "load_before": round(load_before, 2),
             "config": {"model": MODEL, "duration_s": duration, "concurrency": list(concurrency), "quick": quick,
-                       "audio": f"the {len(audio)} real clips, round-robin", "method": "greedy",
+                       "audio": f"the {len(audio)} real clips, round-robin",
+                       "fields": {name: fields for name, (_, _, fields) in measured.items()},
                        "options": "response_format json, language en, temperature fallback on (both servers' "
                                   "defaults; faster-whisper's batched pipeline decodes at the first temperature)"},
             "rss_mb_after_warm_up": warm_rss, "results": rows}

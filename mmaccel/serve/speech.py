@@ -1,8 +1,9 @@
 """`/v1/audio/transcriptions` and `/v1/audio/translations`: the OpenAI request and response shapes over
-`ASRPipeline.transcribe`, with our `method`, `method_params` (a JSON object) and `vad_filter` fields.
+`ASRPipeline.transcribe`, with our `method`, `method_params` (a JSON object), `encoder` (fp32 | bf16 | int8: the
+encoder's precision; bf16 and int8 are cheaper and not lossless) and `vad_filter` fields.
 
-Requests with the same options (model, method and parameters, language, task, timestamp mode, temperature, prompt,
-VAD) are decoded together by the model's worker (`mmaccel.serve.batching`); each request's audio is read and
+Requests with the same options (model, method and parameters, encoder, language, task, timestamp mode, temperature,
+prompt, VAD) are decoded together by the model's worker (`mmaccel.serve.batching`); each request's audio is read and
 checked before it queues, so one bad upload never fails another's call.
 """
 
@@ -21,15 +22,16 @@ from mmaccel.errors import InputError, check
 from mmaccel.serve.batching import Call, Job, Joining, ModelWorker, call_rows, most_waiting
 from mmaccel.serve.fields import params_of, parse_params
 from mmaccel.speech.audio import WINDOW_S, Audio, load_audio
+from mmaccel.speech.encoder_precision import PRECISIONS
 from mmaccel.speech.transcript import Transcript
 from mmaccel.speech.writers import as_srt, as_vtt
 
 FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 GRANULARITIES = ("segment", "word")
 FIELDS = {"transcribe": {"file", "model", "language", "prompt", "response_format", "temperature",
-                         "timestamp_granularities[]", "method", "method_params", "vad_filter"},
+                         "timestamp_granularities[]", "method", "method_params", "encoder", "vad_filter"},
           "translate": {"file", "model", "prompt", "response_format", "temperature", "method", "method_params",
-                        "vad_filter"}}
+                        "encoder", "vad_filter"}}
 
 
 class TooLarge(InputError):
@@ -49,6 +51,7 @@ class Options:
     temperature: float | tuple[float, ...]
     vad_filter: bool
     prompt: str | None = None       # Whisper's initial prompt: text that conditions every window
+    encoder: str = "fp32"           # the encoder's precision (mmaccel.speech.encoder_precision)
 
 
 @dataclass
@@ -102,12 +105,14 @@ def parse_request(form, task: str, default_method: str, max_bytes: int) -> tuple
     check(0.0 <= temperature <= 1.0, f"temperature must be in [0, 1], got {temperature}")
     params = parse_params(_one(form, "method_params"))
     language = _one(form, "language") or None
+    encoder = _one(form, "encoder") or "fp32"
+    check(encoder in PRECISIONS, f"encoder must be one of {', '.join(PRECISIONS)}, got {encoder!r}")
     words = "word" in granularities
     timestamps = response_format in ("srt", "vtt", "verbose_json")
     # temperature 0 is OpenAI's "raise the temperature when the thresholds fail": the fallback's defaults
     options = Options(_one(form, "method") or default_method, params_of(params), language, task,
                       timestamps, words, _fallback() if temperature == 0.0 else temperature,
-                      _flag(_one(form, "vad_filter"), "vad_filter"), _one(form, "prompt") or None)
+                      _flag(_one(form, "vad_filter"), "vad_filter"), _one(form, "prompt") or None, encoder)
     if upload.size is not None and upload.size > max_bytes:        # sent without a Content-Length the app could read
         raise TooLarge(f"the upload is {upload.size} bytes; uploads are limited to {max_bytes / 2**20:g} MiB")
     return TranscriptionRequest(model, options, response_format, granularities), upload
@@ -155,7 +160,7 @@ def speech_worker(name: str, asr, *, max_rows: int, max_queue: int, on_call, con
                              task=options.task, timestamps=options.timestamps,
                              word_timestamps=options.word_timestamps, vad_filter=options.vad_filter,
                              temperature=options.temperature, initial_prompt=options.prompt,
-                             **dict(options.params))
+                             encoder=options.encoder, **dict(options.params))
         return out.transcripts
 
     def joins(options: Options) -> bool:
@@ -173,7 +178,7 @@ def speech_worker(name: str, asr, *, max_rows: int, max_queue: int, on_call, con
                             rows=rows, method=options.method, language=options.language, task=options.task,
                             timestamps=options.timestamps, word_timestamps=options.word_timestamps,
                             vad_filter=options.vad_filter, temperature=options.temperature,
-                            initial_prompt=options.prompt, **dict(options.params)).run()
+                            initial_prompt=options.prompt, encoder=options.encoder, **dict(options.params)).run()
 
     return ModelWorker(name, run, max_rows=max_rows, max_queue=max_queue, on_call=on_call,
                        joins=joins if continuous else None, run_joining=run_joining)
@@ -242,6 +247,6 @@ def render(request: TranscriptionRequest, t: Transcript) -> tuple[Any, str]:
         body["words"] = [{"word": w.word.strip(), "start": round(w.start, 3), "end": round(w.end, 3)}
                          for s in t.segments for w in s.words or []]
     body["mmaccel"] = {"method": request.options.method, "params": dict(request.options.params),
-                       "language_probability": t.language_probability,
+                       "encoder": request.options.encoder, "language_probability": t.language_probability,
                        "target_passes_per_token": round(t.passes / len(t.tokens), 4) if t.tokens else None}
     return body, "application/json"

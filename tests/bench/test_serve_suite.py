@@ -15,13 +15,13 @@ def test_each_client_sends_at_least_one_request_and_records_it():
     @app.post("/v1/audio/transcriptions")
     async def echo(request: Request):
         form = await request.form()
-        seen.append((form["model"], len(await form["file"].read())))
+        seen.append((form["model"], form.get("encoder"), len(await form["file"].read())))
         return {"text": "hello world"}
 
     clips = [(b"a" * 10, 1.5, "hello world"), (b"b" * 20, 2.5, "hello there")]
     with Served(app) as served:
-        records = asyncio.run(load(served.url, clips, 3, 0.0))
-    assert sorted(n for _, n in seen) == [10, 10, 20] and {m for m, _ in seen} == {"whisper-base"}
+        records = asyncio.run(load(served.url, clips, 3, 0.0, fields={"encoder": "bf16"}))
+    assert sorted(n for _, _, n in seen) == [10, 10, 20] and {(m, e) for m, e, _ in seen} == {("whisper-base", "bf16")}
     point = _point("echo", 3, records, 2.0)
     assert (point["requests"], point["failed"], point["requests_per_s"], point["audio_s_per_s"]) == (3, 0, 1.5, 2.75)
     assert point["wer"] == round(100 * 1 / 6, 2)               # "there" for "world" in one of three two-word clips

@@ -58,6 +58,12 @@ def test_every_response_format(client, tiny_en_asr, files):  # noqa: F811
     assert " ".join(w["word"] for w in words).split() == " ".join(s["text"] for s in body["segments"]).split()
 
 
+def test_a_cheaper_encoder_gives_what_the_pipeline_gives_with_it(client, tiny_en_asr, files):  # noqa: F811
+    want = tiny_en_asr.transcribe(files[0], "eagle", encoder="bf16").texts[0].strip()
+    r = _post(client, files[0], "a.wav", {"encoder": "bf16", "method": "eagle", "response_format": "verbose_json"})
+    assert r.status_code == 200 and r.json()["text"] == want and r.json()["mmaccel"]["encoder"] == "bf16"
+
+
 def test_a_prompt_conditions_the_transcript(client, tiny_en_asr, files):  # noqa: F811
     hint = "Dashwood, Norland, ill-disposed."
     alone = tiny_en_asr.transcribe(files[1], initial_prompt=hint).texts[0].strip()
@@ -155,6 +161,7 @@ BAD = [  # (form fields, upload name, upload bytes (None: a real clip), route, s
     ({"method": "speculative", "method_params": '{"k": 0}'}, "a.wav", None, None, 400, "k must be"),
     ({"method": "medusa"}, "a.wav", None, None, 400, "method 'medusa' needs trained Medusa heads"),
     ({"method_params": "{k: 4"}, "a.wav", None, None, 400, "method_params is not valid JSON"),
+    ({"encoder": "fp16"}, "a.wav", None, None, 400, "encoder must be one of fp32, bf16, int8, got 'fp16'"),
     ({"stream": "true"}, "a.wav", None, None, 400, "unknown field(s) stream"),
     ({"response_format": "xml"}, "a.wav", None, None, 400, "response_format must be one of"),
     ({"timestamp_granularities[]": "word"}, "a.wav", None, None, 400, "timestamp_granularities[] needs"),
