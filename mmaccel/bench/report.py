@@ -51,22 +51,28 @@ SUITES = {
 }
 
 
-def _harness_body(doc: dict) -> str:
-    validate_document(doc)
-    extra = {"video": ("mmaccel.bench.video_report", "extra_markdown"),
-             "ctc": ("mmaccel.bench.ctc_suite", "extra_markdown"),
-             "image-scale": ("mmaccel.bench.image_scale", "extra_markdown")}.get(doc["suite"])
-    if extra is None:
-        return markdown_table(doc)
-    return f"{markdown_table(doc)}\n\n{getattr(importlib.import_module(extra[0]), extra[1])(doc)}"
-
-
 def _body(module: str, function: str) -> Callable[[dict], str]:
+    """`module.function(doc)`, the module imported when a page needs it."""
     def body(doc: dict) -> str:
         return getattr(importlib.import_module(module), function)(doc)
     return body
 
 
+# suites whose documents hold more than the harness table: what follows it
+EXTRA: dict[str, Callable[[dict], str]] = {
+    "video": _body("mmaccel.bench.video_report", "extra_markdown"),
+    "ctc": _body("mmaccel.bench.ctc_suite", "extra_markdown"),
+    "image-scale": _body("mmaccel.bench.image_scale", "extra_markdown"),
+}
+
+
+def _harness_body(doc: dict) -> str:
+    validate_document(doc)
+    extra = EXTRA.get(doc["suite"])
+    return markdown_table(doc) if extra is None else f"{markdown_table(doc)}\n\n{extra(doc)}"
+
+
+# suites whose documents have their own shape: their whole body
 BODIES: dict[str, Callable[[dict], str]] = {
     "image-fid": _body("mmaccel.bench.image_fid", "markdown"),
     "kernels": _body("mmaccel.bench.kernels_suite", "markdown"),
