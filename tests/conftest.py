@@ -9,11 +9,15 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from mmaccel.engine.machine import cpu_bf16_units
 from mmaccel.lm.hf import HFCausalLM
 
 # One thread for the whole suite: the same float reductions on every machine, and no contention
 # with a benchmark or training job running beside the tests.
 torch.set_num_threads(1)
+
+# the cheaper precision this CPU runs natively (bf16 is refused where it would be emulated)
+NATIVE_CHEAP = "bf16" if cpu_bf16_units() else "int8"
 
 
 def tiny_llama(seed: int, layers: int = 2, hidden: int = 64, vocab: int = 97) -> LlamaForCausalLM:

@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))          # this checkout's mmaccel
 
 from mmaccel.bench.harness import device_name  # noqa: E402
-from mmaccel.speech.encoder_precision import encoder_variant  # noqa: E402
+from mmaccel.engine.precision import convert  # noqa: E402
 from mmaccel.speech.whisper import ct2_model_dir, load_whisper  # noqa: E402
 
 ROUNDS = 5
@@ -39,7 +39,7 @@ def main() -> None:
 
     threads = torch.get_num_threads()
     encoder = load_whisper("builtin:base").model.model.encoder.eval()
-    ours = {"ours-fp32": encoder, "ours-int8": encoder_variant(encoder, "int8")}
+    ours = {"ours-fp32": encoder, "ours-int8": convert(encoder, "int8")}
     ct2 = {f"ctranslate2-{t}": ctranslate2.models.Whisper(str(ct2_model_dir("base")), device="cpu", compute_type=t,
                                                          intra_threads=threads) for t in ("int8", "float32")}
 

@@ -34,8 +34,8 @@ import torch
 from transformers.modeling_outputs import BaseModelOutput
 
 from mmaccel.bench.harness import MethodSpec, Suite
-from mmaccel.core.quant import fast_bf16_matmul
 from mmaccel.core.stats import DecodeStats, track_peak_memory
+from mmaccel.engine.machine import fast_bf16_matmul
 from mmaccel.errors import InputError, check
 from mmaccel.metrics.wer import corpus_wer, normalizer_version
 from mmaccel.paths import default_cache_dir
@@ -203,7 +203,14 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
               "drafting": "adaptive: each pass drafts up to k, or none, by measured acceptance and cost "
                           "(mmaccel.core.adaptive), unless a row says adaptive=false"}
     return Suite("asr", config, methods, batches, run_batch, quality, claims_lossless, verify_identical=True,
-                 primary_quality="wer", warmup=warmup, finish=finish)
+                 primary_quality="wer", warmup=warmup, finish=finish, floor=lambda: target_floor(asr))
+
+
+def target_floor(asr) -> dict:
+    """Greedy's one-token pass (the arg-max view where greedy uses it) against its floor."""
+    from mmaccel.bench.floor_suite import pass_floor, whisper_subjects
+
+    return pass_floor(whisper_subjects(asr, ["fp32" if asr.argmax_model is asr.model else "fp32-argmax"])[0])
 
 
 def claims_lossless(spec: MethodSpec) -> bool:

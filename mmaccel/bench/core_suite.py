@@ -59,4 +59,11 @@ def build_core_suite(quick: bool = False, methods: list[MethodSpec] | None = Non
               "threads": __import__("torch").get_num_threads()}
     return Suite("core", config, methods, batches, run_batch, quality,
                  claims_lossless=lambda spec: build_method(spec.name, **spec.params).lossless,
-                 warmup=lambda spec: pipe.generate(texts[:1], spec.name, max_new_tokens=4, **spec.params))
+                 warmup=lambda spec: pipe.generate(texts[:1], spec.name, max_new_tokens=4, **spec.params),
+                 floor=lambda: _target_floor(pipe))
+
+
+def _target_floor(pipe) -> dict:
+    from mmaccel.bench.floor_suite import lm_subjects, pass_floor
+
+    return pass_floor(lm_subjects(pipe, ["fp32"])[0])

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from mmaccel.core.quant import cpu_bf16_units
 from mmaccel.core.stats import DecodeStats
+from mmaccel.engine.machine import cpu_bf16_units, cpu_model, measure_machine
 from mmaccel.errors import check
 from mmaccel.progress import bars_cleared, progress
 
@@ -56,6 +56,7 @@ class Suite:
     warmup: Callable[[MethodSpec], Any] | None = None  # one short untimed call per method
     artifacts: Callable[[Path], list[Path]] | None = None  # extra outputs written beside the JSON (sample grids)
     finish: Callable[[dict], None] | None = None  # adds suite-specific derived numbers to the result document
+    floor: Callable[[], dict] | None = None       # the target's one-token pass against its floor (`floor_suite.pass_floor`)
 
 
 def run_suite(suite: Suite, seed: int = 0, log: Callable[[str], None] = print) -> dict:
@@ -85,12 +86,18 @@ def run_suite(suite: Suite, seed: int = 0, log: Callable[[str], None] = print) -
             lossless = suite.claims_lossless(spec)
             if suite.verify_identical and lossless:
                 lossless = quality.get("identical_to_ar", 0.0) == 1.0
+            nfe_ratio = base.nfe / st.nfe if st.nfe else None
+            speedup = base.wall_s / st.wall_s if st.wall_s else None
             results.append({
                 "method": spec.key, "params": spec.params, "batch": batch_size,
-                "nfe": st.nfe, "nfe_ratio": round(base.nfe / st.nfe, 4) if st.nfe else None,
+                "nfe": st.nfe, "nfe_ratio": None if nfe_ratio is None else round(nfe_ratio, 4),
                 "mean_accepted": counted["mean_accepted"],
                 "latency_s": round(st.wall_s, 4),
-                "speedup": round(base.wall_s / st.wall_s, 4) if st.wall_s else None,
+                "speedup": None if speedup is None else round(speedup, 4),
+                # how much of the pass reduction reaches the wall clock (1.0: every saved pass)
+                "conversion": round(speedup / nfe_ratio, 4) if speedup and nfe_ratio else None,
+                "ms_per_target_pass": round(st.time_s["verify"] * 1e3 / st.nfe, 3) if st.nfe and "verify" in st.time_s
+                else None,
                 "peak_mem_mb": counted["peak_mem_mb"],
                 "quality": quality, "lossless": lossless,
                 "draft_passes": st.draft_passes, "new_tokens": st.new_tokens,
@@ -101,8 +108,10 @@ def run_suite(suite: Suite, seed: int = 0, log: Callable[[str], None] = print) -
     doc = {
         "suite": suite.name, "device": device_name(), "torch": torch.__version__,
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "config": suite.config, "baseline": baseline, "results": results,
+        "config": suite.config, "baseline": baseline, "machine": measure_machine().to_dict(), "results": results,
     }
+    if suite.floor is not None:
+        doc["floor"] = suite.floor()
     if suite.finish is not None:
         suite.finish(doc)
     return doc
@@ -125,33 +134,50 @@ def device_name(device: torch.device | None = None) -> str:
 def _cpu_model() -> str:
     """The CPU's model name and architecture, with its native bf16 units (AMX, AVX512-BF16), which
     decide how fast the bf16 paths run: CPU results are only comparable on the same model."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-    except OSError:
-        names = []
-    return ", ".join([names[0] if names else platform.processor() or platform.machine(), platform.machine(),
-                      *cpu_bf16_units()])
+    return ", ".join([cpu_model(), platform.machine(), *cpu_bf16_units()])
 
 
 COLUMNS = ["method", "batch", "nfe", "nfe_ratio", "mean_accepted", "latency_s", "speedup", "peak_mem_mb", "quality", "lossless"]
+
+
+def conversion(row: dict) -> float | None:
+    """Wall-clock speed-up / target-pass reduction of a result row (1.0: every saved pass reaches the user); computed
+    from the row, so documents written before it was recorded have it too."""
+    return row["speedup"] / row["nfe_ratio"] if row.get("speedup") and row.get("nfe_ratio") else None
 
 
 def markdown_table(doc: dict) -> str:
     """The result document as a Markdown table (one row per method and batch size)."""
     relaxed = any(r.get("tv_per_output", 0) > 0 for r in doc["results"])
     tv_head, tv_rule = (" TV spent / output |", "---|") if relaxed else ("", "")
-    lines = ["| method | params | batch | NFE | NFE ratio | mean accepted | latency (s) | speed-up | peak mem (MB) | "
-             f"quality |{tv_head} lossless |", f"|---|---|---|---|---|---|---|---|---|---|{tv_rule}---|"]
+    lines = ["| method | params | batch | NFE | NFE ratio | mean accepted | latency (s) | speed-up | conversion | "
+             f"peak mem (MB) | quality |{tv_head} lossless |", f"|---|---|---|---|---|---|---|---|---|---|---|{tv_rule}---|"]
     for r in doc["results"]:
         params = ", ".join(f"{k}={v}" for k, v in r["params"].items()) or "–"
         quality = ", ".join(f"{k}={v}" for k, v in r["quality"].items())
         tv = f" {r.get('tv_per_output', 0):.3g} |" if relaxed else ""
         nfe_ratio = "–" if r["nfe_ratio"] is None else f"{r['nfe_ratio']:.2f}"
+        converted = "–" if conversion(r) is None else f"{conversion(r):.2f}"
         lines.append(f"| {r['method']} | {params} | {r['batch']} | {r['nfe'] or '–'} | {nfe_ratio} | "
-                     f"{r['mean_accepted']:.2f} | {r['latency_s']:.2f} | {r['speedup']:.2f} | {r['peak_mem_mb']:.0f} | "
+                     f"{r['mean_accepted']:.2f} | {r['latency_s']:.2f} | {r['speedup']:.2f} | {converted} | "
+                     f"{r['peak_mem_mb']:.0f} | "
                      f"{quality} |{tv} {'yes' if r['lossless'] else 'no'} |")
     return "\n".join(lines)
+
+
+def floor_lines(doc: dict) -> str:
+    """The machine and the target pass against its floor (documents that recorded them), as Markdown lines."""
+    lines = []
+    if "machine" in doc:
+        from mmaccel.bench.floor_suite import machine_line
+
+        lines.append(machine_line(doc["machine"]))
+    f = doc.get("floor")
+    if f and "floor_ms" in f:
+        lines.append(f"Target pass ({f['model']}, {f['precision']}, batch 1, one token after {f['kv_len']}): "
+                     f"{f['ms']:g} ms against a floor of {f['floor_ms']:g} ms ({f['x_floor']:.2f}x, {f['bound']}-bound, "
+                     f"{f['bytes']['bytes'] / 1e6:.1f} MB read)")
+    return "".join(f"{line}\n\n" for line in lines)
 
 
 def write_results(doc: dict, out: Path, primary_quality: str) -> list[Path]:
@@ -161,7 +187,7 @@ def write_results(doc: dict, out: Path, primary_quality: str) -> list[Path]:
     out.write_text(json.dumps(doc, indent=2) + "\n")
     md = out.with_suffix(".md")
     md.write_text(f"# Benchmark `{doc['suite']}`\n\n{doc['device']}, torch {doc['torch']}, {doc['date']}\n\n"
-                  f"Config: `{json.dumps(doc['config'])}`\n\n{markdown_table(doc)}\n")
+                  f"Config: `{json.dumps(doc['config'])}`\n\n{floor_lines(doc)}{markdown_table(doc)}\n")
     png = out.with_suffix(".png")
     _plot(doc, png, primary_quality)
     return [out, md, png]

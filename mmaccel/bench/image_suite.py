@@ -135,6 +135,7 @@ def build_image_suite(quick: bool = False, methods: list[MethodSpec] | None = No
     return Suite(name, config, methods, batches, run_batch, quality, claims_lossless=lossless,
                  verify_identical=False, primary_quality="fid_domain",
                  warmup=lambda spec: pipe.generate([0], spec.name, **sampling, **spec.params),
+                 floor=(lambda: _target_floor(pipe)) if isinstance(pipe, ImagePipeline) else None,
                  artifacts=lambda out: [sample_grid(pipe, methods, out.with_name(f"{out.stem}_samples.png"),
                                                     sampling=sampling)])
 
@@ -316,3 +317,9 @@ def tune_recipes(pipe, grid: list[dict[str, Any]], method: str = "ar", samples: 
         log(f"[{tag}] {name} {kwargs}: {extractor} FID (train split) {fid:.3f}, class accuracy {acc:.3f}, "
             f"{stats.nfe} target / {stats.draft_passes} draft passes, {wall:.1f} s")
     return rows
+
+
+def _target_floor(pipe) -> dict:
+    from mmaccel.bench.floor_suite import image_subjects, pass_floor
+
+    return pass_floor(image_subjects(pipe, ["fp32"])[0])

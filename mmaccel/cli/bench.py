@@ -124,6 +124,21 @@ def _run_kernels(args: argparse.Namespace) -> BenchRun:
                   f"Triton {doc['triton']}, {doc['date']}\n\nConfig: `{json.dumps(doc['config'])}`\n\n{markdown(doc)}"))
 
 
+def _run_floor(args: argparse.Namespace) -> BenchRun:
+    from mmaccel.bench.floor_suite import markdown, plot, run_floor_bench
+
+    doc = run_floor_bench(quick=args.quick, log=say)
+
+    def write(out: Path) -> list[Path]:
+        paths = _write_document(doc, out, f"# Benchmark `floor`\n\n`{doc['command']}`\n\n{doc['device']}, torch "
+                                          f"{doc['torch']}, {doc['date']}\n\nConfig: `{json.dumps(doc['config'])}`"
+                                          f"\n\n{markdown(doc)}\n")
+        plot(doc, out.with_suffix(".png"))
+        return [*paths, out.with_suffix(".png")]
+
+    return BenchRun(doc, markdown(doc), write)
+
+
 def _run_asr_stream(args: argparse.Namespace) -> BenchRun:
     from mmaccel.bench.stream_suite import markdown, run_stream_bench
 
@@ -182,6 +197,9 @@ def suites() -> dict[str, BenchSuite]:
     # kernels: fused kernels against their reference twins; its "command" has never recorded --threads
     table["kernels"] = BenchSuite(takes=("quick", "device"), records=("quick", "device"), refusal=_takes_only,
                                   run=_run_kernels)
+    # floor: every pass's time against this machine's floor, per model, precision, batch and verify width
+    table["floor"] = BenchSuite(takes=("quick",), records=("quick", "threads"), refusal=_takes_only, run=_run_floor,
+                                default_out=lambda args: f"floor/floor{'-quick' if args.quick else ''}.json")
     # asr-stream: live transcription at real time (word delays, streaming against offline WER)
     table["asr-stream"] = BenchSuite(takes=("quick", "methods", "model"), records=("quick", "methods", "model", "threads"),
                                      refusal=_takes_only, run=_run_asr_stream)
@@ -240,7 +258,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def add_parser(subparsers) -> None:
     b = subparsers.add_parser("bench", help="run a benchmark suite (or `report` to refresh the README tables)")
     b.add_argument("suite", help="core | image | image-scale | image-continuous | image-fid | asr | asr-stream | asr-nar | "
-                                 "ctc | video | kernels | serve | serve-text | serve-memory | report")
+                                 "ctc | video | kernels | floor | serve | serve-text | serve-memory | report")
     b.add_argument("--quick", action="store_true", help="reduced run (same code path, fewer samples)")
     add_out_option(b, "JSON path (Markdown and PNG are written beside it)")
     b.add_argument("--methods", help="comma-separated methods, e.g. 'speculative:k=6,ngram'")

@@ -58,7 +58,7 @@ class HFCausalLM(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.hf.lm_head.weight.dtype
+        return self.hf.model.embed_tokens.weight.dtype     # embeddings keep their dtype in an int8 model
 
     def early_exit(self, exit_layer: int, head: nn.Module | None = None) -> HFCausalLM:
         """A view of the first `exit_layer` layers (weights shared) for self-speculative drafting."""

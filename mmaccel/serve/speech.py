@@ -18,11 +18,11 @@ from typing import Any
 
 from starlette.datastructures import UploadFile
 
+from mmaccel.engine.precision import PRECISIONS
 from mmaccel.errors import InputError, check
 from mmaccel.serve.batching import Call, Job, Joining, ModelWorker, call_rows, most_waiting
 from mmaccel.serve.fields import params_of, parse_params
 from mmaccel.speech.audio import WINDOW_S, Audio, load_audio
-from mmaccel.speech.encoder_precision import PRECISIONS
 from mmaccel.speech.transcript import Transcript
 from mmaccel.speech.writers import as_srt, as_vtt
 
@@ -51,7 +51,7 @@ class Options:
     temperature: float | tuple[float, ...]
     vad_filter: bool
     prompt: str | None = None       # Whisper's initial prompt: text that conditions every window
-    encoder: str = "fp32"           # the encoder's precision (mmaccel.speech.encoder_precision)
+    encoder: str = "fp32"           # the encoder's precision (mmaccel.engine.precision)
 
 
 @dataclass

@@ -29,7 +29,6 @@ from mmaccel.errors import check
 from mmaccel.speech.decoder_audio import EncodedAudio, audio_frames
 from mmaccel.speech.decoder_layers import LayerOps, LayerStep, _norm, kept_positions
 from mmaccel.speech.decoder_readout import ArgmaxProjection, ExitHead, ShortlistProjection  # noqa: F401  (ExitHead: re-exported)
-from mmaccel.speech.encoder_precision import input_dtype
 from mmaccel.speech.timestamps import TimestampRules, rule_logits
 
 
@@ -153,7 +152,7 @@ class WhisperDecoderModel:
                encoder: nn.Module | None = None, rules: TimestampRules | None = None) -> EncodedAudio:
         """Run the encoder on log-mel `features` [B, mels, 3000]; every row gets `prompt` (or one each, of one length).
         `seconds`: each row's audio length (for drafts with a `cross_window`). `encoder`: another
-        precision of the model's encoder (`encoder_precision.encoder_variant`); its states are cast
+        precision of the model's encoder (`ASRPipeline.encoder`); its states are cast
         to the decoder's dtype. `rules`: decode in timestamp mode under these rules (every pass applies them)."""
         cfg = self.hf.config
         check(isinstance(features, Tensor) and features.dim() == 3 and features.shape[1] == cfg.num_mel_bins,
@@ -161,7 +160,7 @@ class WhisperDecoderModel:
               f"{tuple(features.shape) if isinstance(features, Tensor) else type(features).__name__}")
         check(len(prompt) > 0, "the decoder prompt needs at least <|startoftranscript|>")
         encoder = self.hf.model.encoder if encoder is None else encoder
-        states = encoder(features.to(self.device, input_dtype(encoder))).last_hidden_state.to(self.dtype)
+        states = encoder(features.to(self.device, encoder.conv1.weight.dtype)).last_hidden_state.to(self.dtype)
         prompt_t = torch.tensor(prompt, dtype=torch.long).expand(features.shape[0], -1).contiguous()   # [B, P]
         frames = None
         if seconds is not None:

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmaccel.core.kv_cache import CacheWrite
-from mmaccel.core.quant import Int8Linear
+from mmaccel.engine.int8 import Int8Linear
 from mmaccel.errors import check
 from mmaccel.speech.decoder_audio import EncodedAudio
 
@@ -66,7 +66,7 @@ class LayerOps:
 
     By default F.linear on the Hugging Face modules' own weights, looked up at every call (training
     and `.to()` are seen; logits equal HF's). `quantized=True` (drafts) holds int8 copies (a quarter
-    of the bytes, `mmaccel.core.quant`) with the query/key/value products fused into one. Either way
+    of the bytes, `mmaccel.engine.int8`) with the query/key/value products fused into one. Either way
     these are plain function calls: a draft step is a few dozen small products, where a module
     call's overhead is a noticeable share of the time.
     """

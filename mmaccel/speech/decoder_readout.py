@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mmaccel.core.quant import Int8Linear
 from mmaccel.core.readout import project
+from mmaccel.engine.int8 import Int8Linear
 
 
 class ShortlistProjection:
@@ -19,7 +19,7 @@ class ShortlistProjection:
     `mmaccel.core.readout` does); a draft that only proposes tokens of a shortlist (those seen in training
     transcripts) reads a few thousand rows.
     Drafts outside the shortlist are impossible, which costs acceptance, never exactness. With
-    `quantized` the rows are stored as int8 (`mmaccel.core.quant`), a quarter of the bytes.
+    `quantized` the rows are stored as int8 (`mmaccel.engine.int8`), a quarter of the bytes.
     """
 
     def __init__(self, weight: Tensor, vocab: Tensor, quantized: bool = False):

@@ -5,6 +5,7 @@ import pytest
 from mmaccel.bench.asr_suite import build_asr_suite
 from mmaccel.bench.harness import MethodSpec, markdown_table, run_suite, validate_document
 from mmaccel.speech.data import SPHINX_DATA
+from tests.conftest import NATIVE_CHEAP
 
 
 class _FasterWhisperHere:
@@ -60,17 +61,17 @@ def test_the_hf_generate_peer_gives_greedy_tokens_in_as_many_passes(tiny_en_asr)
     assert texts == greedy.texts and stats.nfe == greedy.stats.nfe and stats.time_s["decode"] > 0
 
 
-@pytest.mark.slow     # 25 s; the lossless decoding on cheaper encoders: tests/speech/test_encoder_precision.py
+@pytest.mark.slow     # 25 s; the lossless decoding on cheaper encoders: tests/speech/test_pipeline_encoders.py
 def test_cheaper_encoder_rows_are_checked_against_greedy_on_the_same_encoder(tiny_en_asr):
     if not (SPHINX_DATA / "librivox").is_dir():
         pytest.skip("apt-get install pocketsphinx-testdata")
-    methods = [MethodSpec("greedy"), MethodSpec("greedy", {"encoder": "bf16"}, label="greedy-bf16"),
-               MethodSpec("ngram", {"k": 3, "encoder": "bf16"}, label="ngram-bf16")]
+    methods = [MethodSpec("greedy"), MethodSpec("greedy", {"encoder": NATIVE_CHEAP}, label="greedy-cheap"),
+               MethodSpec("ngram", {"k": 3, "encoder": NATIVE_CHEAP}, label="ngram-cheap")]
     suite = build_asr_suite(methods=methods, tts_utterances=0, pipeline=tiny_en_asr)
     suite.batches = {1: suite.batches[1][:1]}
     rows = {r["method"]: r for r in run_suite(suite, log=lambda m: None)["results"]}
-    assert not rows["greedy-bf16"]["lossless"] and not rows["ngram-bf16"]["lossless"]     # vs the fp32 model
-    assert rows["ngram-bf16"]["quality"]["identical_to_greedy_same_encoder"] == 1.0
+    assert not rows["greedy-cheap"]["lossless"] and not rows["ngram-cheap"]["lossless"]     # vs the fp32 model
+    assert rows["ngram-cheap"]["quality"]["identical_to_greedy_same_encoder"] == 1.0
     assert "identical_to_greedy_same_encoder" not in rows["greedy"]["quality"]
 
 

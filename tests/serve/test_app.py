@@ -13,6 +13,7 @@ import soundfile as sf
 from fastapi.testclient import TestClient
 
 from mmaccel.serve.app import ServeConfig, create_app
+from tests.conftest import NATIVE_CHEAP
 from tests.serve.conftest import WAIT_S, Gated, served, until
 from tests.speech.test_pipeline import FILES, files  # noqa: F401  (fixture)
 
@@ -59,9 +60,9 @@ def test_every_response_format(client, tiny_en_asr, files):  # noqa: F811
 
 
 def test_a_cheaper_encoder_gives_what_the_pipeline_gives_with_it(client, tiny_en_asr, files):  # noqa: F811
-    want = tiny_en_asr.transcribe(files[0], "eagle", encoder="bf16").texts[0].strip()
-    r = _post(client, files[0], "a.wav", {"encoder": "bf16", "method": "eagle", "response_format": "verbose_json"})
-    assert r.status_code == 200 and r.json()["text"] == want and r.json()["mmaccel"]["encoder"] == "bf16"
+    want = tiny_en_asr.transcribe(files[0], "eagle", encoder=NATIVE_CHEAP).texts[0].strip()
+    r = _post(client, files[0], "a.wav", {"encoder": NATIVE_CHEAP, "method": "eagle", "response_format": "verbose_json"})
+    assert r.status_code == 200 and r.json()["text"] == want and r.json()["mmaccel"]["encoder"] == NATIVE_CHEAP
 
 
 def test_a_prompt_conditions_the_transcript(client, tiny_en_asr, files):  # noqa: F811

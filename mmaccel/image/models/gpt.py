@@ -87,7 +87,7 @@ class LlamaGenGPT(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.output.weight.dtype
+        return self.tok_embeddings.weight.dtype     # embeddings keep their dtype in an int8 model
 
     # ---- inputs -------------------------------------------------------------------------------
 

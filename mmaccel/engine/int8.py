@@ -1,22 +1,22 @@
-"""Int8 linear layers, for drafts.
+"""Int8 linear layers: a scale per weight row and a scale per token (CTranslate2's scheme).
 
-A draft's job is to guess; verification keeps the output exact whatever the draft computes, so a
-draft may run on int8 weights. On a CPU a decoding step reads every weight once per token and is
-bound by memory bandwidth: int8 weights are a quarter of the fp32 bytes. Each output channel has
-one scale (symmetric, max-abs / 127).
+On a CPU a decoding step reads every weight once per token and is bound by memory bandwidth: int8 weights are a
+quarter of the fp32 bytes. Each output row of a weight has one scale (symmetric, max-abs / 127); each token (row of
+the activations) gets its own scale too, as CTranslate2 quantises them: one scale for a whole call lets a loud
+frame set the step of every quiet one (a 30-s encoder window at one scale lost the speech of noisy audio, WER 93 %).
 
-On x86 CPUs the product is PyTorch's dynamically quantised linear (`quantized::linear_dynamic`,
-FBGEMM): each call quantises its activations to int8 (one scale per call) and multiplies int8 by
-int8 into fp32, with the bias fused, in one operator. Measured here on the 13 product shapes of a
-Whisper base draft step, in isolation with warm caches: 0.31 ms at one row, against 0.58 ms for
-bf16 activations through the weight-only kernel `aten._weight_int8pack_mm` (what gpt-fast uses)
-and 1.1 ms for bf16 weights; it stays the fastest up to 64 rows (2.0 ms, bf16 2.4 ms), where the
-weight-only kernel grows with the rows. It costs the draft nothing measurable in acceptance (0.305
-target passes per token against 0.306 on the speech benchmark). Elsewhere (CUDA, other CPUs) the
-product runs on the dequantised weight.
+On x86 CPUs the product is PyTorch's dynamically quantised linear (`quantized::linear_dynamic`, FBGEMM / oneDNN),
+int8 by int8 into fp32, which quantises its activations with one scale per call: so each row is first divided by
+its own abs-max (every row then spans [-1, 1] and the call's one scale is every row's), and the output rows are
+multiplied back by it before the bias is added. Without int8 dot-product units (VNNI / AMX) activations keep 7 bits,
+so that AVX2's 16-bit sums cannot saturate. Measured here on the shapes of a Whisper base decoder step: 0.31 ms
+at one row for a draft step's 13 products, against 0.58 ms for bf16 activations through the weight-only kernel
+`aten._weight_int8pack_mm` and 1.1 ms for bf16 weights; the per-token division costs 1.4-1.8x the bare call at
+8-1500 rows and none at one. Elsewhere (CUDA, other CPUs) the product runs on the dequantised weight.
 
-(torchao's `Int8WeightOnlyConfig` was measured here first: on this CPU it dequantises the whole
-weight at every call and ran 2x slower than fp32, so the operators are called directly.)
+(torchao's `Int8WeightOnlyConfig` was measured here first: on this CPU it dequantises the whole weight at every
+call and ran 2x slower than fp32, so the operators are called directly. `benchmarks/engine/precision_choices.json`
+compares the libraries that could implement this layer.)
 """
 
 from __future__ import annotations
@@ -25,24 +25,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mmaccel.engine.machine import cpu_int8_units
 from mmaccel.errors import check
 
 DYNAMIC_ENGINES = ("x86", "fbgemm")     # quantized engines whose dynamic linear was measured fast here
-
-
-def fast_bf16_matmul(device: torch.device) -> bool:
-    """Whether bf16 matrix products run natively here (CUDA, or a CPU with AVX512-BF16 / AMX)."""
-    return device.type == "cuda" or bool(cpu_bf16_units())
-
-
-def cpu_bf16_units() -> list[str]:
-    """This CPU's native bf16 units among AMX and AVX512-BF16 (/proc/cpuinfo flags; none where unreadable)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = set(f.read().split())
-    except OSError:
-        return []
-    return [unit for unit in ("amx_bf16", "avx512_bf16") if unit in flags]
+REDUCE_RANGE = not cpu_int8_units()     # 7-bit activations where AVX2's 16-bit sums could saturate
 
 
 def quantize_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -64,7 +51,7 @@ class Int8Linear(nn.Module):
     `Int8Linear.of(weight, bias)` builds one from bare tensors (weight [out, in]).
 
     On a CPU whose quantized engine is FBGEMM's (`DYNAMIC_ENGINES`) it calls the dynamically
-    quantised linear on weights packed once here; elsewhere `int8_matmul`.
+    quantised linear on weights packed once here, each token at its own scale; elsewhere `int8_matmul`.
     """
 
     def __init__(self, linear: nn.Linear):
@@ -89,14 +76,19 @@ class Int8Linear(nn.Module):
         if self.packed is None:
             zero = torch.zeros(self.out_features, dtype=torch.long)
             w = torch._make_per_channel_quantized_tensor(self.weight.cpu(), self.scale.cpu().double(), zero, 0)
-            self.packed = torch.ops.quantized.linear_prepack(w, None if self.bias is None else self.bias.cpu())
+            self.packed = torch.ops.quantized.linear_prepack(w, None)     # the bias is added after the row scales
         return self.packed
 
     def forward(self, x: Tensor) -> Tensor:
         if x.is_cpu and self.weight.is_cpu and torch.backends.quantized.engine in DYNAMIC_ENGINES:
             flat = x.reshape(-1, x.shape[-1]).float()
-            # reduce_range: 7-bit activations, so CPUs without VNNI cannot saturate their 16-bit sums
-            y = torch.ops.quantized.linear_dynamic(flat, self._packed(), True)
+            if flat.shape[0] > 1:                 # one scale per token (one row needs no division)
+                reach = flat.abs().amax(dim=1, keepdim=True).clamp_min(1e-30)
+                y = torch.ops.quantized.linear_dynamic(flat / reach, self._packed(), REDUCE_RANGE) * reach
+            else:
+                y = torch.ops.quantized.linear_dynamic(flat, self._packed(), REDUCE_RANGE)
+            if self.bias is not None:
+                y = y + self.bias
             return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
         return int8_matmul(x, self.weight, self.scale, self.bias)
 

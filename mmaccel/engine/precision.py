@@ -1,0 +1,78 @@
+"""Precision as a property of a loaded model: which one runs here, and the converted copy that runs it.
+
+- `fp32`: the model as loaded (the reference every other precision is relaxed against).
+- `bf16`: a bf16 copy; native on CUDA and on CPUs with AVX512-BF16 / AMX. Elsewhere a CPU emulates it several times
+  slower than fp32, so asking for it there is an error, and "auto" does not pick it.
+- `int8`: a copy whose linear layers are `Int8Linear` (a scale per weight row, a scale per token); convolutions,
+  norms, embeddings and attention stay fp32, as CTranslate2's `int8_float32` keeps them.
+- `auto`: bf16 where it is native, else fp32; `resolve_precision` says which and why. int8 is asked for by name
+  while its WER beside its speed is being measured (`mmaccel bench floor`, `mmaccel bench asr`).
+
+A converted copy never modifies the model it came from.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from mmaccel.engine.int8 import Int8Linear
+from mmaccel.engine.machine import cpu_bf16_units, fast_bf16_matmul
+from mmaccel.errors import InputError, check
+
+PRECISIONS = ("fp32", "bf16", "int8")
+CHOICES = ("auto", *PRECISIONS)
+
+
+@dataclass(frozen=True)
+class Precision:
+    """A resolved precision: what runs (`name`), what was asked for and why this one."""
+
+    name: str           # fp32 | bf16 | int8
+    requested: str      # auto | fp32 | bf16 | int8
+    reason: str         # one line, e.g. "auto: bf16 (this CPU has avx512_bf16)"
+
+
+def check_precision(precision: str, choices: tuple[str, ...] = PRECISIONS) -> str:
+    """`precision` if it is one of `choices`, else a one-line error naming them."""
+    check(precision in choices, f"unknown precision {precision!r}; choose from {', '.join(choices)}")
+    return precision
+
+
+def resolve_precision(requested: str, device: torch.device | str = "cpu") -> Precision:
+    """The precision `requested` runs as on `device` ("auto" resolved; bf16 refused where it is not native)."""
+    check_precision(requested, CHOICES)
+    device = torch.device(device)
+    where = "CUDA" if device.type == "cuda" else "this CPU"
+    units = cpu_bf16_units()
+    native = fast_bf16_matmul(device)
+    if requested == "auto":
+        if native:
+            has = "native bf16" if device.type == "cuda" else ", ".join(units)
+            return Precision("bf16", requested, f"auto: bf16 ({where} has {has})")
+        return Precision("fp32", requested, f"auto: fp32 ({where} has no native bf16 units, AVX512-BF16 or AMX)")
+    if requested == "bf16" and not native:
+        raise InputError("precision 'bf16' needs native bf16 units (AVX512-BF16 or AMX) or CUDA; this CPU would "
+                         "emulate it several times slower than fp32: use precision='auto', 'fp32' or 'int8'")
+    return Precision(requested, requested, f"{requested} (asked for)")
+
+
+def convert(module: nn.Module, precision: str) -> nn.Module:
+    """`module` itself for fp32, else a converted copy in eval mode: bf16 throughout, or int8 linear layers
+    (every `nn.Linear` inside it; the rest stays as it is)."""
+    check_precision(precision)
+    check(isinstance(module, nn.Module), f"convert takes an nn.Module, got {type(module).__name__}")
+    if precision == "fp32":
+        return module
+    variant = copy.deepcopy(module).eval()
+    if precision == "bf16":
+        return variant.to(torch.bfloat16)
+    linears = [(owner, name) for owner in variant.modules() for name, child in owner.named_children()
+               if isinstance(child, nn.Linear)]
+    check(bool(linears), f"{type(module).__name__} has no linear layers to run in int8")
+    for owner, name in linears:
+        setattr(owner, name, Int8Linear(getattr(owner, name)))
+    return variant
