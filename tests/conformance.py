@@ -228,14 +228,15 @@ def load_speech(asr, timestamps: bool = False) -> Loaded:
     for name, clips in SPEECH_CLIPS.items():
         audio = [load_audio(LIBRIVOX / f"sense_and_sensibility_01_austen_64kb-{c}.wav") for c in clips]
         inputs = asr.model.encode(log_mel(asr.bundle.feature_extractor, audio), prompt, [a.duration for a in audio],
-                                  asr.encoder("fp32"), rules)
+                                  asr.encoder(), rules)
         batches[name] = (inputs, [prompt] * len(clips))
     eot = tokens.end_of_text
     return Loaded(lambda method: asr.resources(method, timestamps), batches, 40 if timestamps else 32,
                   {"one": eot, "ragged": eot})
 
 
-def tiny_speech_pipeline(device: str = "cpu", vocab: int | None = None, drafts_read_timestamps: bool = False):
+def tiny_speech_pipeline(device: str = "cpu", vocab: int | None = None, drafts_read_timestamps: bool = False,
+                         precision: str = "fp32"):
     """An ASRPipeline over the speech tests' tiny random Whisper (tests/speech/conftest.py) with random Medusa
     heads, exit heads, a Medusa block, an EAGLE head and a draft decoder: every resource but an assistant (that
     needs a tokenizer). For device="cuda" without a GPU, call it inside `emulated_cuda()`. `vocab`: the model's
@@ -253,7 +254,7 @@ def tiny_speech_pipeline(device: str = "cpu", vocab: int | None = None, drafts_r
     bundle = WhisperBundle("tiny-random", hf, None, None, None, Path("."))
     draft = new_draft(hf)
     draft.timestamps = drafts_read_timestamps
-    asr = ASRPipeline(bundle, draft=draft)
+    asr = ASRPipeline(bundle, draft=draft, precision=precision)
     torch.manual_seed(5)
     medusa = new_medusa_heads(asr.model, 4).to(asr.model.device)
     for p in medusa.parameters():

@@ -65,6 +65,10 @@ DEFAULT_METHODS = [
     MethodSpec("eagle", {"k": 4, "stop_below": 0.0, "encoder": "bf16"}, label="eagle-k4-enc-bf16"),
     MethodSpec("greedy", {"encoder": "int8"}, label="greedy-enc-int8"),
     MethodSpec("eagle", {"k": 4, "stop_below": 0.0, "encoder": "int8"}, label="eagle-k4-enc-int8"),
+    # the whole model in int8 (the engine's precision: encoder and decoder, a scale per weight row and per token),
+    # its methods checked against greedy at the same precision
+    MethodSpec("greedy", {"precision": "int8"}, label="greedy-int8"),
+    MethodSpec("eagle", {"k": 4, "stop_below": 0.0, "precision": "int8"}, label="eagle-k4-int8"),
     MethodSpec("hf-generate"),
     MethodSpec("hf-assisted"),
     MethodSpec("faster-whisper", {"compute_type": "int8"}, label="faster-whisper-int8"),
@@ -77,6 +81,9 @@ FEATURE_METHODS = [
     MethodSpec("greedy"),
     MethodSpec("eagle", {"k": 4, "stop_below": 0.0}, label="eagle-k4"),
     MethodSpec("speculative", {"k": 4}, label="speculative-k4"),
+    MethodSpec("greedy", {"precision": "int8"}, label="greedy-int8"),
+    MethodSpec("eagle", {"k": 4, "stop_below": 0.0, "precision": "int8"}, label="eagle-k4-int8"),
+    MethodSpec("speculative", {"k": 4, "precision": "int8"}, label="speculative-k4-int8"),
     MethodSpec("faster-whisper", {"compute_type": "int8"}, label="faster-whisper-int8"),
     MethodSpec("faster-whisper", {"compute_type": "float32"}, label="faster-whisper-fp32"),
 ]
@@ -133,8 +140,10 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
     featured = timestamps is not None or vad
     if not methods and featured:
         bf16 = BF16_FEATURE_METHODS if fast_bf16_matmul(torch.device(device or "cpu")) else []
-        methods = FEATURE_METHODS[:3] + bf16 + FEATURE_METHODS[3:]
-    methods = methods or DEFAULT_METHODS
+        methods = FEATURE_METHODS[:6] + bf16 + FEATURE_METHODS[6:]
+    # bf16 rows only where bf16 is native (elsewhere it is refused: emulated, several times slower than fp32)
+    methods = methods or [m for m in DEFAULT_METHODS if _variant(m) != ("encoder", "bf16")
+                          or fast_bf16_matmul(torch.device(device or "cpu"))]
     hf = [m.name for m in methods if m.name.startswith("hf-")]
     check(not (featured and hf), f"{hf[0] if hf else ''} decodes without timestamps or VAD; leave it out of a "
           "--timestamps / --vad run")
@@ -153,6 +162,12 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
     sizes = (1, 8)
     batches = {b: [corpus[i : i + b] for i in range(0, len(corpus), b)] for b in sizes}
     peers = {}
+    precisions = {asr.precision.name: asr}     # precision -> the pipeline at that precision (built once)
+
+    def at_precision(name: str):
+        if name not in precisions:          # the same weights, heads and draft, converted
+            precisions[name] = ASRPipeline(asr.bundle, heads=asr.heads, draft=asr.draft, precision=name)
+        return precisions[name]
 
     def run_batch(spec: MethodSpec, items: list, seed: int) -> tuple[list, DecodeStats]:
         audios = [a for _, a, _ in items]
@@ -163,7 +178,9 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
             if key not in peers:
                 peers[key] = FasterWhisperProcess(asr.bundle.name, key, torch.get_num_threads(), features)
             return peers[key].transcribe(audios)
-        out = asr.transcribe(audios, spec.name, batch_size=len(audios), **features, **AS_FASTER_WHISPER, **spec.params)
+        params = dict(spec.params)
+        pipe = at_precision(params.pop("precision")) if "precision" in params else asr
+        out = pipe.transcribe(audios, spec.name, batch_size=len(audios), **features, **AS_FASTER_WHISPER, **params)
         stats = out.stats
         stats.time_s["total"] = out.wall_s
         return out.texts, stats
@@ -172,15 +189,15 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
         n = len(outputs)
         wer = corpus_wer(refs[:n], outputs)
         row = {"wer": round(100 * wer.wer, 2), "identical_to_ar": _identical(outputs, baseline)}
-        encoder = spec.params.get("encoder", "fp32")
-        if encoder != "fp32":       # lossless decoding on a cheaper encoder: against greedy on the same states
+        variant = _variant(spec)
+        if variant is not None:     # lossless decoding on a cheaper encoder or model: against greedy on the same one
             if spec.name == "greedy":
-                same_encoder_greedy[encoder] = outputs
-            elif encoder in same_encoder_greedy:
-                row["identical_to_greedy_same_encoder"] = _identical(outputs, same_encoder_greedy[encoder])
+                same_variant_greedy[variant] = outputs
+            elif variant in same_variant_greedy:
+                row[f"identical_to_greedy_same_{variant[0]}"] = _identical(outputs, same_variant_greedy[variant])
         return row
 
-    same_encoder_greedy: dict[str, list] = {}       # encoder precision -> its greedy outputs (listed first)
+    same_variant_greedy: dict[tuple, list] = {}     # ("encoder" | "precision", name) -> its greedy outputs
 
     def warmup(spec: MethodSpec) -> None:
         run_batch(spec, corpus[:1], 0)
@@ -213,15 +230,25 @@ def target_floor(asr) -> dict:
     return pass_floor(whisper_subjects(asr, ["fp32" if asr.argmax_model is asr.model else "fp32-argmax"])[0])
 
 
+def _variant(spec: MethodSpec) -> tuple[str, str] | None:
+    """What a row runs on other than the fp32 model: ("encoder", precision) or ("precision", precision)."""
+    for key in ("precision", "encoder"):
+        if spec.params.get(key, "fp32") != "fp32":
+            return key, spec.params[key]
+    return None
+
+
 def claims_lossless(spec: MethodSpec) -> bool:
     """Whether `spec` claims greedy's transcripts: of the peers only HF's decoders; no method on a cheaper
-    encoder (the claim is against the fp32 model); every other method says so itself (`lossless`)."""
+    encoder or model (the claim is against the fp32 model); every other method says so itself (`lossless`)."""
     if spec.name in PEERS:
         return spec.name.startswith("hf-")
     params = dict(spec.params)
     params.pop("adaptive", None)                                  # which passes draft: the tokens stay greedy's
-    if params.pop("encoder", "fp32") != "fp32":
+    if _variant(spec) is not None:
         return False
+    params.pop("encoder", None)
+    params.pop("precision", None)
     return build_asr_method(spec.name, **params).lossless
 
 

@@ -26,7 +26,10 @@ def cmd_asr_transcribe(args: argparse.Namespace) -> int:
     from mmaccel.speech.pipeline import ASRPipeline, draft_option, heads_option
 
     asr = ASRPipeline.from_pretrained(args.model, heads=heads_option(args.heads), draft=draft_option(args.draft),
-                                      assistant=args.assistant, device=args.device, cuda_graphs=args.cuda_graphs)
+                                      assistant=args.assistant, device=args.device, cuda_graphs=args.cuda_graphs,
+                                      precision=args.precision)
+    if args.precision == "auto":
+        say(f"precision {asr.precision.reason}")
     formats = None if args.output_format is None else output_formats(args.output_format)
     language = None if args.language == "auto" else args.language
     with progress(desc="transcribe", unit="window") as bar:
@@ -145,9 +148,12 @@ def _add_transcribe(asr_sub) -> None:
     at.add_argument("--language", default="en", help="language code, or 'auto' to detect each file's (multilingual models)")
     at.add_argument("--task", default="transcribe", choices=("transcribe", "translate"),
                     help="translate: into English (multilingual models)")
-    at.add_argument("--encoder", default="fp32", choices=("fp32", "bf16", "int8"),
-                    help="encoder precision: fp32 (the model as loaded) or cheaper bf16 / int8 (may change transcripts; "
-                         "int8 fails on noisy audio, prefer bf16)")
+    at.add_argument("--precision", default="fp32", choices=("auto", "fp32", "bf16", "int8"),
+                    help="the model's precision: fp32 (as loaded), bf16 (the encoder; native bf16 only), int8 (encoder "
+                         "and decoder, per-row weight and per-token scales) or auto (what this CPU runs natively); "
+                         "the cheaper ones may change transcripts")
+    at.add_argument("--encoder", default=None, choices=("auto", "fp32", "bf16", "int8"),
+                    help="the encoder's precision alone (default: --precision's)")
     at.add_argument("--timestamps", action="store_true", help="decode with Whisper's timestamps (segments with times)")
     at.add_argument("--word-timestamps", action="store_true", help="word times from the alignment heads (implies --timestamps)")
     at.add_argument("--output-format", default=None, metavar="FORMAT",

@@ -7,12 +7,15 @@ frame set the step of every quiet one (a 30-s encoder window at one scale lost t
 
 On x86 CPUs the product is PyTorch's dynamically quantised linear (`quantized::linear_dynamic`, FBGEMM / oneDNN),
 int8 by int8 into fp32, which quantises its activations with one scale per call: so each row is first divided by
-its own abs-max (every row then spans [-1, 1] and the call's one scale is every row's), and the output rows are
-multiplied back by it before the bias is added. Without int8 dot-product units (VNNI / AMX) activations keep 7 bits,
-so that AVX2's 16-bit sums cannot saturate. Measured here on the shapes of a Whisper base decoder step: 0.31 ms
-at one row for a draft step's 13 products, against 0.58 ms for bf16 activations through the weight-only kernel
-`aten._weight_int8pack_mm` and 1.1 ms for bf16 weights; the per-token division costs 1.4-1.8x the bare call at
-8-1500 rows and none at one. Elsewhere (CUDA, other CPUs) the product runs on the dequantised weight.
+its own abs-max, a fixed row holding 1 and -1 pins the call's range to [-1, 1], and the output rows are multiplied
+back by their abs-max before the bias is added. Every token is then quantised alone and its integer product is
+exact, so a row's output is bitwise the same whichever rows share its call (a verify pass's logits are the
+one-token pass's, which greedy-verified methods need). Without int8 dot-product units (VNNI / AMX) activations keep
+7 bits, so that AVX2's 16-bit sums cannot saturate. Measured here on the shapes of a Whisper base decoder step, the
+bare call took 0.31 ms at one row for a draft step's 13 products, against 0.58 ms for bf16 activations through the
+weight-only kernel `aten._weight_int8pack_mm` and 1.1 ms for bf16 weights; the scaling and the anchor add ~0.04 ms
+per product at one row (Python-level ops a compiled step will fuse) and 1.4-1.8x at 8-1500 rows. Elsewhere (CUDA,
+other CPUs) the product runs on the dequantised weight.
 
 (torchao's `Int8WeightOnlyConfig` was measured here first: on this CPU it dequantises the whole weight at every
 call and ran 2x slower than fp32, so the operators are called directly. `benchmarks/engine/precision_choices.json`
@@ -63,6 +66,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("scale", scale)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
         self.packed = None                  # FBGEMM's packed weight (CPU), built on first use
+        self.anchor = None                  # the row [1, 0, ..., 0, -1] every call appends (see forward)
 
     @classmethod
     def of(cls, weight: Tensor, bias: Tensor | None = None) -> Int8Linear:
@@ -82,15 +86,21 @@ class Int8Linear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if x.is_cpu and self.weight.is_cpu and torch.backends.quantized.engine in DYNAMIC_ENGINES:
             flat = x.reshape(-1, x.shape[-1]).float()
-            if flat.shape[0] > 1:                 # one scale per token (one row needs no division)
-                reach = flat.abs().amax(dim=1, keepdim=True).clamp_min(1e-30)
-                y = torch.ops.quantized.linear_dynamic(flat / reach, self._packed(), REDUCE_RANGE) * reach
-            else:
-                y = torch.ops.quantized.linear_dynamic(flat, self._packed(), REDUCE_RANGE)
+            reach = flat.abs().amax(dim=1, keepdim=True).clamp_min(1e-30)
+            # the anchor row pins the call's range to [-1, 1] whatever the other rows hold: each token is quantised
+            # alone, so a row's output is bitwise the same in a pass of one token or of a batch (greedy-identity)
+            rows = torch.cat([flat / reach, self._anchor(flat.shape[1])])
+            y = torch.ops.quantized.linear_dynamic(rows, self._packed(), REDUCE_RANGE)[:-1] * reach
             if self.bias is not None:
                 y = y + self.bias
             return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
         return int8_matmul(x, self.weight, self.scale, self.bias)
+
+    def _anchor(self, width: int) -> Tensor:
+        if self.anchor is None:
+            self.anchor = torch.zeros(1, width)
+            self.anchor[0, 0], self.anchor[0, -1] = 1.0, -1.0
+        return self.anchor
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"

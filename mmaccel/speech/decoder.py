@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from mmaccel.core.model import DecodeState, KVCache, check_step_args, default_positions, expect, step_key
 from mmaccel.core.readout import project
+from mmaccel.engine.int8 import Int8Linear
 from mmaccel.errors import check
 from mmaccel.speech.decoder_audio import EncodedAudio, audio_frames
 from mmaccel.speech.decoder_layers import LayerOps, LayerStep, _norm, kept_positions
@@ -44,7 +45,9 @@ class WhisperDecoderModel:
     `cross_window` (frames, for drafts) limits cross-attention to each row's audio frames plus that
     many after them, where the audio's length is known (`encode(..., seconds=)`): short clips are
     mostly padding of Whisper's 30-s window, which the full model must attend to and a draft need not.
-    `quantized` (for drafts) runs the layers on int8 copies of their weights (`LayerOps`).
+    `quantized` runs the layers on int8 copies of their weights (`LayerOps`) and, without a shortlist or exit head,
+    the vocabulary projection too (`Int8Linear`: a scale per weight row and per token, so a row's logits are the same
+    in a pass of one token or many): an int8 target (`ASRPipeline(precision="int8")`) or a draft.
     """
 
     skips_filler = True     # `step` takes `valid` (the DecoderModel protocol's optional filler skipping)
@@ -76,6 +79,8 @@ class WhisperDecoderModel:
         self.cross_window = cross_window
         self._ops = [LayerOps(layer, quantized) for layer in decoder.layers[: self.num_layers]]
         self.quantized = quantized
+        plain = self.projection is None and exit_head is None and argmax_readout is None
+        self._int8_projection = Int8Linear.of(decoder.embed_tokens.weight) if quantized and plain else None
         self.feature_layers: tuple[int, ...] = ()     # see `feature_view`
         self.reads_timestamps_as_none = False          # see `as_read` (drafts trained without timestamps)
         self.vocab_size = cfg.vocab_size
@@ -121,6 +126,7 @@ class WhisperDecoderModel:
         greedy-verified methods on hardware with fast bf16 products. `prefill` stays exact (its
         begin-suppression changes which token is the arg-max)."""
         check(self.projection is None and self.exit_head is None, "an arg-max view is for the full model's projection")
+        check(not self.quantized, "an arg-max view is for the fp32 projection (an int8 model's logits are its own)")
         readout = ArgmaxProjection(self.decoder.embed_tokens.weight, self._bias)
         return self._same_switches(WhisperDecoderModel(self.hf, self.suppress_tokens, self.begin_suppress_tokens,
                                                        cross_layers=self.cross_layers, argmax_readout=readout))
@@ -139,7 +145,7 @@ class WhisperDecoderModel:
         """A draft view: the first `exit_layer` decoder layers (weights shared), then `head` (an
         `ExitHead`; default: the final LayerNorm) and the tied projection."""
         return self._same_switches(WhisperDecoderModel(self.hf, self.suppress_tokens, self.begin_suppress_tokens,
-                                                       exit_layer, head))
+                                                       exit_layer, head, quantized=self.quantized))
 
     def _same_switches(self, view: WhisperDecoderModel) -> WhisperDecoderModel:
         view.cuda_graphs = self.cuda_graphs
@@ -416,6 +422,8 @@ class WhisperDecoderModel:
     def _project(self, h: Tensor) -> Tensor:
         if self.projection is not None:
             return self.projection(h).float()
+        if self._int8_projection is not None:
+            return self._int8_projection(h).float()
         return project(h, self.decoder.embed_tokens.weight).float()
 
     def select_rows(self, state: DecodeState, index: Tensor) -> None:

@@ -72,7 +72,7 @@ class JoinedTranscription:
                  method: str = "greedy", language: str | None = "en", task: str = "transcribe",
                  timestamps: bool = False, word_timestamps: bool = False, vad_filter: bool = False,
                  temperature: float | tuple[float, ...] = TEMPERATURES, initial_prompt: str | None = None,
-                 encoder: str = "fp32", max_new_tokens: int = MAX_NEW_TOKENS, **method_params: Any):
+                 encoder: str | None = None, max_new_tokens: int = MAX_NEW_TOKENS, **method_params: Any):
         check(isinstance(rows, int) and rows >= 1, f"rows must be an int >= 1, got {rows!r}")
         d = Fallback()
         fallback = Fallback.of(temperature, d.compression_ratio_threshold, d.log_prob_threshold,

@@ -118,16 +118,22 @@ class ASRPipeline:
     """A Whisper model with its optional draft heads (Medusa, early exit, Medusa-Block, EAGLE), draft decoder and
     assistant Whisper; `transcribe` decodes with any method of `mmaccel.speech.methods.ASR_REGISTRY`."""
 
-    def __init__(self, bundle: WhisperBundle, heads: WhisperHeads | None = None, draft: WhisperDraft | None = None):
+    def __init__(self, bundle: WhisperBundle, heads: WhisperHeads | None = None, draft: WhisperDraft | None = None,
+                 precision: str = "fp32"):
         check(isinstance(bundle, WhisperBundle), f"bundle must be a WhisperBundle, got {type(bundle).__name__}")
         self.bundle = bundle
-        self.model = WhisperDecoderModel(bundle.model)
+        device = bundle.model.device
+        # the precision the model runs in (`mmaccel.engine.precision`): the encoder's, and the decoder's where it
+        # is int8 (linear layers and vocabulary projection); a bf16 decoder is not built, since its one-token
+        # products measured slower than fp32's here (benchmarks/floor/floor.json), only its arg-max readout below
+        self.precision = resolve_precision(precision, device)
+        self.model = WhisperDecoderModel(bundle.model, quantized=self.precision.name == "int8")
         # greedy decoding and greedy-verified methods read only arg-maxes: a bf16-first projection
         # whose arg-max is the fp32 one (`ArgmaxProjection`), on a CPU with native bf16 products (its
         # short list of candidates has a data-dependent size: on a GPU that would make every step wait
         # for the host, which costs more than the fp32 projection it saves)
-        device = self.model.device
-        self.argmax_model = self.model.argmax_view() if on_host(device) and fast_bf16_matmul(device) else self.model
+        fp32_readout = not self.model.quantized and on_host(device) and fast_bf16_matmul(device)
+        self.argmax_model = self.model.argmax_view() if fp32_readout else self.model
         self.heads = heads or WhisperHeads()
         self.heads_source: str | None = None     # the heads files (comma-separated), when loaded from files
         self.draft = draft
@@ -147,8 +153,8 @@ class ASRPipeline:
     @classmethod
     def from_pretrained(cls, source: str = "builtin:base", *, heads: str | os.PathLike | list | None = "auto",
                         draft: str | os.PathLike | None = "auto", assistant: str | None = None,
-                        cache_dir: str | os.PathLike | None = None,
-                        device: str | torch.device | None = None, cuda_graphs: bool = False) -> ASRPipeline:
+                        cache_dir: str | os.PathLike | None = None, device: str | torch.device | None = None,
+                        cuda_graphs: bool = False, precision: str = "fp32") -> ASRPipeline:
         """`source`: "builtin:base", "builtin:tiny.en" or a local Hugging Face Whisper directory.
 
         `heads`: a heads file (Medusa, exit, Medusa-Block and/or EAGLE heads) or a list of them, each
@@ -158,6 +164,10 @@ class ASRPipeline:
         `assistant`: another Whisper (a source like "builtin:tiny.en") for `speculative-cross`.
         `device`: cpu (default), cuda, cuda:N or auto; heads and drafts follow the model.
         `cuda_graphs`: replay the decoders' fixed-shape steps as CUDA graphs (a GPU only).
+        `precision`: fp32 (the model as loaded, the default), bf16 (the encoder; native bf16 only), int8 (encoder
+        and decoder linear layers, a scale per weight row and per token) or auto (what this machine runs
+        natively; `pipe.precision.reason` says which). Not lossless against fp32: the transcript may move; every
+        greedy-verified method stays lossless against greedy at the same precision.
         """
         device = resolve_device(device)
         use_cuda_graphs(cuda_graphs, device)
@@ -169,7 +179,7 @@ class ASRPipeline:
                                  else [bundle.path / "heads.safetensors", bundle.path / "eagle.safetensors"]) if p.is_file()]
         if draft == "auto":
             draft = _present(builtin_draft_path(bundle.name) if builtin else bundle.path / "draft.safetensors")
-        pipe = cls(bundle, draft=None if draft is None else load_draft(draft, bundle.model))
+        pipe = cls(bundle, draft=None if draft is None else load_draft(draft, bundle.model), precision=precision)
         pipe.draft_source = None if draft is None else str(draft)
         files = [] if heads is None else [heads] if isinstance(heads, (str, os.PathLike)) else list(heads)
         if files:
@@ -209,11 +219,11 @@ class ASRPipeline:
             self._eagle = head, EagleDecoder(head, self.model, quantized=self.model.device.type == "cpu")
         return self._eagle[1]
 
-    def encoder(self, precision: str = "fp32") -> nn.Module:
-        """The model's encoder at `precision` (fp32, bf16 or int8; "auto": what this machine runs natively), a copy
-        built once (`mmaccel.engine.precision`). Not lossless: its states, and so the transcript, move; the ASR
-        benchmark reports each precision's WER beside its speed."""
-        precision = resolve_precision(precision, self.model.device).name
+    def encoder(self, precision: str | None = None) -> nn.Module:
+        """The model's encoder at `precision` (fp32, bf16 or int8; "auto": what this machine runs natively; None:
+        the pipeline's), a copy built once (`mmaccel.engine.precision`). Not lossless: its states, and so the
+        transcript, move; the ASR benchmark reports each precision's WER beside its speed."""
+        precision = self.precision.name if precision is None else resolve_precision(precision, self.model.device).name
         if precision not in self._encoders:
             self._encoders[precision] = convert(self._encoders["fp32"], precision)
         return self._encoders[precision]
@@ -231,7 +241,7 @@ class ASRPipeline:
     def transcribe(self, audio: AudioLike | list, method: str | Method = "greedy", *, batch_size: int = 8,
                    language: str | None = "en", task: str = "transcribe", sample_rate: int | None = None,
                    max_new_tokens: int = MAX_NEW_TOKENS, progress: Callable[[int, int], None] | None = None,
-                   encoder: str = "fp32", timestamps: bool = False, word_timestamps: bool = False,
+                   encoder: str | None = None, timestamps: bool = False, word_timestamps: bool = False,
                    vad_filter: bool = False, vad_parameters: VadParameters | dict | None = None,
                    temperature: float | Sequence[float] = TEMPERATURES, compression_ratio_threshold: float | None = 2.4,
                    log_prob_threshold: float | None = -1.0, no_speech_threshold: float | None = 0.6,
@@ -243,9 +253,9 @@ class ASRPipeline:
         English-only model, None is English); `task`: "transcribe" or "translate" (to English, on a
         multilingual model).
 
-        `encoder`: the encoder's precision, fp32 (the model as loaded), bf16 or int8; the cheaper
-        ones change the encoder states and so may change the transcript (the decoder methods stay
-        lossless against greedy on the same states).
+        `encoder`: the encoder's precision, fp32 (the model as loaded), bf16, int8 or auto (default: the
+        pipeline's `precision`); the cheaper ones change the encoder states and so may change the transcript
+        (the decoder methods stay lossless against greedy on the same states).
 
         `timestamps`: decode in Whisper's timestamp mode (its rules apply to every method, so the
         lossless ones still give greedy's tokens): each transcript's `segments` carry their times and
@@ -319,7 +329,7 @@ class ASRPipeline:
         return ASROutput(transcripts, stats, job.spec.name)
 
     def stream(self, chunks: Iterable, method: str | Method = "greedy", *, sample_rate: int = SAMPLE_RATE,
-               language: str = "en", min_chunk_s: float = 1.0, trim_s: float = 15.0, encoder: str = "fp32",
+               language: str = "en", min_chunk_s: float = 1.0, trim_s: float = 15.0, encoder: str | None = None,
                **method_params: Any) -> Iterator[StreamUpdate]:
         """Transcribe live audio: `chunks` (mono sample arrays at `sample_rate`, e.g. read from a microphone
         or `mmaccel.speech.streaming.realtime_chunks`) -> an update each time a decode commits words (local
@@ -390,7 +400,7 @@ class ASRPipeline:
                   self.bundle.tokenizer, self.bundle.tokens.end_of_text, owner.language)
 
     def _job(self, method: str | Method, method_params: dict[str, Any], *, language: str | None, task: str,
-             max_new_tokens: int, encoder: str, timestamps: bool, word_timestamps: bool, fallback: Fallback,
+             max_new_tokens: int, encoder: str | None, timestamps: bool, word_timestamps: bool, fallback: Fallback,
              adaptive: bool, initial_prompt: str | None) -> _Job:
         """What every decode of one `transcribe` call (or one joined call) decodes with; checks the options."""
         check(isinstance(max_new_tokens, int) and 1 <= max_new_tokens <= MAX_NEW_TOKENS,

@@ -61,7 +61,7 @@ def test_the_hf_generate_peer_gives_greedy_tokens_in_as_many_passes(tiny_en_asr)
     assert texts == greedy.texts and stats.nfe == greedy.stats.nfe and stats.time_s["decode"] > 0
 
 
-@pytest.mark.slow     # 25 s; the lossless decoding on cheaper encoders: tests/speech/test_pipeline_encoders.py
+@pytest.mark.slow     # 25 s; the lossless decoding on cheaper encoders: tests/speech/test_pipeline_precision.py
 def test_cheaper_encoder_rows_are_checked_against_greedy_on_the_same_encoder(tiny_en_asr):
     if not (SPHINX_DATA / "librivox").is_dir():
         pytest.skip("apt-get install pocketsphinx-testdata")
@@ -144,3 +144,16 @@ def test_features_on_for_every_method_and_for_faster_whisper(tiny_en_asr):
     assert doc["config"]["timestamps"] == "words" and doc["config"]["vad"] is True
     assert rows["eagle-k4", 2]["lossless"] and rows["eagle-k4", 2]["quality"]["identical_to_ar"] == 1.0
     assert rows["fw-int8", 2]["quality"]["wer"] < 20 and rows["greedy", 1]["quality"]["wer"] < 20
+
+
+def test_precision_rows_run_a_converted_pipeline_checked_against_its_own_greedy(tiny_en_asr):
+    if not (SPHINX_DATA / "librivox").is_dir():
+        pytest.skip("apt-get install pocketsphinx-testdata")
+    methods = [MethodSpec("greedy"), MethodSpec("greedy", {"precision": "int8"}, label="greedy-int8"),
+               MethodSpec("ngram", {"k": 3, "precision": "int8"}, label="ngram-int8")]
+    suite = build_asr_suite(methods=methods, tts_utterances=0, pipeline=tiny_en_asr)
+    suite.batches = {1: suite.batches[1][:1]}
+    rows = {r["method"]: r for r in run_suite(suite, log=lambda m: None)["results"]}
+    assert not rows["greedy-int8"]["lossless"] and not rows["ngram-int8"]["lossless"]     # vs the fp32 model
+    assert rows["ngram-int8"]["quality"]["identical_to_greedy_same_precision"] == 1.0
+    assert rows["greedy-int8"]["quality"]["wer"] < 30 and not tiny_en_asr.model.quantized

@@ -64,7 +64,7 @@ def test_int8_linear_keeps_the_input_dtype_and_rejects_other_modules():
 
 def test_each_token_gets_its_own_activation_scale():
     """Rows four orders of magnitude apart: with one scale per call the quiet rows would round to nothing (the noisy
-    audio that broke the int8 encoder); per token each row keeps the relative error of a lone row."""
+    audio that broke the int8 encoder); per token each row is quantised alone, bitwise as in a call of its own."""
     torch.manual_seed(3)
     lin = nn.Linear(256, 128)
     x = torch.randn(40, 256) * torch.logspace(-3, 1, 40)[:, None]
@@ -75,8 +75,7 @@ def test_each_token_gets_its_own_activation_scale():
     per_row = (got - ref).norm(dim=1) / ref.norm(dim=1)
     assert float(per_row.max()) < 0.05
     if DYNAMIC:
-        # a row in a batch is as accurate as alone (the call's range spans [-1, 1] for every row either way)
-        assert float((((alone - ref).norm(dim=1) / ref.norm(dim=1)) / per_row).log().abs().max()) < 1.5
+        assert torch.equal(got, alone)          # bitwise: a row's output does not depend on the rows beside it
         flat = x.reshape(-1, 256)
         one_scale = torch.ops.quantized.linear_dynamic(flat, q._packed(), quant.REDUCE_RANGE) + lin.bias.detach()
         assert float(((one_scale - ref).norm(dim=1) / ref.norm(dim=1)).max()) > 0.5     # what per-call scales lose

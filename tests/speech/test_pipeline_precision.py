@@ -1,0 +1,52 @@
+"""The pipeline's precisions (the engine's): cheaper encoders built once, an int8 pipeline close to fp32 and lossless at its
+own precision, the fp32 model untouched."""
+
+import pytest
+
+from mmaccel.errors import InputError
+from mmaccel.metrics.wer import corpus_wer
+from tests.speech.test_pipeline import files  # noqa: F401  (fixture)
+
+
+def test_the_pipeline_decodes_cheaper_encoders_losslessly(tiny_en_asr, files):  # noqa: F811
+    from mmaccel.engine.machine import cpu_bf16_units
+
+    clips = files[:1]
+    fp32 = tiny_en_asr.transcribe(clips, "greedy")
+    for precision in ("bf16", "int8") if cpu_bf16_units() else ("int8",):
+        greedy = tiny_en_asr.transcribe(clips, "greedy", encoder=precision)
+        assert tiny_en_asr.transcribe(clips, "ngram", k=3, encoder=precision).texts == greedy.texts
+        assert corpus_wer(fp32.texts, greedy.texts).wer < 0.3, precision
+        assert {"features", "encoder", "decode"} <= set(greedy.stats.time_s)
+    assert tiny_en_asr.encoder("int8") is tiny_en_asr.encoder("int8")           # built once
+    assert tiny_en_asr.encoder("auto") is tiny_en_asr.encoder("bf16" if cpu_bf16_units() else "fp32")
+    assert tiny_en_asr.transcribe(clips, "greedy").texts == fp32.texts          # the fp32 model is unchanged
+    with pytest.raises(InputError, match="unknown precision 'half'"):
+        tiny_en_asr.transcribe(clips, "greedy", encoder="half")
+
+
+def test_an_int8_pipeline_runs_encoder_and_decoder_in_int8_and_stays_close(tiny_en_asr, files):  # noqa: F811
+    from mmaccel.engine.int8 import Int8Linear
+    from mmaccel.speech.pipeline import ASRPipeline
+
+    clips = files[:2]
+    fp32 = tiny_en_asr.transcribe(clips, "greedy")
+    int8 = ASRPipeline.from_pretrained("builtin:tiny.en", precision="int8")
+    assert (int8.precision.name, int8.precision.reason) == ("int8", "int8 (asked for)")
+    assert int8.model.quantized and int8.argmax_model is int8.model and int8.encoder() is int8.encoder("int8")
+    assert isinstance(int8.model._int8_projection, Int8Linear)
+    got = int8.transcribe(clips, "greedy")
+    assert corpus_wer(fp32.texts, got.texts).wer < 0.2
+    assert int8.transcribe(clips, "eagle").texts == got.texts              # lossless at its own precision
+    assert tiny_en_asr.transcribe(clips, "greedy").texts == fp32.texts      # the fp32 pipeline is untouched
+    assert not tiny_en_asr.model.quantized and tiny_en_asr.precision.name == "fp32"
+
+
+def test_bf16_on_a_cpu_without_it_is_one_line(tiny_en_asr, monkeypatch):
+    from mmaccel.engine import precision
+    from mmaccel.speech.pipeline import ASRPipeline
+
+    monkeypatch.setattr(precision, "fast_bf16_matmul", lambda device: False)
+    with pytest.raises(InputError, match="needs native bf16 units"):
+        ASRPipeline(tiny_en_asr.bundle, precision="bf16")
+    assert ASRPipeline(tiny_en_asr.bundle, precision="auto").precision.name == "fp32"
