@@ -235,8 +235,7 @@ def load_speech(asr, timestamps: bool = False) -> Loaded:
                   {"one": eot, "ragged": eot})
 
 
-def tiny_speech_pipeline(device: str = "cpu", vocab: int | None = None, drafts_read_timestamps: bool = False,
-                         precision: str = "fp32"):
+def tiny_speech_pipeline(device: str = "cpu", vocab: int | None = None, drafts_read_timestamps: bool = False):
     """An ASRPipeline over the speech tests' tiny random Whisper (tests/speech/conftest.py) with random Medusa
     heads, exit heads, a Medusa block, an EAGLE head and a draft decoder: every resource but an assistant (that
     needs a tokenizer). For device="cuda" without a GPU, call it inside `emulated_cuda()`. `vocab`: the model's
@@ -254,7 +253,7 @@ def tiny_speech_pipeline(device: str = "cpu", vocab: int | None = None, drafts_r
     bundle = WhisperBundle("tiny-random", hf, None, None, None, Path("."))
     draft = new_draft(hf)
     draft.timestamps = drafts_read_timestamps
-    asr = ASRPipeline(bundle, draft=draft, precision=precision)
+    asr = ASRPipeline(bundle, draft=draft)
     torch.manual_seed(5)
     medusa = new_medusa_heads(asr.model, 4).to(asr.model.device)
     for p in medusa.parameters():

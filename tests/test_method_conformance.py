@@ -75,11 +75,7 @@ EXACTNESS_BENCHES = {
                Bench("speech", "tiny.en-timestamps", frozenset({"eagle"}), "speech_tiny_en_timestamps_bench",
                      baseline="greedy"),
                Bench("speech", "base-timestamps", SPEECH_BASE_SUPPLIES, "speech_base_timestamps_bench",
-                     baseline="greedy", slow=True),
-               # the engine's int8 precision: lossless methods give greedy's tokens at the same precision
-               Bench("speech", "tiny-random-int8-timestamps", SPEECH_BASE_SUPPLIES - {"assistant"},
-                     "speech_int8_timestamps_bench", baseline="greedy"),
-               Bench("speech", "tiny.en-int8", frozenset({"eagle"}), "speech_tiny_en_int8_bench", baseline="greedy")],
+                     baseline="greedy", slow=True)],
 }
 LAW_BENCHES = {
     "text": Bench("text", "trigram-toy", frozenset({"draft", "heads"}), "text_law"),
@@ -227,22 +223,6 @@ def speech_timestamps_bench():
 
     # drafts that read timestamp tokens (the shipped ones of base); tiny.en's read them as <|notimestamps|>
     return load_tiny_speech(tiny_speech_pipeline(vocab=TIMED_VOCAB, drafts_read_timestamps=True), timestamps=True)
-
-
-@pytest.fixture(scope="module")
-def speech_int8_timestamps_bench():
-    from tests.speech.conftest import TIMED_VOCAB
-
-    asr = tiny_speech_pipeline(vocab=TIMED_VOCAB, drafts_read_timestamps=True, precision="int8")
-    return load_tiny_speech(asr, timestamps=True)
-
-
-@pytest.fixture(scope="module")
-def speech_tiny_en_int8_bench():
-    from mmaccel.speech.pipeline import ASRPipeline
-
-    _librivox()
-    return load_speech(ASRPipeline.from_pretrained("builtin:tiny.en", precision="int8"))
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ has its bytes and FLOPs (`mmaccel.engine.floor.trace_pass`, traced once in fp32)
 measured time (median and best of `repeats`, warm-up excluded) and their ratio, and the cost of a width-T pass
 relative to a one-token pass at the same batch (what a verify pass costs a method).
 
-Precisions: fp32 (the model as loaded), bf16 (where native), int8 (`Int8Linear` layers; Whisper's vocabulary
-projection stays fp32, as its draft path has it) and, for Whisper, `fp32-argmax`: the arg-max view greedy and the
+Precisions: fp32 (the model as loaded), bf16 (where native), int8 (`Int8Linear` layers and, for Whisper, its
+vocabulary projection, as `ASRPipeline(precision="int8")` runs it) and, for Whisper, `fp32-argmax`: the arg-max view greedy and the
 greedy-verified methods use on CPUs with native bf16 (`ArgmaxProjection`).
 """
 
