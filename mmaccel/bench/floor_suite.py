@@ -9,8 +9,8 @@ measured time (median and best of `repeats`, warm-up excluded) and their ratio, 
 relative to a one-token pass at the same batch (what a verify pass costs a method).
 
 Precisions: fp32 (the model as loaded), bf16 (where native), int8 (`Int8Linear` layers and, for Whisper, its
-vocabulary projection, as `ASRPipeline(precision="int8")` runs it) and, for Whisper, `fp32-argmax`: the arg-max view greedy and the
-greedy-verified methods use on CPUs with native bf16 (`ArgmaxProjection`).
+vocabulary projection, as `ASRPipeline(precision="int8")` runs it) and, for Whisper, `fp32-argmax`: the arg-max view
+greedy and the greedy-verified methods use on CPUs with native bf16 (`ArgmaxProjection`).
 """
 
 from __future__ import annotations
