@@ -80,11 +80,15 @@ def method_specs(text: str | None):
     return specs
 
 
-def _write_document(doc: dict, out: Path, markdown: str) -> list[Path]:
+def _write_document(doc: dict, out: Path, markdown: str, plot: Callable[[dict, Path], None] | None = None) -> list[Path]:
+    """`out` (JSON), the Markdown beside it and, with `plot`, its figure (.png)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown)
-    return [out, out.with_suffix(".md")]
+    if plot is None:
+        return [out, out.with_suffix(".md")]
+    plot(doc, out.with_suffix(".png"))
+    return [out, out.with_suffix(".md"), out.with_suffix(".png")]
 
 
 def _harness(name: str) -> Callable[[argparse.Namespace], BenchRun]:
@@ -128,15 +132,9 @@ def _run_floor(args: argparse.Namespace) -> BenchRun:
     from mmaccel.bench.floor_suite import markdown, plot, run_floor_bench
 
     doc = run_floor_bench(quick=args.quick, log=say)
-
-    def write(out: Path) -> list[Path]:
-        paths = _write_document(doc, out, f"# Benchmark `floor`\n\n`{doc['command']}`\n\n{doc['device']}, torch "
-                                          f"{doc['torch']}, {doc['date']}\n\nConfig: `{json.dumps(doc['config'])}`"
-                                          f"\n\n{markdown(doc)}\n")
-        plot(doc, out.with_suffix(".png"))
-        return [*paths, out.with_suffix(".png")]
-
-    return BenchRun(doc, markdown(doc), write)
+    return BenchRun(doc, markdown(doc), lambda out: _write_document(
+        doc, out, f"# Benchmark `floor`\n\n`{doc['command']}`\n\n{doc['device']}, torch {doc['torch']}, {doc['date']}"
+                  f"\n\nConfig: `{json.dumps(doc['config'])}`\n\n{markdown(doc)}\n", plot))
 
 
 def _run_asr_stream(args: argparse.Namespace) -> BenchRun:
@@ -152,15 +150,9 @@ def _run_serve(args: argparse.Namespace) -> BenchRun:
     from mmaccel.bench.serve_suite import markdown, plot, run_serve_bench
 
     doc = run_serve_bench(quick=args.quick, log=say)
-
-    def write(out: Path) -> list[Path]:
-        paths = _write_document(doc, out, f"# Benchmark `serve`\n\n`{doc['command']}`\n\n{doc['device']}, "
-                                          f"{doc['threads']} threads, {doc['date']}\n\nConfig: "
-                                          f"`{json.dumps(doc['config'])}`\n\n{markdown(doc)}")
-        plot(doc, out.with_suffix(".png"))
-        return [*paths, out.with_suffix(".png")]
-
-    return BenchRun(doc, markdown(doc), write)
+    return BenchRun(doc, markdown(doc), lambda out: _write_document(
+        doc, out, f"# Benchmark `serve`\n\n`{doc['command']}`\n\n{doc['device']}, {doc['threads']} threads, "
+                  f"{doc['date']}\n\nConfig: `{json.dumps(doc['config'])}`\n\n{markdown(doc)}", plot))
 
 
 def _run_serve_memory(args: argparse.Namespace) -> BenchRun:
