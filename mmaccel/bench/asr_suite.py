@@ -66,7 +66,7 @@ DEFAULT_METHODS = [
     MethodSpec("greedy", {"encoder": "int8"}, label="greedy-enc-int8"),
     MethodSpec("eagle", {"k": 4, "stop_below": 0.0, "encoder": "int8"}, label="eagle-k4-enc-int8"),
     # the whole model in int8 (the engine's precision: encoder and decoder, a scale per weight row and per token),
-    # its methods checked against greedy at the same precision
+    # its methods compared with greedy at the same precision (identical_to_greedy_same_precision)
     MethodSpec("greedy", {"precision": "int8"}, label="greedy-int8"),
     MethodSpec("eagle", {"k": 4, "stop_below": 0.0, "precision": "int8"}, label="eagle-k4-int8"),
     MethodSpec("hf-generate"),

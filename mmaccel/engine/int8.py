@@ -9,8 +9,9 @@ On x86 CPUs the product is PyTorch's dynamically quantised linear (`quantized::l
 int8 by int8 into fp32, which quantises its activations with one scale per call: so each row is first divided by
 its own abs-max, a fixed row holding 1 and -1 pins the call's range to [-1, 1], and the output rows are multiplied
 back by their abs-max before the bias is added. Every token is then quantised alone and its integer product is
-exact, so a row's output is bitwise the same whichever rows share its call (a verify pass's logits are the
-one-token pass's, which greedy-verified methods need). Without int8 dot-product units (VNNI / AMX) activations keep
+exact, so a row's output is bitwise the same whichever rows share its call (a verify pass's products are the
+one-token pass's: what greedy-verified methods need of this layer; attention does not give it yet, see
+docs/concepts/engine.md). Without int8 dot-product units (VNNI / AMX) activations keep
 7 bits, so that AVX2's 16-bit sums cannot saturate. Measured here on the shapes of a Whisper base decoder step, the
 bare call took 0.31 ms at one row for a draft step's 13 products, against 0.58 ms for bf16 activations through the
 weight-only kernel `aten._weight_int8pack_mm` and 1.1 ms for bf16 weights; the scaling and the anchor add ~0.04 ms

@@ -46,7 +46,7 @@ class WhisperDecoderModel:
     many after them, where the audio's length is known (`encode(..., seconds=)`): short clips are
     mostly padding of Whisper's 30-s window, which the full model must attend to and a draft need not.
     `quantized` runs the layers on int8 copies of their weights (`LayerOps`) and, without a shortlist or exit head,
-    the vocabulary projection too (`Int8Linear`: a scale per weight row and per token, so a row's logits are the same
+    the vocabulary projection too (`Int8Linear`: a scale per weight row and per token, each row's product the same
     in a pass of one token or many): an int8 target (`ASRPipeline(precision="int8")`) or a draft.
     """
 
