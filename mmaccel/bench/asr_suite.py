@@ -87,13 +87,13 @@ FEATURE_METHODS = [
     MethodSpec("faster-whisper", {"compute_type": "int8"}, label="faster-whisper-int8"),
     MethodSpec("faster-whisper", {"compute_type": "float32"}, label="faster-whisper-fp32"),
 ]
-# ... and on the bf16 encoder where bf16 products run natively (faster-whisper int8 runs a cheaper encoder too, and
-# each utterance is a padded 30-s window, so the encoder is over half of the time whatever the decoder does);
-# without bf16 units they are emulated, several times slower than fp32 (measured: RTFx 0.5 against 1.9)
-BF16_FEATURE_METHODS = [
-    MethodSpec("greedy", {"encoder": "bf16"}, label="greedy-enc-bf16"),
-    MethodSpec("eagle", {"k": 4, "stop_below": 0.0, "encoder": "bf16"}, label="eagle-k4-enc-bf16"),
-    MethodSpec("speculative", {"k": 4, "encoder": "bf16"}, label="speculative-k4-enc-bf16"),
+# ... and at "auto", each part as fast as it measured here (the encoder compiled in bf16 where bf16 is native,
+# else fp32; the decoder in int8): faster-whisper int8 runs a cheaper encoder too, and each utterance is a padded
+# 30-s window, so the encoder is over half of the time whatever the decoder does
+AUTO_FEATURE_METHODS = [
+    MethodSpec("greedy", {"precision": "auto"}, label="greedy-auto"),
+    MethodSpec("eagle", {"k": 4, "stop_below": 0.0, "precision": "auto"}, label="eagle-k4-auto"),
+    MethodSpec("speculative", {"k": 4, "precision": "auto"}, label="speculative-k4-auto"),
 ]
 TIMESTAMPS = ("segments", "words")
 
@@ -132,15 +132,14 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
     """`heads` / `draft`: as `mmaccel asr transcribe` takes them ("auto", "none", or files; heads comma-separated).
     `split`: "in-domain" (the real clips and held-out TTS utterances) or "ood" (`load_corpus`).
     `timestamps` ("segments" or "words") and `vad`: every method (faster-whisper too) decodes with these
-    features on; the default methods are then `FEATURE_METHODS` (and `BF16_FEATURE_METHODS` where bf16 is native)."""
+    features on; the default methods are then `FEATURE_METHODS` and `AUTO_FEATURE_METHODS`."""
     from mmaccel.speech.pipeline import ASRPipeline, draft_option, heads_option
 
     check(timestamps in (None, *TIMESTAMPS), f"timestamps must be one of {TIMESTAMPS}, got {timestamps!r}")
     features = {"timestamps": timestamps is not None, "word_timestamps": timestamps == "words", "vad_filter": vad}
     featured = timestamps is not None or vad
     if not methods and featured:
-        bf16 = BF16_FEATURE_METHODS if fast_bf16_matmul(torch.device(device or "cpu")) else []
-        methods = FEATURE_METHODS[:6] + bf16 + FEATURE_METHODS[6:]
+        methods = FEATURE_METHODS[:6] + AUTO_FEATURE_METHODS + FEATURE_METHODS[6:]
     # bf16 rows only where bf16 is native (elsewhere it is refused: emulated, several times slower than fp32)
     methods = methods or [m for m in DEFAULT_METHODS if _variant(m) != ("encoder", "bf16")
                           or fast_bf16_matmul(torch.device(device or "cpu"))]
@@ -162,7 +161,7 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
     sizes = (1, 8)
     batches = {b: [corpus[i : i + b] for i in range(0, len(corpus), b)] for b in sizes}
     peers = {}
-    precisions = {asr.precision.name: asr}     # precision -> the pipeline at that precision (built once)
+    precisions = {asr.precision: asr}     # precision asked for -> the pipeline at that precision (built once)
 
     def at_precision(name: str):
         if name not in precisions:          # the same weights, heads and draft, converted

@@ -29,7 +29,7 @@ def cmd_asr_transcribe(args: argparse.Namespace) -> int:
                                       assistant=args.assistant, device=args.device, cuda_graphs=args.cuda_graphs,
                                       precision=args.precision)
     if args.precision == "auto":
-        say(f"precision {asr.precision.reason}")
+        say(f"precision: {asr.precision_reason}")
     formats = None if args.output_format is None else output_formats(args.output_format)
     language = None if args.language == "auto" else args.language
     with progress(desc="transcribe", unit="window") as bar:
@@ -149,9 +149,10 @@ def _add_transcribe(asr_sub) -> None:
     at.add_argument("--task", default="transcribe", choices=("transcribe", "translate"),
                     help="translate: into English (multilingual models)")
     at.add_argument("--precision", default="fp32", choices=("auto", "fp32", "bf16", "int8"),
-                    help="the model's precision: fp32 (as loaded), bf16 (the encoder; native bf16 only), int8 (encoder "
-                         "and decoder, per-row weight and per-token scales) or auto (what this CPU runs natively); "
-                         "the cheaper ones may change transcripts")
+                    help="the model's precision: fp32 (as loaded), bf16 (the encoder, compiled; native bf16 only), int8 "
+                         "(encoder and decoder, per-row weight and per-token scales) or auto (each part as fast as "
+                         "it measured: the encoder bf16 where native, else fp32; the decoder int8); the cheaper "
+                         "ones may change transcripts")
     at.add_argument("--encoder", default=None, choices=("auto", "fp32", "bf16", "int8"),
                     help="the encoder's precision alone (default: --precision's)")
     at.add_argument("--timestamps", action="store_true", help="decode with Whisper's timestamps (segments with times)")

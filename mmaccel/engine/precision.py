@@ -5,8 +5,8 @@
   slower than fp32, so asking for it there is an error, and "auto" does not pick it.
 - `int8`: a copy whose linear layers are `Int8Linear` (a scale per weight row, a scale per token); convolutions,
   norms, embeddings and attention stay fp32, as CTranslate2's `int8_float32` keeps them.
-- `auto`: bf16 where it is native, else fp32; `resolve_precision` says which and why. int8 is asked for by name
-  while its WER beside its speed is being measured (`mmaccel bench floor`, `mmaccel bench asr`).
+- `auto`: per part, by what bounds it (`resolve_precision`, which says which and why): compute-bound work in bf16
+  where it is native, else fp32; a CPU decoder's bandwidth-bound one-token passes in int8.
 
 A converted copy never modifies the model it came from.
 """
@@ -42,14 +42,26 @@ def check_precision(precision: str, choices: tuple[str, ...] = PRECISIONS) -> st
     return precision
 
 
-def resolve_precision(requested: str, device: torch.device | str = "cpu") -> Precision:
-    """The precision `requested` runs as on `device` ("auto" resolved; bf16 refused where it is not native)."""
+BOUNDS = ("compute", "bandwidth")
+
+
+def resolve_precision(requested: str, device: torch.device | str = "cpu", bound: str = "compute") -> Precision:
+    """The precision `requested` runs as on `device` ("auto" resolved; bf16 refused where it is not native).
+
+    `bound`: what limits the part it is for, which decides "auto" (`mmaccel bench floor` measured both): a
+    compute-bound part (an encoder window, a prompt) runs bf16 where it is native (twice fp32's GEMM rate), else
+    fp32; a bandwidth-bound part on a CPU (a decoder's one-token passes, which read every weight) runs int8, a
+    quarter of fp32's bytes (bf16 mat-vec products measured slower than fp32 there); on CUDA both run bf16."""
     check_precision(requested, CHOICES)
+    check(bound in BOUNDS, f"unknown bound {bound!r}; choose from {', '.join(BOUNDS)}")
     device = torch.device(device)
     where = "CUDA" if device.type == "cuda" else "this CPU"
     units = cpu_bf16_units()
     native = fast_bf16_matmul(device)
     if requested == "auto":
+        if bound == "bandwidth" and device.type == "cpu":
+            return Precision("int8", requested, "auto: int8 (one-token passes read every weight; int8 reads a "
+                                                "quarter of fp32's bytes)")
         if native:
             has = "native bf16" if device.type == "cuda" else ", ".join(units)
             return Precision("bf16", requested, f"auto: bf16 ({where} has {has})")

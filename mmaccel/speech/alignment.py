@@ -113,7 +113,8 @@ def align_words(model: WhisperDecoderModel, inputs: EncodedAudio, row: int, prom
                          "timestamps need them")
     w = inputs.window_of(row)
     audio = EncodedAudio(inputs.encoder_states[w : w + 1], torch.tensor([prompt]),
-                         {i: (k[w : w + 1], v[w : w + 1]) for i, (k, v) in inputs.cross_kv.items()})
+                         {i: (k[w : w + 1], v[w : w + 1]) for i, (k, v) in inputs.cross_kv.items()},
+                         projections=dict(inputs.projections))
     seq = torch.tensor([prompt + text + [eot]], device=model.device)
     state = model.prefill(audio, seq.shape[1] - len(prompt), run=False)
     queries: dict[int, torch.Tensor] = {}

@@ -25,12 +25,25 @@ from torch import Tensor, nn
 
 from mmaccel.core.model import DecodeState, KVCache, check_step_args, default_positions, expect, step_key
 from mmaccel.core.readout import project
+from mmaccel.engine.compiled import Compiled
 from mmaccel.engine.int8 import Int8Linear
 from mmaccel.errors import check
 from mmaccel.speech.decoder_audio import EncodedAudio, audio_frames
 from mmaccel.speech.decoder_layers import LayerOps, LayerStep, _norm, kept_positions
 from mmaccel.speech.decoder_readout import ArgmaxProjection, ExitHead, ShortlistProjection  # noqa: F401  (ExitHead: re-exported)
 from mmaccel.speech.timestamps import TimestampRules, rule_logits
+
+
+class EncoderStates(nn.Module):
+    """A Hugging Face Whisper encoder as a function of tensors: log-mel [B, mels, frames] -> states [B, S, D] (the
+    form `mmaccel.engine.compiled` exports)."""
+
+    def __init__(self, encoder: nn.Module):
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, features: Tensor) -> Tensor:
+        return self.encoder(features).last_hidden_state
 
 
 class WhisperDecoderModel:
@@ -158,7 +171,7 @@ class WhisperDecoderModel:
                encoder: nn.Module | None = None, rules: TimestampRules | None = None) -> EncodedAudio:
         """Run the encoder on log-mel `features` [B, mels, 3000]; every row gets `prompt` (or one each, of one length).
         `seconds`: each row's audio length (for drafts with a `cross_window`). `encoder`: another
-        precision of the model's encoder (`ASRPipeline.encoder`); its states are cast
+        precision of the model's encoder, or its compiled form (`ASRPipeline.encoder`); its states are cast
         to the decoder's dtype. `rules`: decode in timestamp mode under these rules (every pass applies them)."""
         cfg = self.hf.config
         check(isinstance(features, Tensor) and features.dim() == 3 and features.shape[1] == cfg.num_mel_bins,
@@ -166,7 +179,10 @@ class WhisperDecoderModel:
               f"{tuple(features.shape) if isinstance(features, Tensor) else type(features).__name__}")
         check(len(prompt) > 0, "the decoder prompt needs at least <|startoftranscript|>")
         encoder = self.hf.model.encoder if encoder is None else encoder
-        states = encoder(features.to(self.device, encoder.conv1.weight.dtype)).last_hidden_state.to(self.dtype)
+        if isinstance(encoder, Compiled):               # fp32 in and out, on the host
+            states = encoder(features).to(self.device, self.dtype)
+        else:
+            states = encoder(features.to(self.device, encoder.conv1.weight.dtype)).last_hidden_state.to(self.dtype)
         prompt_t = torch.tensor(prompt, dtype=torch.long).expand(features.shape[0], -1).contiguous()   # [B, P]
         frames = None
         if seconds is not None:
@@ -174,12 +190,16 @@ class WhisperDecoderModel:
                   f"seconds needs one length per row ({features.shape[0]}), got {len(seconds)}")
             window_s = features.shape[-1] / 100                     # 100 mel frames per second
             frames = torch.tensor([audio_frames(s, window_s, states.shape[1]) for s in seconds])
-        return EncodedAudio(states, prompt_t, features=features, audio_frames=frames, rules=rules)
+        # this model's key/value projections (its precision's) compute every entry, whoever reads it first
+        projections = {self.cross_layers[i]: (ops.cross_kv, self.num_heads, self.head_dim)
+                       for i, ops in enumerate(self._ops)}
+        return EncodedAudio(states, prompt_t, features=features, audio_frames=frames, rules=rules,
+                            projections=projections)
 
     def _cross(self, inputs: EncodedAudio, i: int) -> tuple[Tensor, Tensor]:
-        """Layer i's cross-attention keys/values [B, H, S, Dh] over the whole window (computed once)."""
-        attn = self.decoder.layers[i].encoder_attn
-        return inputs.cross_keys_values(self.cross_layers[i], attn, self.num_heads, self.head_dim)
+        """Layer i's cross-attention keys/values [B, H, S, Dh] over the whole window (computed once, by the
+        projection registered for the entry: the encoding model's)."""
+        return inputs.cross_keys_values(self.cross_layers[i], self._ops[i].cross_kv, self.num_heads, self.head_dim)
 
     def _attended(self, inputs: EncodedAudio, i: int) -> tuple[Tensor, Tensor, Tensor | None]:
         """What layer i cross-attends to: keys, values and a mask [B, 1, 1, S'] (None: all of them).

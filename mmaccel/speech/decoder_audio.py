@@ -4,10 +4,11 @@ over it, computed once per utterance and shared by every decoder view that reads
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from mmaccel.errors import check
 from mmaccel.speech.timestamps import TimestampRules
@@ -33,7 +34,7 @@ class EncodedAudio:
     windows: dict = field(default_factory=dict, repr=False)      # cached cross-attention windows (see audio_window)
     rules: TimestampRules | None = None     # timestamp mode: the rules every decoder pass applies
     group: int = 1                          # consecutive rows that share a window's states
-    # how each cross_kv entry was computed (its attention module, heads, head size): `take_row` computes a
+    # how each cross_kv entry is computed (its key/value projection, heads, head size): `take_row` computes a
     # joining row's entries alike
     projections: dict = field(default_factory=dict, repr=False)
     sources: dict = field(default_factory=dict, repr=False)      # row -> the audio it took (`take_row`)
@@ -47,22 +48,25 @@ class EncodedAudio:
         log-mels, for an assistant's own encoder, are not carried over)."""
         check(self.group == 1, "repeat takes audio with a window per row")
         return EncodedAudio(self.encoder_states, self.prompt.repeat_interleave(n, 0), self.cross_kv,
-                            audio_frames=self.audio_frames, windows=self.windows, rules=self.rules, group=n)
+                            audio_frames=self.audio_frames, windows=self.windows, rules=self.rules, group=n,
+                            projections=self.projections)
 
     def window_of(self, row: int) -> int:
         """The index of row `row`'s window in `encoder_states`."""
         return row // self.group
 
-    def cross_keys_values(self, key: int, attn: nn.Module, num_heads: int, head_dim: int) -> tuple[Tensor, Tensor]:
-        """The keys/values [B, H, S, Dh] of cross-attention `attn` over the whole window, computed once
-        and kept under `key` (the decoder's `cross_layers` entry)."""
+    def cross_keys_values(self, key: int, project: Callable[[Tensor], tuple[Tensor, Tensor]], num_heads: int,
+                          head_dim: int) -> tuple[Tensor, Tensor]:
+        """The keys/values [B, H, S, Dh] of cross-attention entry `key` over the whole window, computed once and
+        kept under `key` (the decoder's `cross_layers` entry). `project`: states [B, S, d] -> keys, values
+        [B, S, H * Dh], used unless the entry already has one (`projections`: the target registers its own at
+        `encode`, so a draft that shares the entry reads what the target's precision computes)."""
         if key not in self.cross_kv:
+            project, num_heads, head_dim = self.projections.setdefault(key, (project, num_heads, head_dim))
             x = self.encoder_states
             B, S, _ = x.shape
-            k = attn.k_proj(x).view(B, S, num_heads, head_dim).transpose(1, 2)
-            v = attn.v_proj(x).view(B, S, num_heads, head_dim).transpose(1, 2)
-            self.cross_kv[key] = (k, v)
-            self.projections[key] = (attn, num_heads, head_dim)
+            k, v = project(x)
+            self.cross_kv[key] = tuple(t.contiguous().view(B, S, num_heads, head_dim).transpose(1, 2) for t in (k, v))
         return self.cross_kv[key]
 
     def row_view(self, row: int) -> EncodedAudio:
@@ -120,14 +124,15 @@ class EncodedAudio:
         if self.group > 1:
             index = index.cpu() // self.group
             audio = EncodedAudio(self.encoder_states, self.prompt[:: self.group], self.cross_kv, self.features,
-                                 self.audio_frames, rules=self.rules)
+                                 self.audio_frames, rules=self.rules, projections=self.projections)
             return audio.select_rows(index, device)
         idx = index.to(device)
         return EncodedAudio(
             self.encoder_states.index_select(0, idx), self.prompt.index_select(0, index.cpu()),
             {i: (k.index_select(0, idx), v.index_select(0, idx)) for i, (k, v) in self.cross_kv.items()},
             None if self.features is None else self.features.index_select(0, index.to(self.features.device)),
-            None if self.audio_frames is None else self.audio_frames.index_select(0, index.cpu()), rules=self.rules)
+            None if self.audio_frames is None else self.audio_frames.index_select(0, index.cpu()), rules=self.rules,
+            projections=dict(self.projections))
 
 
     @staticmethod
@@ -138,7 +143,7 @@ class EncodedAudio:
         return EncodedAudio(torch.cat([p.encoder_states for p in parts]), torch.cat([p.prompt for p in parts]),
                             features=None if any(f is None for f in features) else torch.cat(features),
                             audio_frames=None if any(f is None for f in frames) else torch.cat(frames),
-                            rules=parts[0].rules)
+                            rules=parts[0].rules, projections=dict(parts[0].projections))
 
 
 def audio_frames(seconds: float, window_s: float, encoder_frames: int) -> int:

@@ -62,7 +62,7 @@ def _quantized(*linears: nn.Linear):
 
 class LayerOps:
     """The products of one decoder layer, ready to call on x [B, T, d]: `qkv` -> (q, k, v),
-    `out`, `cross_q`, `cross_out`, `mlp`.
+    `out`, `cross_q`, `cross_out`, `mlp`, and `cross_kv` on encoder states [B, S, d] -> (keys, values).
 
     By default F.linear on the Hugging Face modules' own weights, looked up at every call (training
     and `.to()` are seen; logits equal HF's). `quantized=True` (drafts) holds int8 copies (a quarter
@@ -79,11 +79,15 @@ class LayerOps:
             self.qkv = lambda x: fused(x).chunk(3, -1)
             self.out, self.cross_q, self.cross_out = _quantized(a.out_proj), _quantized(c.q_proj), _quantized(c.out_proj)
             fc1, fc2 = _quantized(layer.fc1), _quantized(layer.fc2)
+            cross = _quantized(c.k_proj, c.v_proj)
+            self.cross_kv = lambda x: cross(x).chunk(2, -1)
         else:
             q, k, v = _fp32(a.q_proj), _fp32(a.k_proj), _fp32(a.v_proj)
             self.qkv = lambda x: (q(x), k(x), v(x))
             self.out, self.cross_q, self.cross_out = _fp32(a.out_proj), _fp32(c.q_proj), _fp32(c.out_proj)
             fc1, fc2 = _fp32(layer.fc1), _fp32(layer.fc2)
+            cross_k, cross_v = _fp32(c.k_proj), _fp32(c.v_proj)
+            self.cross_kv = lambda x: (cross_k(x), cross_v(x))
         self.mlp = lambda x: fc2(act(fc1(x)))
 
 

@@ -30,6 +30,7 @@ from mmaccel.core.plugin import MethodPlugin
 from mmaccel.core.sampling import Sampling
 from mmaccel.core.stats import DecodeStats
 from mmaccel.devices import resolve_device, use_cuda_graphs
+from mmaccel.engine.compiled import Compiled, compile_module
 from mmaccel.engine.machine import fast_bf16_matmul
 from mmaccel.engine.precision import convert, resolve_precision
 from mmaccel.errors import InputError, check
@@ -37,7 +38,7 @@ from mmaccel.paths import assets_dir
 from mmaccel.speech.alignment import add_words
 from mmaccel.speech.audio import SAMPLE_RATE, Audio, AudioLike, log_mel
 from mmaccel.speech.cross_draft import Assistant, new_assistant
-from mmaccel.speech.decoder import WhisperDecoderModel
+from mmaccel.speech.decoder import EncoderStates, WhisperDecoderModel
 from mmaccel.speech.decoder_audio import EncodedAudio
 from mmaccel.speech.draft import WhisperDraft, load_draft
 from mmaccel.speech.eagle import EagleDecoder, EagleHead
@@ -123,11 +124,15 @@ class ASRPipeline:
         check(isinstance(bundle, WhisperBundle), f"bundle must be a WhisperBundle, got {type(bundle).__name__}")
         self.bundle = bundle
         device = bundle.model.device
-        # the precision the model runs in (`mmaccel.engine.precision`): the encoder's, and the decoder's where it
-        # is int8 (linear layers and vocabulary projection); a bf16 decoder is not built, since its one-token
-        # products measured slower than fp32's here (benchmarks/floor/floor.json), only its arg-max readout below
-        self.precision = resolve_precision(precision, device)
-        self.model = WhisperDecoderModel(bundle.model, quantized=self.precision.name == "int8")
+        # the precisions the model runs in (`mmaccel.engine.precision`), each part's by what bounds it: the
+        # encoder window is compute-bound, the decoder's one-token passes read every weight. The decoder is
+        # int8 (linear layers and vocabulary projection) or fp32: a bf16 decoder is not built, since its
+        # one-token products measured slower than fp32's here (benchmarks/floor/floor.json), only its arg-max
+        # readout below
+        self.precision = precision                                      # as asked
+        self.encoder_precision = resolve_precision(precision, device)
+        self.decoder_precision = resolve_precision(precision, device, bound="bandwidth")
+        self.model = WhisperDecoderModel(bundle.model, quantized=self.decoder_precision.name == "int8")
         # greedy decoding and greedy-verified methods read only arg-maxes: a bf16-first projection
         # whose arg-max is the fp32 one (`ArgmaxProjection`), on a CPU with native bf16 products (its
         # short list of candidates has a data-dependent size: on a GPU that would make every step wait
@@ -164,9 +169,10 @@ class ASRPipeline:
         `assistant`: another Whisper (a source like "builtin:tiny.en") for `speculative-cross`.
         `device`: cpu (default), cuda, cuda:N or auto; heads and drafts follow the model.
         `cuda_graphs`: replay the decoders' fixed-shape steps as CUDA graphs (a GPU only).
-        `precision`: fp32 (the model as loaded, the default), bf16 (the encoder; native bf16 only), int8 (encoder
-        and decoder linear layers, a scale per weight row and per token) or auto (what this machine runs
-        natively; `pipe.precision.reason` says which). Not lossless against fp32: the transcript may move. At int8 the
+        `precision`: fp32 (the model as loaded, the default), bf16 (the encoder, compiled by OpenVINO on a CPU;
+        native bf16 only), int8 (encoder and decoder linear layers, a scale per weight row and per token) or auto
+        (each part as fast as it measured here: on a CPU the encoder in bf16 where it is native, else fp32, and
+        the decoder in int8; `pipe.precision_reason` says which). Not lossless against fp32: the transcript may move. At int8 the
         draft methods are not yet bitwise greedy's either (attention rounds a verify pass differently, and int8
         amplifies it: 71 of 78 utterances identical on `bench asr --timestamps words --vad`).
         """
@@ -220,14 +226,32 @@ class ASRPipeline:
             self._eagle = head, EagleDecoder(head, self.model, quantized=self.model.device.type == "cpu")
         return self._eagle[1]
 
-    def encoder(self, precision: str | None = None) -> nn.Module:
+    @property
+    def precision_reason(self) -> str:
+        """Which precision each part runs in and why, one line."""
+        return f"encoder {self.encoder_precision.reason}; decoder {self.decoder_precision.reason}"
+
+    def encoder(self, precision: str | None = None) -> nn.Module | Compiled:
         """The model's encoder at `precision` (fp32, bf16 or int8; "auto": what this machine runs natively; None:
-        the pipeline's), a copy built once (`mmaccel.engine.precision`). Not lossless: its states, and so the
-        transcript, move; the ASR benchmark reports each precision's WER beside its speed."""
-        precision = self.precision.name if precision is None else resolve_precision(precision, self.model.device).name
+        the pipeline's), built once (`mmaccel.engine`): bf16 on a CPU is the encoder compiled by OpenVINO
+        (`mmaccel.engine.compiled`, cached on disk; torch's eager bf16 where it cannot be), int8 a copy with
+        `Int8Linear` layers. Not lossless: its states, and so the transcript, move; the ASR benchmark reports each
+        precision's WER beside its speed."""
+        precision = (self.encoder_precision if precision is None else
+                     resolve_precision(precision, self.model.device)).name
         if precision not in self._encoders:
-            self._encoders[precision] = convert(self._encoders["fp32"], precision)
+            self._encoders[precision] = self._built_encoder(precision)
         return self._encoders[precision]
+
+    def _built_encoder(self, precision: str) -> nn.Module | Compiled:
+        fp32 = self._encoders["fp32"]
+        if precision == "bf16" and on_host(self.model.device):
+            frames = 2 * fp32.config.max_source_positions               # 3000 mel frames: a 30-s window
+            compiled = compile_module(EncoderStates(fp32), (torch.zeros(1, fp32.config.num_mel_bins, frames),),
+                                      "bf16")
+            if compiled is not None:
+                return compiled
+        return convert(fp32, precision)
 
     def alignment_heads(self) -> list[tuple[int, int]]:
         """The (decoder layer, head) pairs whose cross-attention follows the audio (word timestamps)."""

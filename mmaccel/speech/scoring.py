@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import torch
 
-from mmaccel.core.readout import project
 from mmaccel.speech.decoder import EncodedAudio, WhisperDecoderModel
 from mmaccel.speech.timestamps import rule_logits
 
@@ -41,15 +40,15 @@ def score_tokens(model: WhisperDecoderModel, inputs: EncodedAudio, tokens: list[
     state = model.prefill(inputs, T, run=False)
     seq = torch.cat([inputs.prompt, padded], 1).to(model.device)
     hidden = model._forward(state, seq, None, None, readout=lambda h: h)      # normalised [B, P + T, d]
-    weight = model.decoder.embed_tokens.weight
     bias = torch.cat([model._begin_bias[None], model.suppression.expand(T, -1)])      # [1 + T, V]
     out = []
     group = max(1, ROWS_PER_PRODUCT // (T + 2))         # rows projected together (logits of all their positions)
-    for start in range(0, B, group):
-        rows = torch.arange(start, min(B, start + group))
+    for first in range(0, B, group):
+        rows = torch.arange(first, min(B, first + group))
         h = hidden[rows.to(hidden.device)]
-        # <|startoftranscript|>'s position (the no-speech probability), then the one before each token
-        logits = project(torch.cat([h[:, start : start + 1], h[:, P - 1 :]], 1), weight).float()      # [g, 2 + T, V]
+        # <|startoftranscript|>'s position (the no-speech probability), then the one before each token,
+        # through the model's own projection (an int8 model's logits are its own)
+        logits = model._project(torch.cat([h[:, start : start + 1], h[:, P - 1 :]], 1))      # [g, 2 + T, V]
         nsp = logits[:, 0].softmax(-1)[:, no_speech].tolist() if no_speech is not None else [0.0] * len(rows)
         logprobs = rule_logits(state, logits[:, 1:] + bias, rows=rows).log_softmax(-1)
         for i, b in enumerate(rows.tolist()):

@@ -5,6 +5,7 @@ import pytest
 
 from mmaccel.errors import InputError
 from mmaccel.metrics.wer import corpus_wer
+from tests.conftest import NATIVE_CHEAP
 from tests.speech.test_pipeline import files  # noqa: F401  (fixture)
 
 
@@ -32,7 +33,7 @@ def test_an_int8_pipeline_runs_encoder_and_decoder_in_int8_and_stays_close(tiny_
     clips = files[:2]
     fp32 = tiny_en_asr.transcribe(clips, "greedy")
     int8 = ASRPipeline.from_pretrained("builtin:tiny.en", precision="int8")
-    assert (int8.precision.name, int8.precision.reason) == ("int8", "int8 (asked for)")
+    assert int8.precision == "int8" and int8.precision_reason == "encoder int8 (asked for); decoder int8 (asked for)"
     assert int8.model.quantized and int8.argmax_model is int8.model and int8.encoder() is int8.encoder("int8")
     assert isinstance(int8.model._int8_projection, Int8Linear)
     got = int8.transcribe(clips, "greedy")
@@ -40,7 +41,7 @@ def test_an_int8_pipeline_runs_encoder_and_decoder_in_int8_and_stays_close(tiny_
     # near int8's own greedy (not bitwise: attention rounds a verify pass differently, and int8 amplifies that)
     assert corpus_wer(got.texts, int8.transcribe(clips, "eagle").texts).wer < 0.1
     assert tiny_en_asr.transcribe(clips, "greedy").texts == fp32.texts      # the fp32 pipeline is untouched
-    assert not tiny_en_asr.model.quantized and tiny_en_asr.precision.name == "fp32"
+    assert not tiny_en_asr.model.quantized and tiny_en_asr.encoder_precision.name == "fp32"
 
 
 def test_bf16_on_a_cpu_without_it_is_one_line(tiny_en_asr, monkeypatch):
@@ -50,4 +51,20 @@ def test_bf16_on_a_cpu_without_it_is_one_line(tiny_en_asr, monkeypatch):
     monkeypatch.setattr(precision, "fast_bf16_matmul", lambda device: False)
     with pytest.raises(InputError, match="needs native bf16 units"):
         ASRPipeline(tiny_en_asr.bundle, precision="bf16")
-    assert ASRPipeline(tiny_en_asr.bundle, precision="auto").precision.name == "fp32"
+    auto = ASRPipeline(tiny_en_asr.bundle, precision="auto")
+    assert (auto.encoder_precision.name, auto.decoder_precision.name) == ("fp32", "int8")
+    assert "no native bf16" in auto.precision_reason and auto.model.quantized
+
+
+@pytest.mark.skipif(not NATIVE_CHEAP == "bf16", reason="auto's encoder is bf16 only with native bf16 units")
+def test_auto_runs_the_compiled_bf16_encoder_and_the_int8_decoder(tiny_en_asr, files):  # noqa: F811
+    from mmaccel.engine.compiled import Compiled
+    from mmaccel.speech.pipeline import ASRPipeline
+
+    clips = files[:2]
+    auto = ASRPipeline(tiny_en_asr.bundle, precision="auto")
+    assert isinstance(auto.encoder(), Compiled) and auto.encoder() is auto.encoder("bf16")
+    assert auto.model.quantized and auto.precision_reason.startswith("encoder auto: bf16")
+    got = auto.transcribe(clips, "greedy", word_timestamps=True)
+    assert corpus_wer(tiny_en_asr.transcribe(clips, "greedy").texts, got.texts).wer < 0.2
+    assert all(w.end >= w.start for t in got.transcripts for s in t.segments for w in s.words)

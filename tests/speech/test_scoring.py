@@ -16,6 +16,7 @@ def test_scores_are_the_models_own_log_probabilities_whatever_rows_share_a_produ
     monkeypatch.setattr(scoring, "ROWS_PER_PRODUCT", 1)  # one row per product
     for alone, shared in zip(score_tokens(model, inputs, tokens, no_speech=6), scores):
         assert torch.allclose(torch.tensor(alone.logprobs), torch.tensor(shared.logprobs), atol=1e-5)
+        assert abs(alone.no_speech_prob - shared.no_speech_prob) < 1e-6      # read at the prompt's position
     hf = model.hf
     with torch.no_grad():
         for b, row in enumerate(tokens):
@@ -27,6 +28,19 @@ def test_scores_are_the_models_own_log_probabilities_whatever_rows_share_a_produ
             assert torch.allclose(torch.tensor(scores[b].logprobs), want, atol=1e-4), b
             nsp = hf(input_features=features(3)[b : b + 1], decoder_input_ids=ids).logits[0, 0].softmax(-1)[6]
             assert abs(scores[b].no_speech_prob - float(nsp)) < 1e-5
+
+
+def test_the_no_speech_probability_is_read_at_start_of_transcript_after_a_text_prompt(tiny_decoder, monkeypatch):
+    model = tiny_decoder
+    prompt = [3, 8, 1, 2]                             # <|startofprev|> and text, then <|startoftranscript|> at 2
+    inputs = model.encode(features(2), prompt)
+    tokens = [[5, 9, 0], [7, 0]]
+    monkeypatch.setattr(scoring, "ROWS_PER_PRODUCT", 1)   # one row per product: row b's product starts at b
+    scores = score_tokens(model, inputs, tokens, no_speech=6, start=2)
+    with torch.no_grad():
+        for b, row in enumerate(tokens):
+            logits = model.hf(input_features=features(2)[b : b + 1], decoder_input_ids=torch.tensor([prompt + row])).logits
+            assert abs(scores[b].no_speech_prob - float(logits[0, 2].softmax(-1)[6])) < 1e-5, b
 
 
 def test_compression_ratio_grows_with_repetition():

@@ -1,0 +1,172 @@
+"""Compiled steps on the CPU: a module exported once to OpenVINO's graph runtime, cached on disk, run in fp32 or bf16.
+
+Why OpenVINO (measured, `benchmarks/engine/precision_choices.json`, Whisper base's 30-s encoder window on a Zen 4
+EPYC, 2 threads): bf16 0.25 s against torch's eager bf16 0.36 s, inductor-compiled bf16 (freezing) 0.35 s and
+CTranslate2's int8 0.48 s, at the same state error as torch's bf16; fp32 0.44 s against torch's 0.57 s. Half of
+torch's bf16 window is its CPU attention kernel (1500 queries x 1500 keys, no faster in bf16 than in fp32), which
+OpenVINO fuses; the products themselves run at about the same rate in both.
+
+- The exported graph (OpenVINO IR, fp32 weights) is kept under `$MMACCEL_CACHE/compiled/<key>/`, the key being a
+  hash of the module's class, parameters and buffers, the inputs' shapes and dtypes and both libraries' versions,
+  so a second process reads it instead of exporting again; OpenVINO's own compiled blob sits beside it
+  (`blob/`). `Compiled.first_call_s` says what the first call cost (export or read, compile, check).
+- Never trusted unchecked: a fresh export is compared with the eager module on the example inputs and refused
+  beyond `TOLERANCE` of the precision (a relative L2 error; bf16's states move ~1-3 % on Whisper).
+- Failure is not fatal: when OpenVINO is missing, the export or the compile fails or the check refuses, `compile`
+  warns in one line and returns None, and the caller runs the module eagerly. A cache that cannot be read is
+  rebuilt (one warning line). The module passed in is never modified.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from mmaccel.engine.precision import check_precision
+from mmaccel.errors import check
+from mmaccel.paths import CACHE_MARKER, default_cache_dir, write_cache_dir
+
+PRECISIONS = ("fp32", "bf16")                 # what a compiled step runs in (int8 stays on `Int8Linear`)
+TOLERANCE = {"fp32": 1e-4, "bf16": 0.08}      # relative L2 error against eager that a fresh export may have
+HINT = {"fp32": "f32", "bf16": "bf16"}        # OpenVINO's inference precision hint
+
+
+class Compiled:
+    """A module compiled by OpenVINO: `compiled(*tensors)` -> its first output, an fp32 torch tensor. The batch
+    (first) dimension of every input is free; the others are the example's. Calls are serialised (one request)."""
+
+    def __init__(self, request, precision: str, first_call_s: float, source: str, error: float | None):
+        self._request = request
+        self._lock = threading.Lock()
+        self.precision = precision
+        self.first_call_s = first_call_s     # export (or cache read) + compile + check, seconds
+        self.source = source                 # "export" (built now) | "cache" (read from disk)
+        self.error = error                   # relative L2 error against eager when built now (None: from cache)
+
+    def __call__(self, *inputs: Tensor) -> Tensor:
+        arrays = {i: np.ascontiguousarray(x.detach().float().cpu().numpy()) for i, x in enumerate(inputs)}
+        with self._lock:
+            out = self._request.infer(arrays)[0]
+        return torch.from_numpy(np.array(out, dtype=np.float32, copy=True))
+
+
+def compile_module(module: nn.Module, example: tuple[Tensor, ...], precision: str = "fp32",
+            cache_dir: str | Path | None = None) -> Compiled | None:
+    """`module` (tensors -> one tensor) compiled for this CPU at `precision` (fp32 or bf16), or None with one
+    warning line when it cannot be (the caller then runs `module` itself). `example`: inputs of the shapes it
+    will see (any batch). `cache_dir`: where exported graphs are kept (default `$MMACCEL_CACHE/compiled`)."""
+    check_precision(precision, PRECISIONS)
+    check(isinstance(module, nn.Module), f"compile_module takes an nn.Module, got {type(module).__name__}")
+    check(len(example) > 0 and all(isinstance(x, Tensor) for x in example), "compile_module needs example input tensors")
+    start = time.perf_counter()
+    try:
+        import openvino as ov
+    except ImportError as e:
+        return _fallback(module, f"openvino is not installed ({e})")
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir() / "compiled"
+    dest = root / graph_key(module, example, ov.__version__)
+    core = ov.Core()
+    graph, source, error = None, "cache", None
+    if (dest / CACHE_MARKER).is_file():
+        try:
+            marker = json.loads((dest / CACHE_MARKER).read_text())
+            check(marker.get("files") == _digests(dest), "its files are not the ones written")
+            graph = core.read_model(str(dest / "model.xml"), str(dest / "model.bin"))
+        except Exception as e:  # noqa: BLE001 - any unreadable cache is rebuilt
+            warnings.warn(f"mmaccel: the compiled graph at {dest} could not be read ({_first_line(e)}); rebuilding it",
+                          stacklevel=2)
+            shutil.rmtree(dest, ignore_errors=True)
+    if graph is None:
+        source = "export"
+        try:
+            graph = _export(ov, module, example)
+        except Exception as e:  # noqa: BLE001 - an export failure falls back to eager
+            return _fallback(module, f"export failed ({_first_line(e)})")
+    try:
+        request = core.compile_model(graph, "CPU", {
+            "INFERENCE_PRECISION_HINT": HINT[precision], "INFERENCE_NUM_THREADS": torch.get_num_threads(),
+            "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1, "CACHE_DIR": str(root / "blob")}).create_infer_request()
+    except Exception as e:  # noqa: BLE001 - a compile failure falls back to eager
+        return _fallback(module, f"compile failed ({_first_line(e)})")
+    compiled = Compiled(request, precision, 0.0, source, None)
+    if source == "export":
+        try:
+            error = _relative_error(compiled, module, example)
+        except Exception as e:  # noqa: BLE001 - a graph that does not run falls back to eager
+            return _fallback(module, f"the compiled graph does not run ({_first_line(e)})")
+        if not error <= TOLERANCE[precision]:
+            return _fallback(module, f"its output differs from eager by {error:.2g} (relative L2), more than "
+                                     f"{precision}'s {TOLERANCE[precision]}")
+        marker = {"module": type(module).__name__, "openvino": ov.__version__, "error": error}
+
+        def write(tmp: Path) -> None:
+            ov.save_model(graph, str(tmp / "model.xml"), compress_to_fp16=False)
+            marker["files"] = _digests(tmp)
+
+        write_cache_dir(dest, write, marker, lambda d: (d / CACHE_MARKER).is_file())
+    compiled.error = error
+    compiled.first_call_s = time.perf_counter() - start
+    return compiled
+
+
+def graph_key(module: nn.Module, example: tuple[Tensor, ...], openvino_version: str) -> str:
+    """The cache key of `module`'s graph: its class, every parameter and buffer, the inputs' shapes past the batch
+    and dtypes, and the torch and OpenVINO versions (a hash; any change is a new graph)."""
+    h = hashlib.sha256()
+    h.update(json.dumps([type(module).__module__, type(module).__qualname__, torch.__version__, openvino_version,
+                         [(list(x.shape[1:]), str(x.dtype)) for x in example]]).encode())
+    for name, t in [*module.state_dict(keep_vars=False).items()]:
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{list(t.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()[:24]
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    """sha256 of the graph's files (the marker keeps them: a cache whose files changed is rebuilt)."""
+    return {name: hashlib.sha256((folder / name).read_bytes()).hexdigest() for name in ("model.xml", "model.bin")
+            if (folder / name).is_file()}
+
+
+def _export(ov, module: nn.Module, example: tuple[Tensor, ...]):
+    """The module as an OpenVINO graph, every input's first dimension left free (the tracer's notes on the
+    module's Python-level checks are silenced: the check against eager is what decides)."""
+    shapes = [ov.PartialShape([-1, *x.shape[1:]]) for x in example]
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ov.convert_model(module, example_input=tuple(x.float() for x in example), input=shapes)
+
+
+@torch.no_grad()
+def _relative_error(compiled: Compiled, module: nn.Module, example: tuple[Tensor, ...]) -> float:
+    """The worst relative L2 error against eager on the example and on a second batch of perturbed copies of it
+    (a tracer that baked an input in as a constant passes the first and fails the second)."""
+    generator = torch.Generator().manual_seed(0)
+    probe = tuple(torch.cat([x, x + 0.1 * x.float().std().clamp_min(1e-3) *
+                             torch.randn(x.shape, generator=generator).to(x.dtype)]) for x in example)
+    worst = 0.0
+    for inputs in (example, probe):
+        want = module(*inputs).float()
+        got = compiled(*inputs)
+        check(got.shape == want.shape, f"compiled output shape {tuple(got.shape)} != eager {tuple(want.shape)}")
+        worst = max(worst, float((got - want).norm() / want.norm().clamp_min(1e-30)))
+    return worst
+
+
+def _fallback(module: nn.Module, why: str) -> None:
+    warnings.warn(f"mmaccel: {type(module).__name__} runs eagerly: {why}", stacklevel=3)
+    return None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:200]}" if text else type(e).__name__
