@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from mmaccel.engine.compiled import Compiled
 from mmaccel.engine.floor import PassCost, model_tensors, trace_pass
 from mmaccel.engine.machine import Machine, cpu_bf16_units, measure_machine
 from mmaccel.engine.precision import convert
@@ -181,12 +182,14 @@ def _encoder_rows(names: list[str], machine: Machine, repeats: int, log) -> list
         features = torch.zeros(1, pipe.bundle.model.config.num_mel_bins, 3000)
         cost = trace_pass(lambda fp32=fp32, features=features: fp32(features), model_tensors(fp32))
         for precision in _precisions():
-            encoder = pipe.encoder(precision)
-            x = features.to(encoder.conv1.weight.dtype)
+            encoder = pipe.encoder(precision)            # what the pipeline runs: compiled where it can be
+            compiled = isinstance(encoder, Compiled)
+            x = features if compiled else features.to(encoder.conv1.weight.dtype)
             with torch.inference_mode():
                 median, best = _time_ms(lambda encoder=encoder, x=x: encoder(x), max(3, repeats // 3))
             floor_ms = cost.floor_s(machine, precision) * 1e3
             rows.append({"model": f"whisper-{name}", "part": "encoder", "precision": precision, "batch": 1,
+                         "engine": "openvino" if compiled else "torch",
                          "width": 1500, "kv_len": 0, "ms": _sig(median), "ms_best": _sig(best),
                          "floor_ms": _sig(floor_ms), "x_floor": round(median / floor_ms, 2), "x_width1": 1.0,
                          **_bound(cost, machine, precision)})
@@ -234,7 +237,8 @@ def markdown(doc: dict) -> str:
              "| model | part | precision | batch | width | ms | floor (ms) | × floor | × width 1 | bound | MB read |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["results"]:
-        lines.append(f"| {r['model']} | {r['part']} | {r['precision']} | {r['batch']} | {r['width']} | {r['ms']:g} | "
+        engine = f" ({r['engine']})" if r.get("engine", "torch") != "torch" else ""
+        lines.append(f"| {r['model']} | {r['part']} | {r['precision']}{engine} | {r['batch']} | {r['width']} | {r['ms']:g} | "
                      f"{r['floor_ms']:g} | {r['x_floor']:.2f} | {r['x_width1']:.2f} | {r['bound']}"
                      f"{' (fits cache)' if r['fits_cache'] else ''} | {r['bytes']['bytes'] / 1e6:.1f} |")
     return "\n".join(lines)

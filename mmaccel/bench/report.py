@@ -175,8 +175,9 @@ HEADLINES = (
          ("code:draft_steps=7:training_free=false:refiner_cfg=3.0:refiner_temperature=0.85",)),
         ("continuous (MAR)", "image-continuous.json", ("mar-4", "cspd"))), "fid_domain"),
     Headline("Speech as a user calls it (Whisper base, word timestamps and VAD on, one file at a time and lists of 8)", (
-        ("Whisper base", "asr_engine/words_vad.json", ("greedy-int8", "eagle-k4-int8", "speculative-k4",
-                                                       "faster-whisper-int8")),), "wer"),
+        ("Whisper base", "asr_engine/words_vad.json", ("greedy-auto", "eagle-k4-auto", "speculative-k4-auto",
+                                                       "faster-whisper-int8")),), "wer",
+             ood={"asr_engine/words_vad.json": "asr_engine/words_vad_ood.json"}),
     Headline("Speech (Whisper base, real and synthetic clips)", (
         ("Whisper base", "asr_base_varied.json", ("speculative:k=4", "eagle:k=8:stop_below=0.5",
                                                   "eagle:k=4:stop_below=0.0:encoder=bf16",

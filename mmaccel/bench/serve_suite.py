@@ -154,11 +154,15 @@ def _point(server: str, clients: int, records: list[dict], wall_s: float) -> dic
 
 def servers(asr) -> dict[str, tuple[Any, bool, dict[str, str]]]:
     """The servers measured: name -> (the pipeline behind the endpoints, continuous batching, the form fields every
-    request carries). Ours with greedy (continuous and per call), ours with EAGLE (lossless: greedy's transcripts in
-    fewer decoder passes), and faster-whisper's batched pipeline (int8). The cheaper encoders (`encoder` bf16 or int8)
-    are left out: bf16 is fast only where the CPU computes in bf16 (avx512_bf16, AMX), and int8 costs WER."""
+    request carries). Ours in fp32 with greedy (continuous and per call); ours at precision "auto" (`mmaccel serve
+    --precision auto`: the encoder compiled in bf16 where native, the decoder in int8) with greedy and with EAGLE
+    (greedy's transcripts at that precision up to int8's rounding, in fewer decoder passes); and faster-whisper's
+    batched pipeline (int8)."""
+    from mmaccel.speech.pipeline import ASRPipeline
+
+    auto = ASRPipeline(asr.bundle, heads=asr.heads, draft=asr.draft, precision="auto")
     return {"mmaccel": (asr, True, {}), "mmaccel-per-call": (asr, False, {}),
-            "mmaccel-eagle": (asr, True, {"method": "eagle"}),
+            "mmaccel-auto": (auto, True, {}), "mmaccel-eagle-auto": (auto, True, {"method": "eagle"}),
             "faster-whisper-batched-int8": (FasterWhisperPeer(asr), False, {})}
 
 

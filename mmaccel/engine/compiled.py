@@ -91,10 +91,15 @@ def compile_module(module: nn.Module, example: tuple[Tensor, ...], precision: st
             graph = _export(ov, module, example)
         except Exception as e:  # noqa: BLE001 - an export failure falls back to eager
             return _fallback(module, f"export failed ({_first_line(e)})")
+    config = {"INFERENCE_PRECISION_HINT": HINT[precision], "INFERENCE_NUM_THREADS": torch.get_num_threads(),
+              "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1}
     try:
-        request = core.compile_model(graph, "CPU", {
-            "INFERENCE_PRECISION_HINT": HINT[precision], "INFERENCE_NUM_THREADS": torch.get_num_threads(),
-            "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1, "CACHE_DIR": str(root / "blob")}).create_infer_request()
+        (root / "blob").mkdir(parents=True, exist_ok=True)
+        config["CACHE_DIR"] = str(root / "blob")          # OpenVINO's compiled blob, beside the graphs
+    except OSError:
+        pass                                              # not writable: compiled every time (the write warns)
+    try:
+        request = core.compile_model(graph, "CPU", config).create_infer_request()
     except Exception as e:  # noqa: BLE001 - a compile failure falls back to eager
         return _fallback(module, f"compile failed ({_first_line(e)})")
     compiled = Compiled(request, precision, 0.0, source, None)
@@ -112,7 +117,11 @@ def compile_module(module: nn.Module, example: tuple[Tensor, ...], precision: st
             ov.save_model(graph, str(tmp / "model.xml"), compress_to_fp16=False)
             marker["files"] = _digests(tmp)
 
-        write_cache_dir(dest, write, marker, lambda d: (d / CACHE_MARKER).is_file())
+        try:
+            write_cache_dir(dest, write, marker, lambda d: (d / CACHE_MARKER).is_file())
+        except OSError as e:        # a read-only or full disk: run what was compiled, export again next time
+            warnings.warn(f"mmaccel: the compiled graph could not be cached at {dest} ({_first_line(e)})",
+                          stacklevel=2)
     compiled.error = error
     compiled.first_call_s = time.perf_counter() - start
     return compiled

@@ -47,8 +47,8 @@ class ServeConfig:
     """How `create_app` serves: the catalogue ids of the models to load, the bearer token every route but /healthz
     needs (None: no token), the device their pipelines load on, the upload limit, each model's queue bound and rows
     per call (30-s windows, images or completions), a request's whole timeout, the method of a request that names
-    none (by family), whether requests join calls in progress, and pipelines already loaded (by model id, for
-    tests)."""
+    none (by family), whether requests join calls in progress, the speech models' precision and pipelines already
+    loaded (by model id, for tests)."""
 
     models: tuple[str, ...] = DEFAULT_MODELS
     api_key: str | None = None
@@ -61,6 +61,7 @@ class ServeConfig:
     image_method: str = "ar"
     text_method: str = "ar"
     continuous: bool = True          # requests join calls in progress (where the method can)
+    speech_precision: str = "fp32"   # the speech models' precision (`mmaccel.engine.precision`; "auto": this CPU's)
     pipelines: dict[str, Any] = field(default_factory=dict, repr=False)   # model id -> a loaded pipeline (tests)
 
 
@@ -85,7 +86,7 @@ class Server:
         self.in_flight = 0               # requests being answered (the open routes aside)
         self.image_sizes: dict[str, str] = {}
         for m in self.models.values():
-            pipeline = self.pipelines[m.id] = config.pipelines.get(m.id) or m.load(config.device)
+            pipeline = self.pipelines[m.id] = config.pipelines.get(m.id) or m.load(config.device, config.speech_precision)
             self.workers[m.id] = self._worker(m, pipeline)
             self.metrics.watch_queue(m.id, lambda w=self.workers[m.id]: w.depth)
 

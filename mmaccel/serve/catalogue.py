@@ -18,11 +18,14 @@ class ServedModel:
     pipeline: str      # the pipeline class that loads it (`load`)
     source: str        # what its pipeline's from_pretrained takes
 
-    def load(self, device: str | None = None):
-        """Its pipeline (the weights come from the packages that carry them, as everywhere in mmaccel)."""
+    def load(self, device: str | None = None, precision: str = "fp32"):
+        """Its pipeline (the weights come from the packages that carry them, as everywhere in mmaccel); a speech
+        model at `precision` (`mmaccel.engine.precision`; the other families run as loaded)."""
         if self.pipeline == "whisper":
-            from mmaccel.speech.pipeline import ASRPipeline as Pipeline
-        elif self.pipeline == "next-token":
+            from mmaccel.speech.pipeline import ASRPipeline
+
+            return ASRPipeline.from_pretrained(self.source, device=device, precision=precision)
+        if self.pipeline == "next-token":
             from mmaccel.image.pipeline import ImagePipeline as Pipeline
         elif self.pipeline == "next-scale":
             from mmaccel.image.scale_pipeline import ScalePipeline as Pipeline

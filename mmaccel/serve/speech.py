@@ -1,6 +1,7 @@
 """`/v1/audio/transcriptions` and `/v1/audio/translations`: the OpenAI request and response shapes over
 `ASRPipeline.transcribe`, with our `method`, `method_params` (a JSON object), `encoder` (fp32 | bf16 | int8: the
-encoder's precision; bf16 and int8 are cheaper and not lossless) and `vad_filter` fields.
+encoder's precision, by default the server's `--precision`; bf16 and int8 are cheaper and not lossless) and
+`vad_filter` fields.
 
 Requests with the same options (model, method and parameters, encoder, language, task, timestamp mode, temperature,
 prompt, VAD) are decoded together by the model's worker (`mmaccel.serve.batching`); each request's audio is read and
@@ -51,7 +52,7 @@ class Options:
     temperature: float | tuple[float, ...]
     vad_filter: bool
     prompt: str | None = None       # Whisper's initial prompt: text that conditions every window
-    encoder: str = "fp32"           # the encoder's precision (mmaccel.engine.precision)
+    encoder: str | None = None      # the encoder's precision (mmaccel.engine.precision); None: the server's
 
 
 @dataclass
@@ -105,8 +106,8 @@ def parse_request(form, task: str, default_method: str, max_bytes: int) -> tuple
     check(0.0 <= temperature <= 1.0, f"temperature must be in [0, 1], got {temperature}")
     params = parse_params(_one(form, "method_params"))
     language = _one(form, "language") or None
-    encoder = _one(form, "encoder") or "fp32"
-    check(encoder in PRECISIONS, f"encoder must be one of {', '.join(PRECISIONS)}, got {encoder!r}")
+    encoder = _one(form, "encoder") or None          # None: the encoder the server runs (`--precision`)
+    check(encoder is None or encoder in PRECISIONS, f"encoder must be one of {', '.join(PRECISIONS)}, got {encoder!r}")
     words = "word" in granularities
     timestamps = response_format in ("srt", "vtt", "verbose_json")
     # temperature 0 is OpenAI's "raise the temperature when the thresholds fail": the fallback's defaults

@@ -172,9 +172,10 @@ class ASRPipeline:
         `precision`: fp32 (the model as loaded, the default), bf16 (the encoder, compiled by OpenVINO on a CPU;
         native bf16 only), int8 (encoder and decoder linear layers, a scale per weight row and per token) or auto
         (each part as fast as it measured here: on a CPU the encoder in bf16 where it is native, else fp32, and
-        the decoder in int8; `pipe.precision_reason` says which). Not lossless against fp32: the transcript may move. At int8 the
-        draft methods are not yet bitwise greedy's either (attention rounds a verify pass differently, and int8
-        amplifies it: 71 of 78 utterances identical on `bench asr --timestamps words --vad`).
+        the decoder in int8; `pipe.precision_reason` says which). Not lossless against fp32: the transcript may
+        move. With an int8 decoder the draft methods are not yet bitwise greedy's at that precision either
+        (attention rounds a verify pass differently, and int8 amplifies it: 0.90-0.97 of the utterances of
+        `mmaccel bench asr --timestamps words --vad` identical).
         """
         device = resolve_device(device)
         use_cuda_graphs(cuda_graphs, device)

@@ -80,6 +80,17 @@ def test_a_corrupt_cache_is_rebuilt_with_one_warning(tmp_path):
     assert compile_module(block, (x,), "fp32", cache_dir=tmp_path).source == "cache"
 
 
+def test_a_cache_that_cannot_be_written_still_compiles_with_one_warning(tmp_path):
+    root = tmp_path / "ro"
+    root.write_text("a file where the cache folder would be")          # nothing can be made under it
+    block, x = Block().eval(), torch.randn(1, 16, 32)
+    with pytest.warns(UserWarning, match="could not be cached") as caught:
+        got = compile_module(block, (x,), "fp32", cache_dir=root)
+    assert got is not None and got.source == "export" and len(caught) == 1
+    with torch.no_grad():
+        torch.testing.assert_close(got(x), block(x), rtol=1e-4, atol=1e-5)
+
+
 class Untraceable(nn.Module):
     def forward(self, x):
         return torch.from_numpy(x.numpy() * 2)          # leaves the graph: a tracer bakes the example in

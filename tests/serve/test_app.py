@@ -53,6 +53,7 @@ def test_every_response_format(client, tiny_en_asr, files):  # noqa: F811
     assert r.status_code == 200, body
     assert body["task"] == "transcribe" and body["language"] == "english"
     assert abs(body["duration"] - sf.info(files[0]).duration) < 0.01 and body["mmaccel"]["method"] == "greedy"
+    assert body["mmaccel"]["encoder"] is None           # not asked for: the server's own precision ran
     assert body["segments"] and all(s["start"] <= s["end"] for s in body["segments"])
     words = body["words"]
     assert len(words) >= 5 and all(w["start"] <= w["end"] for w in words)
@@ -295,3 +296,34 @@ def test_an_exit_signal_lets_requests_in_flight_finish_and_refuses_new_ones(gate
     assert done.status_code == 200 and done.json()["text"]
     thread.join(WAIT_S)
     assert not thread.is_alive()
+
+
+def test_the_speech_models_load_at_the_servers_precision(monkeypatch):
+    from mmaccel.serve.catalogue import CATALOGUE
+    from mmaccel.speech import pipeline
+
+    asked = {}
+    monkeypatch.setattr(pipeline.ASRPipeline, "from_pretrained",
+                        classmethod(lambda cls, source, **kw: asked.setdefault(source, kw)))
+    CATALOGUE["whisper-tiny.en"].load(None, "auto")
+    assert asked["builtin:tiny.en"] == {"device": None, "precision": "auto"}
+    assert ServeConfig().speech_precision == "fp32"            # the model as loaded unless asked
+
+
+def test_a_request_without_an_encoder_runs_the_servers_precision(tiny_en_asr, files):  # noqa: F811
+    from mmaccel.speech.pipeline import ASRPipeline
+
+    int8 = ASRPipeline(tiny_en_asr.bundle, precision="int8")
+    encoders = []
+    transcribe = int8.transcribe
+
+    def spied(*args, **kwargs):
+        encoders.append(int8.encoder(kwargs.get("encoder")))
+        return transcribe(*args, **kwargs)
+
+    int8.transcribe = spied
+    app = create_app(ServeConfig(models=(MODEL,), pipelines={MODEL: int8}, continuous=False))
+    with TestClient(app) as c:
+        r = _post(c, files[0], "a.wav")
+    assert r.status_code == 200 and r.json()["text"] == transcribe(files[0]).texts[0].strip()
+    assert encoders and all(e is int8.encoder("int8") for e in encoders)
