@@ -12,7 +12,7 @@ OpenVINO fuses; the products themselves run at about the same rate in both.
   (`blob/`). `Compiled.first_call_s` says what the first call cost (export or read, compile, check).
 - Never trusted unchecked: a fresh export is compared with the eager module on the example inputs and refused
   beyond `TOLERANCE` of the precision (a relative L2 error; bf16's states move ~1-3 % on Whisper).
-- Failure is not fatal: when OpenVINO is missing, the export or the compile fails or the check refuses, `compile`
+- Failure is not fatal: when OpenVINO is missing, the export or the compile fails or the check refuses, `compile_module`
   warns in one line and returns None, and the caller runs the module eagerly. A cache that cannot be read is
   rebuilt (one warning line). The module passed in is never modified.
 """
@@ -60,7 +60,7 @@ class Compiled:
 
 
 def compile_module(module: nn.Module, example: tuple[Tensor, ...], precision: str = "fp32",
-            cache_dir: str | Path | None = None) -> Compiled | None:
+                   cache_dir: str | Path | None = None) -> Compiled | None:
     """`module` (tensors -> one tensor) compiled for this CPU at `precision` (fp32 or bf16), or None with one
     warning line when it cannot be (the caller then runs `module` itself). `example`: inputs of the shapes it
     will see (any batch). `cache_dir`: where exported graphs are kept (default `$MMACCEL_CACHE/compiled`)."""
@@ -133,7 +133,7 @@ def graph_key(module: nn.Module, example: tuple[Tensor, ...], openvino_version: 
     h = hashlib.sha256()
     h.update(json.dumps([type(module).__module__, type(module).__qualname__, torch.__version__, openvino_version,
                          [(list(x.shape[1:]), str(x.dtype)) for x in example]]).encode())
-    for name, t in [*module.state_dict(keep_vars=False).items()]:
+    for name, t in module.state_dict().items():
         t = t.detach().cpu().contiguous()
         h.update(f"{name}:{t.dtype}:{list(t.shape)}".encode())
         h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
