@@ -235,12 +235,14 @@ def load_speech(asr, timestamps: bool = False) -> Loaded:
                   {"one": eot, "ragged": eot})
 
 
-def tiny_speech_pipeline(device: str = "cpu", vocab: int | None = None, drafts_read_timestamps: bool = False):
+def tiny_speech_pipeline(device: str = "cpu", vocab: int | None = None, drafts_read_timestamps: bool = False,
+                         precision: str = "fp32"):
     """An ASRPipeline over the speech tests' tiny random Whisper (tests/speech/conftest.py) with random Medusa
     heads, exit heads, a Medusa block, an EAGLE head and a draft decoder: every resource but an assistant (that
     needs a tokenizer). For device="cuda" without a GPU, call it inside `emulated_cuda()`. `vocab`: the model's
     vocabulary size (default the tests' 64; `TIMED_VOCAB` adds timestamp tokens). `drafts_read_timestamps`: the
-    draft decoder and EAGLE head are marked as trained on timestamp-mode transcripts (`WhisperDraft.timestamps`)."""
+    draft decoder and EAGLE head are marked as trained on timestamp-mode transcripts (`WhisperDraft.timestamps`).
+    `precision`: the pipeline's (`ASRPipeline(precision=)`)."""
     from mmaccel.speech.draft import new_draft
     from mmaccel.speech.eagle import new_eagle_head
     from mmaccel.speech.heads import WhisperHeads, new_exit_heads, new_medusa_heads
@@ -253,7 +255,7 @@ def tiny_speech_pipeline(device: str = "cpu", vocab: int | None = None, drafts_r
     bundle = WhisperBundle("tiny-random", hf, None, None, None, Path("."))
     draft = new_draft(hf)
     draft.timestamps = drafts_read_timestamps
-    asr = ASRPipeline(bundle, draft=draft)
+    asr = ASRPipeline(bundle, draft=draft, precision=precision)
     torch.manual_seed(5)
     medusa = new_medusa_heads(asr.model, 4).to(asr.model.device)
     for p in medusa.parameters():

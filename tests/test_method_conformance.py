@@ -75,6 +75,12 @@ EXACTNESS_BENCHES = {
                Bench("speech", "tiny.en-timestamps", frozenset({"eagle"}), "speech_tiny_en_timestamps_bench",
                      baseline="greedy"),
                Bench("speech", "base-timestamps", SPEECH_BASE_SUPPLIES, "speech_base_timestamps_bench",
+                     baseline="greedy", slow=True),
+               # int8 decoders: greedy-identical by construction (exact products, attention in one kernel shape)
+               Bench("speech", "tiny-random-int8-timestamps", SPEECH_BASE_SUPPLIES - {"assistant"},
+                     "speech_int8_timestamps_bench", baseline="greedy"),
+               Bench("speech", "tiny.en-int8", frozenset({"eagle"}), "speech_tiny_en_int8_bench", baseline="greedy"),
+               Bench("speech", "base-int8-timestamps", SPEECH_BASE_SUPPLIES, "speech_base_int8_timestamps_bench",
                      baseline="greedy", slow=True)],
 }
 LAW_BENCHES = {
@@ -226,6 +232,29 @@ def speech_timestamps_bench():
 
 
 @pytest.fixture(scope="module")
+def speech_int8_timestamps_bench():
+    from tests.speech.conftest import TIMED_VOCAB
+
+    return load_tiny_speech(tiny_speech_pipeline(vocab=TIMED_VOCAB, drafts_read_timestamps=True, precision="int8"),
+                            timestamps=True)
+
+
+def _int8(asr):
+    """`asr`'s model, heads, draft and assistant in an int8 pipeline."""
+    from mmaccel.speech.pipeline import ASRPipeline
+
+    int8 = ASRPipeline(asr.bundle, asr.heads, asr.draft, precision="int8")
+    int8.assistant = asr.assistant
+    return int8
+
+
+@pytest.fixture(scope="module")
+def speech_tiny_en_int8_bench(tiny_en_asr):
+    _librivox()
+    return load_speech(_int8(tiny_en_asr))
+
+
+@pytest.fixture(scope="module")
 def base_with_tiny_en():
     from mmaccel.speech.pipeline import ASRPipeline
 
@@ -244,6 +273,11 @@ def speech_base_bench(base_with_tiny_en):
 @pytest.fixture(scope="module")
 def speech_base_timestamps_bench(base_with_tiny_en):
     return load_speech(base_with_tiny_en, timestamps=True)
+
+
+@pytest.fixture(scope="module")
+def speech_base_int8_timestamps_bench(base_with_tiny_en):
+    return load_speech(_int8(base_with_tiny_en), timestamps=True)
 
 
 # --- (a) exactness ----------------------------------------------------------------------------------------------

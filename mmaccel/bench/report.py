@@ -283,7 +283,7 @@ def user_comparison(bench_dir: Path) -> str:
                  f"{split}: RTFx b1 / b8 | WER | × faster-whisper int8 (b1 / b8)" for split in splits) + " |",
              "|---|---|" + "---|" * 6]
     for method, label in USER_ROWS:
-        cells, kind = [label], None
+        cells, kind, same = [label], None, []
         for doc in docs:
             rows = {r["batch"]: r for r in doc["results"] if r["method"] == method}
             peer = {r["batch"]: r for r in doc["results"] if r["method"] == USER_PEER}
@@ -291,14 +291,24 @@ def user_comparison(bench_dir: Path) -> str:
                 cells += ["–"] * 3
                 continue
             kind = kind or _kind(rows[min(rows)])
+            same += [_same_precision(doc, rows[b]) for b in sorted(rows)]
             rtfx = " / ".join(f"{rows[b]['quality']['rtfx']:.2f}" for b in sorted(rows))
             ratio = " / ".join(f"{rows[b]['quality']['rtfx'] / peer[b]['quality']['rtfx']:.2f}×"
                                for b in sorted(rows) if b in peer)
             cells += [rtfx, f"{rows[min(rows)]['quality']['wer']:g}", ratio]
+        if any(same):       # a draft method at a cheaper precision: against greedy at that precision too
+            kind = f"{kind}; greedy's transcript at its precision on {' / '.join(same)} utterances (b1 / b8 per split)"
         lines.append("| " + " | ".join([cells[0], kind or "–", *cells[1:]]) + " |")
     commands = "; ".join(f"`{command(doc)}`" + (f" ({doc['note']})" if doc.get("note") else "") for doc in docs)
     machines = "; ".join(machine(doc) for doc in docs)
     return "\n".join(lines + ["", f"From {commands}. Run on: {machines}."]) + "\n"
+
+
+def _same_precision(doc: dict, row: dict) -> str:
+    """'n/N' utterances on which `row` gave greedy's transcript at its own precision (or encoder), else ''."""
+    share = next((v for k, v in row["quality"].items() if k.startswith("identical_to_greedy_same_")), None)
+    count = doc["config"].get("utterances")
+    return "" if share is None or count is None else f"{round(share * count)}/{count}"
 
 
 # ---- writing and checking -------------------------------------------------------------------------------------

@@ -63,11 +63,12 @@ class KVCache:
     On the host (CPU) the lengths live on the CPU: a step attends to the slots up to the longest row
     and writes with one slice when the rows are level. On a GPU they live on the device and a step
     attends over the whole capacity under a mask: fixed shapes, no host reads (the shapes a CUDA
-    graph needs); overflow and rollback checks become device asserts.
+    graph needs); overflow and rollback checks become device asserts. `full_width`: every step attends over the
+    whole capacity under a mask on the host too (one key count for every step: `mmaccel.engine.attention`).
     """
 
     def __init__(self, num_layers: int, batch_size: int, num_heads: int, head_dim: int, capacity: int,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", full_width: bool = False):
         check(batch_size > 0, f"batch size must be > 0, got {batch_size}")
         check(capacity > 0, f"cache capacity must be > 0, got {capacity}")
         shape = (batch_size, num_heads, capacity, head_dim)
@@ -75,6 +76,7 @@ class KVCache:
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.capacity, self.device = capacity, torch.device(device)
         self.host = on_host(self.device)
+        self.full_width = full_width or not self.host
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device="cpu" if self.host else self.device)
         self._placed: tuple[Tensor, Tensor] | None = None
         self._placed_mask: Tensor | None = None
@@ -127,7 +129,7 @@ class KVCache:
             check(slots.shape[1] == num_new, f"placed {slots.shape[1]} slots but the step appends {num_new} tokens")
             reps = self.batch_size // slots.shape[0]
             used = self.capacity
-            if self.host:           # attend over the slots up to the last visible one only (fewer keys to read)
+            if not self.full_width:     # attend over the slots up to the last visible one only (fewer keys to read)
                 seen = visible.reshape(-1, self.capacity).any(0).nonzero()
                 used = int(seen[-1]) + 1 if len(seen) else 1
             self._placed_mask = visible[..., :used].repeat(reps, 1, 1)[:, None].to(self.device)
@@ -148,7 +150,8 @@ class KVCache:
         slots = (start[:, None] + torch.arange(num_new)[None, :]).to(self.device)
         self.lengths.add_(num_new)
         same = starts.count(starts[0]) == len(starts)
-        return CacheWrite(self, slots, max(starts) + num_new, starts[0] if same else None), start
+        used = self.capacity if self.full_width else max(starts) + num_new
+        return CacheWrite(self, slots, used, starts[0] if same else None), start
 
     def attention_mask(self, start: Tensor, num_new: int, tree_mask: Tensor | None) -> Tensor:
         """Boolean mask [B, 1, T, S] (True = attend) for T new tokens written at `start` [B].
@@ -160,7 +163,7 @@ class KVCache:
         if self._placed_mask is not None:
             mask, self._placed_mask = self._placed_mask, None
             return mask
-        T, S = num_new, int(self.lengths.max()) if self.host else self.capacity
+        T, S = num_new, self.capacity if self.full_width else int(self.lengths.max())
         if tree_mask is None:
             tree_mask = torch.ones(T, T, dtype=torch.bool, device=self.device).tril()[None]
         W = tree_mask.shape[-1]

@@ -118,7 +118,7 @@ def align_words(model: WhisperDecoderModel, inputs: EncodedAudio, row: int, prom
     seq = torch.tensor([prompt + text + [eot]], device=model.device)
     state = model.prefill(audio, seq.shape[1] - len(prompt), run=False)
     queries: dict[int, torch.Tensor] = {}
-    logits = model._forward(state, seq, None, None, probe=queries)[0]     # [P + N + 1, V]
+    logits = model._forward(state, seq, None, None, probe=queries, any_shape=True)[0]     # [P + N + 1, V]
     P = len(prompt)
     probs = logits[P - 1 : P - 1 + len(text), :eot].float().softmax(-1)
     token_probs = probs[torch.arange(len(text)), torch.tensor(text)].tolist()

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from mmaccel.core.model import DecodeState, KVCache, check_step_args, default_positions, expect, step_key
 from mmaccel.core.readout import project
+from mmaccel.engine.attention import fixed_shape_attention
 from mmaccel.engine.compiled import Compiled
 from mmaccel.engine.int8 import Int8Linear
 from mmaccel.errors import check
@@ -61,6 +62,9 @@ class WhisperDecoderModel:
     `quantized` runs the layers on int8 copies of their weights (`LayerOps`) and, without a shortlist or exit head,
     the vocabulary projection too (`Int8Linear`: a scale per weight row and per token, each row's product the same
     in a pass of one token or many): an int8 target (`ASRPipeline(precision="int8")`) or a draft.
+    `fixed_shape` (an int8 target): attention in one kernel shape (`mmaccel.engine.attention`) over a cache of the
+    full `max_positions`; with int8's exact products a token's logits are then bitwise the same in a one-token pass,
+    a verify pass of any width and a ragged batch, so greedy-verified methods are greedy-identical by construction.
     """
 
     skips_filler = True     # `step` takes `valid` (the DecoderModel protocol's optional filler skipping)
@@ -70,7 +74,7 @@ class WhisperDecoderModel:
                  num_layers: int | None = None, exit_head: nn.Module | None = None,
                  cross_layers: list[int] | None = None, projection: ShortlistProjection | None = None,
                  argmax_readout: ArgmaxProjection | None = None, cross_window: int | None = None,
-                 quantized: bool = False):
+                 quantized: bool = False, fixed_shape: bool = False):
         decoder = getattr(getattr(hf, "model", None), "decoder", None)
         check(decoder is not None and hasattr(decoder, "layers") and hasattr(decoder, "embed_positions"),
               f"{type(hf).__name__} is not a Whisper encoder-decoder (expected .model.decoder with layers)")
@@ -92,6 +96,8 @@ class WhisperDecoderModel:
         self.cross_window = cross_window
         self._ops = [LayerOps(layer, quantized) for layer in decoder.layers[: self.num_layers]]
         self.quantized = quantized
+        self.fixed_shape = fixed_shape
+        self._attend = fixed_shape_attention if fixed_shape else F.scaled_dot_product_attention
         plain = self.projection is None and exit_head is None and argmax_readout is None
         self._int8_projection = Int8Linear.of(decoder.embed_tokens.weight) if quantized and plain else None
         self.feature_layers: tuple[int, ...] = ()     # see `feature_view`
@@ -142,7 +148,8 @@ class WhisperDecoderModel:
         check(not self.quantized, "an arg-max view is for the fp32 projection (an int8 model's logits are its own)")
         readout = ArgmaxProjection(self.decoder.embed_tokens.weight, self._bias)
         return self._same_switches(WhisperDecoderModel(self.hf, self.suppress_tokens, self.begin_suppress_tokens,
-                                                       cross_layers=self.cross_layers, argmax_readout=readout))
+                                                       cross_layers=self.cross_layers, argmax_readout=readout,
+                                                       fixed_shape=self.fixed_shape))
 
     def feature_view(self, layers: tuple[int, ...]) -> WhisperDecoderModel:
         """This model (everything shared) with `state.hidden` [B, T, (m + 1) d]: the outputs of decoder
@@ -213,8 +220,11 @@ class WhisperDecoderModel:
     # ---- decoding -----------------------------------------------------------------------------
 
     def new_state(self, batch_size: int, capacity: int) -> DecodeState:
+        """A state of `capacity` positions (all `max_positions` for a `fixed_shape` model: one key count always)."""
+        if self.fixed_shape:
+            capacity = self.max_positions
         return DecodeState(KVCache(self.num_layers, batch_size, self.num_heads, self.head_dim, capacity,
-                                   dtype=self.dtype, device=self.device))
+                                   dtype=self.dtype, device=self.device, full_width=self.fixed_shape))
 
     @torch.inference_mode()
     def prefill(self, inputs: EncodedAudio, room: int, run: bool = True) -> DecodeState:
@@ -322,16 +332,20 @@ class WhisperDecoderModel:
         state.extras["inputs"] = inputs
         layers: list[Tensor] = []
         seq = torch.cat([inputs.prompt, tokens.cpu()], 1).to(self.device)
-        self._forward(state, seq, None, None, last_only=True, layer_outputs=layers)
+        self._forward(state, seq, None, None, last_only=True, layer_outputs=layers, any_shape=True)
         return state.hidden, layers
 
     def _forward(self, state: DecodeState, tokens: Tensor, positions: Tensor | None, tree_mask: Tensor | None,
                  last_only: bool = False, layer_outputs: list | None = None, readout=None,
-                 keep: Tensor | None = None, probe: dict | None = None) -> Tensor:
+                 keep: Tensor | None = None, probe: dict | None = None, any_shape: bool = False) -> Tensor:
         """One pass over `tokens` [B, T] -> logits (`readout`, default the vocabulary projection). `probe`: a
-        dict that gets each layer's cross-attention queries (word alignment reads them)."""
+        dict that gets each layer's cross-attention queries (word alignment reads them). `any_shape`: a pass whose
+        outputs decide no token (scoring or aligning a finished transcript) runs torch's attention kernel even in
+        a `fixed_shape` model (faster over many queries; the same transcript still gets the same scores)."""
         h, step = self.embed(state, tokens, positions, tree_mask)
         step.probe = probe
+        if any_shape:
+            step.attend = F.scaled_dot_product_attention
         if keep is not None:                # the kept positions only, packed [N, d] (see LayerStep)
             B, T = tokens.shape
             step.keep, step.shape = keep, (B, T)
@@ -398,11 +412,11 @@ class WhisperDecoderModel:
         """Claim `num_new` cache slots per row; returns the pass's `LayerStep` and the old lengths [B]
         (for layers fed hidden states instead of tokens: the Medusa block)."""
         write, start = state.cache.reserve(num_new)
-        if num_new == 1 and tree_mask is None and write.same_start:
+        if num_new == 1 and tree_mask is None and write.same_start and not state.cache.full_width:
             mask = None             # one new token after rows of equal length sees every used slot
         else:
             mask = state.cache.attention_mask(start, num_new, tree_mask)
-        return LayerStep(write, mask, state.extras["inputs"], self.num_heads), start
+        return LayerStep(write, mask, state.extras["inputs"], self.num_heads, attend=self._attend), start
 
     def layer(self, i: int, h: Tensor, step: LayerStep, rows: Tensor | None = None) -> Tensor:
         """Decoder layer i on h [B, T, d] (un-normalised residual stream); writes this position's
@@ -422,13 +436,14 @@ class WhisperDecoderModel:
         if rows is not None:
             h, q, k, v, ck, cv = (t.index_select(0, rows) for t in (h, q, k, v, ck, cv))
             mask, cmask = (None if m is None else m.index_select(0, rows) for m in (mask, cmask))
-        x = F.scaled_dot_product_attention(step.heads(q), k, v, attn_mask=mask)
+        x = step.attend(step.heads(q), k, v, mask)
         h = h + ops.out(step.merge(x))
         x = _norm(layer.encoder_attn_layer_norm, h)
         q = step.heads(ops.cross_q(x))
         if step.probe is not None:           # the queries word alignment reads (`alignment`)
             step.probe[i] = q
-        h = h + ops.cross_out(step.merge(_cross_attention(q.to(ck.dtype), ck, cv, cmask, step.inputs.group).to(h.dtype)))
+        x = _cross_attention(step.attend, q.to(ck.dtype), ck, cv, cmask, step.inputs.group)
+        h = h + ops.cross_out(step.merge(x.to(h.dtype)))
         h = h + ops.mlp(_norm(layer.final_layer_norm, h))
         if rows is None:
             return h
@@ -453,12 +468,12 @@ class WhisperDecoderModel:
         state.extras["inputs"] = inputs.select_rows(index, self.device)
 
 
-def _cross_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, group: int) -> Tensor:
-    """Queries q [B, H, T, Dh] over keys/values [B / group, H, S, Dh]: each `group` consecutive rows ask their
-    window's keys as one row of group * T queries (cross-attention has no causal mask)."""
+def _cross_attention(attend, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, group: int) -> Tensor:
+    """Queries q [B, H, T, Dh] over keys/values [B / group, H, S, Dh] by `attend` (sdpa's signature): each `group`
+    consecutive rows ask their window's keys as one row of group * T queries (cross-attention has no causal mask)."""
     if group == 1:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return attend(q, k, v, mask)
     B, H, T, D = q.shape
     q = q.view(B // group, group, H, T, D).transpose(1, 2).reshape(B // group, H, group * T, D)
-    x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    x = attend(q, k, v, mask)
     return x.view(B // group, H, group, T, D).transpose(1, 2).reshape(B, H, T, D)

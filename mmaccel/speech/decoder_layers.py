@@ -3,6 +3,7 @@ copies for drafts) and what the layers of one decoder pass share (`LayerStep`)."
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +30,7 @@ class LayerStep:
     keep: Tensor | None = None
     shape: tuple[int, int] = (0, 0)     # (B, T) of the pass, when `keep` is set
     probe: dict | None = None           # when set: layer -> its cross-attention queries [B, H, T, Dh]
+    attend: Callable = F.scaled_dot_product_attention     # (q, k, v, mask) -> attention ([B, H, T, Dh])
 
     def unpack(self, t: Tensor) -> Tensor:
         """Kept positions [N, e] -> [B, T, e], zeros elsewhere."""

@@ -132,7 +132,12 @@ class ASRPipeline:
         self.precision = precision                                      # as asked
         self.encoder_precision = resolve_precision(precision, device)
         self.decoder_precision = resolve_precision(precision, device, bound="bandwidth")
-        self.model = WhisperDecoderModel(bundle.model, quantized=self.decoder_precision.name == "int8")
+        # an int8 decoder on the host runs its attention in one kernel shape: with its exact integer products, a
+        # token's logits are then bitwise the same in every pass, and greedy-verified methods give greedy's tokens
+        # by construction (`mmaccel.engine.attention`; int8 amplifies the ~1e-7 by which attention otherwise rounds
+        # a verify pass). fp32's products round by the call's shape themselves: its identity is measured, not built
+        int8 = self.decoder_precision.name == "int8"
+        self.model = WhisperDecoderModel(bundle.model, quantized=int8, fixed_shape=int8 and on_host(device))
         # greedy decoding and greedy-verified methods read only arg-maxes: a bf16-first projection
         # whose arg-max is the fp32 one (`ArgmaxProjection`), on a CPU with native bf16 products (its
         # short list of candidates has a data-dependent size: on a GPU that would make every step wait

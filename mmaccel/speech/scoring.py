@@ -39,7 +39,7 @@ def score_tokens(model: WhisperDecoderModel, inputs: EncodedAudio, tokens: list[
         padded[b, : len(row)] = torch.tensor(row, dtype=torch.long)
     state = model.prefill(inputs, T, run=False)
     seq = torch.cat([inputs.prompt, padded], 1).to(model.device)
-    hidden = model._forward(state, seq, None, None, readout=lambda h: h)      # normalised [B, P + T, d]
+    hidden = model._forward(state, seq, None, None, readout=lambda h: h, any_shape=True)      # normalised [B, P + T, d]
     bias = torch.cat([model._begin_bias[None], model.suppression.expand(T, -1)])      # [1 + T, V]
     out = []
     group = max(1, ROWS_PER_PRODUCT // (T + 2))         # rows projected together (logits of all their positions)

@@ -321,3 +321,26 @@ def test_bad_valid_counts_are_named(tiny_decoder):
         tiny_decoder.step(state, tokens, valid=torch.tensor([1]))
     with pytest.raises(InputError, match=r"valid counts must lie in \[0, 2\]"):
         tiny_decoder.step(state, tokens, valid=torch.tensor([3, 1]))
+
+
+def test_an_int8_fixed_shape_model_gives_a_token_the_same_logits_in_any_pass(tiny_hf):
+    """An int8 target's logits for a token are bitwise those of the one-token pass of that row alone: in a verify
+    pass wider than a query block, beside other rows and in a ragged batch (greedy-identity by construction; in
+    fp32 the linear layers' products round by the call's shape too)."""
+    model = WhisperDecoderModel(tiny_hf, quantized=True, fixed_shape=True)
+    audio = model.encode(features(3, seed=6), PROMPT)              # one encoder call: each row's states are the batch's
+    tokens = torch.randint(0, 50, (3, 10), generator=torch.Generator().manual_seed(3))
+    alone = []
+    for b in range(3):
+        state = model.prefill(audio.select_rows(torch.tensor([b]), model.device), 12)
+        rows = [state.logits] + [model.step(state, tokens[b:b + 1, t:t + 1])[:, 0] for t in range(10)]
+        alone.append(torch.stack(rows, 1)[0])                              # [11, V]: after the prompt, then each token
+    state = model.prefill(audio, 12)
+    assert state.cache.capacity == model.max_positions and state.cache.full_width
+    assert torch.equal(state.logits, torch.stack([a[0] for a in alone]))
+    wide = model.step(state, tokens)
+    assert all(torch.equal(wide[b], alone[b][1:]) for b in range(3))
+    state.rollback(torch.tensor([6, 4, 8]))                                 # rows at 4, 6 and 2 tokens
+    starts = [4, 6, 2]
+    ragged = model.step(state, torch.stack([tokens[b, s:s + 4] for b, s in enumerate(starts)]))
+    assert all(torch.equal(ragged[b], alone[b][s + 1:s + 5]) for b, s in enumerate(starts))
