@@ -87,8 +87,8 @@ FEATURE_METHODS = [
     MethodSpec("faster-whisper", {"compute_type": "int8"}, label="faster-whisper-int8"),
     MethodSpec("faster-whisper", {"compute_type": "float32"}, label="faster-whisper-fp32"),
 ]
-# ... and at "auto", each part as fast as it measured here (the encoder compiled in bf16 where bf16 is native,
-# else fp32; the decoder in int8): faster-whisper int8 runs a cheaper encoder too, and each utterance is a padded
+# ... and at "auto", each part as fast as it measured here (the encoder compiled in int8 where the CPU has int8
+# dot-product units, else in bf16 where bf16 is native, else fp32; the decoder in int8): faster-whisper int8 runs a cheaper encoder too, and each utterance is a padded
 # 30-s window, so the encoder is over half of the time whatever the decoder does
 AUTO_FEATURE_METHODS = [
     MethodSpec("greedy", {"precision": "auto"}, label="greedy-auto"),
@@ -139,7 +139,9 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
     features = {"timestamps": timestamps is not None, "word_timestamps": timestamps == "words", "vad_filter": vad}
     featured = timestamps is not None or vad
     if not methods and featured:
-        methods = FEATURE_METHODS[:6] + AUTO_FEATURE_METHODS + FEATURE_METHODS[6:]
+        # the int8 rows only where "auto" runs something else (where it is int8 throughout they would repeat it)
+        int8 = [] if _auto_is_int8(device) else FEATURE_METHODS[3:6]
+        methods = FEATURE_METHODS[:3] + int8 + AUTO_FEATURE_METHODS + FEATURE_METHODS[6:]
     # bf16 rows only where bf16 is native (elsewhere it is refused: emulated, several times slower than fp32)
     methods = methods or [m for m in DEFAULT_METHODS if _variant(m) != ("encoder", "bf16")
                           or fast_bf16_matmul(torch.device(device or "cpu"))]
@@ -227,6 +229,16 @@ def target_floor(asr) -> dict:
     from mmaccel.bench.floor_suite import pass_floor, whisper_subjects
 
     return pass_floor(whisper_subjects(asr, ["fp32" if asr.argmax_model is asr.model else "fp32-argmax"])[0])
+
+
+def _auto_is_int8(device: str | None) -> bool:
+    """Whether precision="auto" runs both the Whisper encoder and decoder in int8 on `device` (None: the CPU)."""
+    from mmaccel.engine.compiled import available
+    from mmaccel.engine.precision import resolve_precision
+
+    where = torch.device(device or "cpu")
+    return all(resolve_precision("auto", where, bound, compiled=available()).name == "int8"
+               for bound in ("compute", "bandwidth"))
 
 
 def _variant(spec: MethodSpec) -> tuple[str, str] | None:

@@ -284,6 +284,8 @@ def user_comparison(bench_dir: Path) -> str:
              "|---|---|" + "---|" * 6]
     for method, label in USER_ROWS:
         cells, kind, same = [label], None, []
+        if not any(r["method"] == method for doc in docs for r in doc["results"]):
+            continue                                  # a row this run did not measure (e.g. int8 where auto is int8)
         for doc in docs:
             rows = {r["batch"]: r for r in doc["results"] if r["method"] == method}
             peer = {r["batch"]: r for r in doc["results"] if r["method"] == USER_PEER}

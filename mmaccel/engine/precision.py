@@ -5,8 +5,9 @@
   slower than fp32, so asking for it there is an error, and "auto" does not pick it.
 - `int8`: a copy whose linear layers are `Int8Linear` (a scale per weight row, a scale per token); convolutions,
   norms, embeddings and attention stay fp32, as CTranslate2's `int8_float32` keeps them.
-- `auto`: per part, by what bounds it (`resolve_precision`, which says which and why): compute-bound work in bf16
-  where it is native, else fp32; a CPU decoder's bandwidth-bound one-token passes in int8.
+- `auto`: per part, by what bounds it (`resolve_precision`, which says which and why): compute-bound work that runs
+  compiled on a CPU with int8 dot-product units in int8 (`mmaccel.engine.compiled`), else in bf16 where it is
+  native, else fp32; a CPU decoder's bandwidth-bound one-token passes in int8.
 
 A converted copy never modifies the model it came from.
 """
@@ -20,7 +21,7 @@ import torch
 from torch import nn
 
 from mmaccel.engine.int8 import Int8Linear
-from mmaccel.engine.machine import cpu_bf16_units, fast_bf16_matmul
+from mmaccel.engine.machine import cpu_bf16_units, cpu_int8_units, fast_bf16_matmul
 from mmaccel.errors import InputError, check
 
 PRECISIONS = ("fp32", "bf16", "int8")
@@ -45,13 +46,18 @@ def check_precision(precision: str, choices: tuple[str, ...] = PRECISIONS) -> st
 BOUNDS = ("compute", "bandwidth")
 
 
-def resolve_precision(requested: str, device: torch.device | str = "cpu", bound: str = "compute") -> Precision:
+def resolve_precision(requested: str, device: torch.device | str = "cpu", bound: str = "compute",
+                      compiled: bool = False) -> Precision:
     """The precision `requested` runs as on `device` ("auto" resolved; bf16 refused where it is not native).
 
     `bound`: what limits the part it is for, which decides "auto" (`mmaccel bench floor` measured both): a
     compute-bound part (an encoder window, a prompt) runs bf16 where it is native (twice fp32's GEMM rate), else
     fp32; a bandwidth-bound part on a CPU (a decoder's one-token passes, which read every weight) runs int8, a
-    quarter of fp32's bytes (bf16 mat-vec products measured slower than fp32 there); on CUDA both run bf16."""
+    quarter of fp32's bytes (bf16 mat-vec products measured slower than fp32 there); on CUDA both run bf16.
+    `compiled`: the part can run compiled (`mmaccel.engine.compiled`, OpenVINO present); a compute-bound one then
+    runs int8 on a CPU with int8 dot-product units (VNNI / AMX): its int8 products with per-token activation scales
+    beside bf16 (where native) for the rest measured fastest there, at CTranslate2's error
+    (`benchmarks/engine/precision_choices.json`)."""
     check_precision(requested, CHOICES)
     check(bound in BOUNDS, f"unknown bound {bound!r}; choose from {', '.join(BOUNDS)}")
     device = torch.device(device)
@@ -62,6 +68,8 @@ def resolve_precision(requested: str, device: torch.device | str = "cpu", bound:
         if bound == "bandwidth" and device.type == "cpu":
             return Precision("int8", requested, "auto: int8 (one-token passes read every weight; int8 reads a "
                                                 "quarter of fp32's bytes)")
+        if compiled and device.type == "cpu" and cpu_int8_units():
+            return Precision("int8", requested, f"auto: int8, compiled (this CPU has {', '.join(cpu_int8_units())})")
         if native:
             has = "native bf16" if device.type == "cuda" else ", ".join(units)
             return Precision("bf16", requested, f"auto: bf16 ({where} has {has})")

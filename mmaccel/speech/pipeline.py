@@ -31,6 +31,7 @@ from mmaccel.core.sampling import Sampling
 from mmaccel.core.stats import DecodeStats
 from mmaccel.devices import resolve_device, use_cuda_graphs
 from mmaccel.engine.compiled import Compiled, compile_module
+from mmaccel.engine.compiled import available as compiled_available
 from mmaccel.engine.machine import fast_bf16_matmul
 from mmaccel.engine.precision import convert, resolve_precision
 from mmaccel.errors import InputError, check
@@ -130,7 +131,7 @@ class ASRPipeline:
         # one-token products measured slower than fp32's here (benchmarks/floor/floor.json), only its arg-max
         # readout below
         self.precision = precision                                      # as asked
-        self.encoder_precision = resolve_precision(precision, device)
+        self.encoder_precision = resolve_precision(precision, device, compiled=compiled_available())
         self.decoder_precision = resolve_precision(precision, device, bound="bandwidth")
         # an int8 decoder on the host runs its attention in one kernel shape: with its exact integer products, a
         # token's logits are then bitwise the same in every pass, and greedy-verified methods give greedy's tokens
@@ -240,21 +241,21 @@ class ASRPipeline:
     def encoder(self, precision: str | None = None) -> nn.Module | Compiled:
         """The model's encoder at `precision` (fp32, bf16 or int8; "auto": what this machine runs natively; None:
         the pipeline's), built once (`mmaccel.engine`): bf16 on a CPU is the encoder compiled by OpenVINO
-        (`mmaccel.engine.compiled`, cached on disk; torch's eager bf16 where it cannot be), int8 a copy with
-        `Int8Linear` layers. Not lossless: its states, and so the transcript, move; the ASR benchmark reports each
+        (`mmaccel.engine.compiled`, cached on disk; torch's eager bf16 where it cannot be), int8 too (int8 weights
+        with a scale per row, activations quantised per token as it runs; else a copy with `Int8Linear` layers). Not lossless: its states, and so the transcript, move; the ASR benchmark reports each
         precision's WER beside its speed."""
         precision = (self.encoder_precision if precision is None else
-                     resolve_precision(precision, self.model.device)).name
+                     resolve_precision(precision, self.model.device, compiled=compiled_available())).name
         if precision not in self._encoders:
             self._encoders[precision] = self._built_encoder(precision)
         return self._encoders[precision]
 
     def _built_encoder(self, precision: str) -> nn.Module | Compiled:
         fp32 = self._encoders["fp32"]
-        if precision == "bf16" and on_host(self.model.device):
+        if precision in ("bf16", "int8") and on_host(self.model.device):
             frames = 2 * fp32.config.max_source_positions               # 3000 mel frames: a 30-s window
             compiled = compile_module(EncoderStates(fp32), (torch.zeros(1, fp32.config.num_mel_bins, frames),),
-                                      "bf16")
+                                      precision)
             if compiled is not None:
                 return compiled
         return convert(fp32, precision)

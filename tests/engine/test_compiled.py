@@ -113,8 +113,8 @@ def test_an_export_failure_or_a_refused_check_falls_back_to_eager_with_one_line(
 
 
 def test_bad_arguments_are_one_line_errors():
-    with pytest.raises(InputError, match="unknown precision 'int8'; choose from fp32, bf16"):
-        compile_module(Block(), (torch.zeros(1, 16, 32),), "int8")
+    with pytest.raises(InputError, match="unknown precision 'half'; choose from fp32, bf16, int8"):
+        compile_module(Block(), (torch.zeros(1, 16, 32),), "half")
     with pytest.raises(InputError, match="needs example input tensors"):
         compile_module(Block(), (), "fp32")
     with pytest.raises(InputError, match="takes an nn.Module"):
@@ -134,3 +134,22 @@ def test_a_whisper_encoder_compiled_in_bf16_stays_close_to_fp32(tmp_path):
     with torch.no_grad():
         want = states(x)
     assert float((got(x) - want).norm() / want.norm()) < 0.05
+
+
+def test_an_int8_graph_holds_int8_weights_and_stays_close_to_eager(tmp_path):
+    """At int8 the graph keeps each linear weight as int8 with a scale per row (the cache's weights file is about
+    a quarter of fp32's) and its output stays near the fp32 module's; the module passed in is untouched."""
+    block = Block(d=64).eval()
+    before = {k: v.clone() for k, v in block.state_dict().items()}
+    x = torch.randn(2, 16, 64)
+    fp32 = compile_module(block, (x,), "fp32", cache_dir=tmp_path / "fp32")
+    int8 = compile_module(block, (x,), "int8", cache_dir=tmp_path / "int8")
+    assert int8 is not None and int8.precision == "int8" and 0 < int8.error < 0.05
+    with torch.no_grad():
+        want = block(x)
+    assert float((int8(x) - want).norm() / want.norm()) < 0.05
+    assert not torch.equal(int8(x), fp32(x))
+    sizes = {name: (_only_dir(tmp_path / name)[0] / "model.bin").stat().st_size for name in ("fp32", "int8")}
+    assert sizes["int8"] < 0.45 * sizes["fp32"], sizes
+    assert all(torch.equal(v, before[k]) for k, v in block.state_dict().items())
+    assert isinstance(block.qkv, nn.Linear)

@@ -30,6 +30,17 @@ def test_auto_picks_native_bf16_and_says_why(cpu_units):
     assert resolve_precision("int8").name == "int8" and resolve_precision("fp32").reason == "fp32 (asked for)"
 
 
+def test_auto_runs_a_compiled_part_in_int8_where_the_cpu_has_int8_units(cpu_units, monkeypatch):
+    cpu_units(["avx512_bf16"])
+    monkeypatch.setattr(precision, "cpu_int8_units", lambda: ["avx512_vnni"])
+    got = resolve_precision("auto", compiled=True)
+    assert got.name == "int8" and "compiled" in got.reason and "avx512_vnni" in got.reason
+    assert resolve_precision("auto").name == "bf16"                          # eager: bf16 where native
+    assert resolve_precision("auto", "cuda", compiled=True).name == "bf16"   # compiled steps are the CPU's
+    monkeypatch.setattr(precision, "cpu_int8_units", lambda: [])
+    assert resolve_precision("auto", compiled=True).name == "bf16"          # no int8 dot products: as before
+
+
 def test_bf16_asked_for_without_native_units_is_one_clear_error(cpu_units):
     cpu_units([])
     with pytest.raises(InputError, match="needs native bf16 units") as err:
