@@ -88,7 +88,8 @@ FEATURE_METHODS = [
     MethodSpec("faster-whisper", {"compute_type": "float32"}, label="faster-whisper-fp32"),
 ]
 # ... and at "auto", each part as fast as it measured here (the encoder compiled in int8 where the CPU has int8
-# dot-product units, else in bf16 where bf16 is native, else fp32; the decoder in int8): faster-whisper int8 runs a cheaper encoder too, and each utterance is a padded
+# dot-product units, else in bf16 where bf16 is native, else fp32; the decoder in int8): faster-whisper int8 runs a
+# cheaper encoder too, and each utterance is a padded
 # 30-s window, so the encoder is over half of the time whatever the decoder does
 AUTO_FEATURE_METHODS = [
     MethodSpec("greedy", {"precision": "auto"}, label="greedy-auto"),
