@@ -89,8 +89,8 @@ FEATURE_METHODS = [
 ]
 # ... and at "auto", each part as fast as it measured here (the encoder compiled in int8 where the CPU has int8
 # dot-product units, else in bf16 where bf16 is native, else fp32; the decoder in int8): faster-whisper int8 runs a
-# cheaper encoder too, and each utterance is a padded
-# 30-s window, so the encoder is over half of the time whatever the decoder does
+# cheaper encoder too, and each utterance is a padded 30-s window, so the encoder is over half of the time whatever
+# the decoder does
 AUTO_FEATURE_METHODS = [
     MethodSpec("greedy", {"precision": "auto"}, label="greedy-auto"),
     MethodSpec("eagle", {"k": 4, "stop_below": 0.0, "precision": "auto"}, label="eagle-k4-auto"),

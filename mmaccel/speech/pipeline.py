@@ -243,8 +243,8 @@ class ASRPipeline:
         the pipeline's), built once (`mmaccel.engine`): bf16 on a CPU is the encoder compiled by OpenVINO
         (`mmaccel.engine.compiled`, cached on disk; torch's eager bf16 where it cannot be), int8 too (int8 weights
         with a scale per row, activations quantised per token as it runs; else a copy with `Int8Linear` layers). Not
-        lossless: its states, and so the transcript, move; the ASR benchmark reports each
-        precision's WER beside its speed."""
+        lossless: its states, and so the transcript, move; the ASR benchmark reports each precision's WER beside its
+        speed."""
         precision = (self.encoder_precision if precision is None else
                      resolve_precision(precision, self.model.device, compiled=compiled_available())).name
         if precision not in self._encoders:
