@@ -16,8 +16,6 @@ greedy and the greedy-verified methods use on CPUs with native bf16 (`ArgmaxProj
 from __future__ import annotations
 
 import datetime as dt
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,11 +25,11 @@ import torch
 from mmaccel.engine.compiled import Compiled
 from mmaccel.engine.floor import PassCost, model_tensors, trace_pass
 from mmaccel.engine.machine import Machine, cpu_bf16_units, measure_machine
+from mmaccel.engine.pass_costs import KV_LEN, time_ms
 from mmaccel.engine.precision import convert
 
 WIDTHS = (1, 2, 4, 8, 16)
 BATCHES = (1, 8)
-KV_LEN = 32            # cache entries before the timed pass (a prompt and ~28 tokens of transcript or text)
 
 
 @dataclass
@@ -51,16 +49,6 @@ def _sig(x: float) -> float:
     return float(f"{x:.4g}")
 
 
-def _time_ms(run: Callable[[], object], repeats: int) -> tuple[float, float]:
-    run()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        run()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times), min(times)
-
-
 def _precisions() -> list[str]:
     return ["fp32", *(["bf16"] if cpu_bf16_units() else []), "int8"]
 
@@ -68,26 +56,18 @@ def _precisions() -> list[str]:
 def whisper_subjects(pipe, precisions: list[str] | None = None) -> list[Subject]:
     """An `ASRPipeline`'s target decoder in each of `precisions` (default: fp32, fp32-argmax and the others here)."""
     from mmaccel.speech.decoder import WhisperDecoderModel
+    from mmaccel.speech.pass_shape import filled_state, filler
 
     name = pipe.bundle.name
     hf = pipe.bundle.model
-    prompt = pipe.bundle.prompt(language=None if name.endswith(".en") else "en")
-    features = torch.zeros(1, hf.config.num_mel_bins, 3000)
-    token = 440 if hf.config.vocab_size > 440 else 1                 # " the"-like ordinary text token
+    prompt = pipe.bundle.prompt("en")
 
     def subject(label: str, model: WhisperDecoderModel) -> Subject:
-        inputs = model.encode(features, prompt)
-
-        def prefill(batch: int):
-            rows = inputs.select_rows(torch.zeros(batch, dtype=torch.long), model.device)
-            state = model.prefill(rows, 64)
-            model.step(state, torch.full((batch, KV_LEN - len(prompt)), token))
-            return state
         weights = model_tensors(hf.model.decoder)
         if model.argmax_readout is not None:                          # it reads a bf16 copy of the projection
             weights.append(model.argmax_readout.weight_bf16)
-        return Subject(f"whisper-{name}", label, model, prefill, weights, token,
-                       "own" if model.argmax_readout is not None else "fp32")
+        return Subject(f"whisper-{name}", label, model, lambda batch: filled_state(model, prompt, batch), weights,
+                       filler(model), "own" if model.argmax_readout is not None else "fp32")
 
     build = {"fp32": lambda: pipe.model, "fp32-argmax": pipe.model.argmax_view,
              "bf16": lambda: WhisperDecoderModel(convert(hf, "bf16")),
@@ -142,7 +122,7 @@ def _decoder_rows(subjects: list[Subject], machine: Machine, repeats: int, width
                 cost = traced[key]
                 base = "fp32" if s.traced_as == "own" else s.precision
                 floor_ms = cost.floor_s(machine, base) * 1e3
-                median, best = _time_ms(run, repeats)
+                median, best = time_ms(run, repeats)
                 one = median if width == 1 else one
                 rows.append({"model": s.model, "part": "decoder", "precision": s.precision, "batch": batch,
                              "width": width, "kv_len": KV_LEN, "ms": _sig(median), "ms_best": _sig(best),
@@ -186,7 +166,7 @@ def _encoder_rows(names: list[str], machine: Machine, repeats: int, log) -> list
             compiled = isinstance(encoder, Compiled)
             x = features if compiled else features.to(encoder.conv1.weight.dtype)
             with torch.inference_mode():
-                median, best = _time_ms(lambda encoder=encoder, x=x: encoder(x), max(3, repeats // 3))
+                median, best = time_ms(lambda encoder=encoder, x=x: encoder(x), max(3, repeats // 3))
             floor_ms = cost.floor_s(machine, precision) * 1e3
             rows.append({"model": f"whisper-{name}", "part": "encoder", "precision": precision, "batch": 1,
                          "engine": "openvino" if compiled else "torch",

@@ -5,7 +5,10 @@ drafter was trained on, low outside it) and on what a verify pass costs at this 
 pass over k + 1 tokens costs nearly (k + 1) plain steps at batch 8, hardly more than one at batch 1). Neither
 is known before decoding. So, as ADED (Liu et al. 2024) and SVIP (Zhang et al. 2025) do for LLMs, the
 length is chosen as the call decodes: from each row's acceptance so far and, unlike them, from the measured
-seconds of this process's passes by the draft length (0: a plain greedy step). A row's acceptance is kept
+seconds of this process's passes by the draft length (0: a plain greedy step), read against the engine's
+measurement of what the target's pass costs at each width and batch size (`prior`, e.g.
+`mmaccel.engine.pass_costs`): a pass drafting d then costs a * shape(d) + b * d, the target's pass at width
+d + 1 plus d drafting steps, with a and b fitted to the passes seen. A row's acceptance is kept
 as how often it accepted at least j drafts, for each j (not one rate per draft: drafts are accepted in
 runs, so a rate would undervalue long chains), starting from what the method's earlier rows and calls
 showed. A pass drafts the k that maximises expected tokens per second (a tree: all of it or nothing), and
@@ -21,6 +24,7 @@ stays fixed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 PROBE_AFTER = 2         # plain steps of a method, at least, before it drafts again to re-measure acceptance
@@ -33,13 +37,17 @@ POOLED_RATE = 0.05      # ... and the method's pooled reach (a prior: the method
 SURE_AFTER = 3          # passes of one draft length after which its own mean is used rather than the line
 
 
+Shape = Callable[[int], float]     # drafts -> the target's pass feeding drafts + 1 tokens, relative to one token
+
+
 @dataclass
 class PassCosts:
     """Seconds of one pass by its draft length (0: a plain step; a tree: its nodes) for one target, method and
-    batch size."""
+    batch size; `shape`: what the engine measured the target's pass to cost by width at this batch size."""
 
     seconds: dict[int, float] = field(default_factory=dict)
     seen: dict[int, int] = field(default_factory=dict)
+    shape: Shape | None = None
 
     def add(self, drafts: int, seconds: float) -> None:
         mean = self.seconds.get(drafts)
@@ -47,12 +55,18 @@ class PassCosts:
         self.seen[drafts] = self.seen.get(drafts, 0) + 1
 
     def estimate(self, drafts: int) -> float | None:
-        """Expected seconds of a pass feeding `drafts` drafts: their own mean once seen `SURE_AFTER` times; else a
-        line through the means of the draft counts seen (weighted by how often). With one count d seen besides
-        plain steps, half the extra cost of d drafts is taken as the price of drafting at all and half as growing
-        with the count (measured on Whisper base: one draft costs 0.6-0.65 of four's extra). None while unknown."""
-        if drafts == 0 or self.seen.get(drafts, 0) >= SURE_AFTER:
-            return self.seconds.get(drafts)
+        """Expected seconds of a pass feeding `drafts` drafts: their own mean once seen `SURE_AFTER` times (a
+        plain step: once), else the fit of a * shape(d) + b * d to the passes seen (weighted by how often; before
+        any, shape(d) itself: seconds in units of a plain step). Without a shape, a line through the means of
+        the draft counts seen; with one count d seen besides plain steps, half the extra cost of d drafts is
+        taken as the price of drafting at all and half as growing with the count. None while unknown."""
+        if (drafts == 0 and 0 in self.seconds) or self.seen.get(drafts, 0) >= SURE_AFTER:
+            return self.seconds[drafts]
+        if self.shape is not None:
+            a, b = self._fit(self.shape)
+            return max(a * self.shape(drafts) + b * drafts, 1e-9)
+        if drafts == 0:
+            return None
         points = [(d, s, min(self.seen[d], 8)) for d, s in self.seconds.items() if d > 0]
         if len(points) == 1 and 0 in self.seconds:
             (d, s, _), plain = points[0], self.seconds[0]
@@ -65,6 +79,25 @@ class PassCosts:
         spread = sum(w * (d - mean_d) ** 2 for d, _, w in points)
         slope = max(sum(w * (d - mean_d) * (s - mean_s) for d, s, w in points) / spread, 0.0)
         return max(mean_s + slope * (drafts - mean_d), 1e-9)
+
+    def _fit(self, shape: Shape) -> tuple[float, float]:
+        """(a, b) of seconds = a * shape(d) + b * d by weighted least squares over the passes seen, b >= 0 (with
+        a single draft count seen, or none, b = 0: drafting is taken to cost what the target's width does)."""
+        points = [(shape(d), d, s, min(self.seen[d], 8)) for d, s in self.seconds.items()]
+        if not points:
+            return 1.0, 0.0
+        ff = sum(w * f * f for f, _, _, w in points)
+        fs = sum(w * f * s for f, _, s, w in points)
+        if len({d for _, d, _, _ in points}) > 1:
+            fd = sum(w * f * d for f, d, _, w in points)
+            dd = sum(w * d * d for _, d, _, w in points)
+            ds = sum(w * d * s for _, d, s, w in points)
+            det = ff * dd - fd * fd
+            if det > 0:
+                a, b = (fs * dd - fd * ds) / det, (ff * ds - fd * fs) / det
+                if a > 0 and b >= 0:
+                    return a, b
+        return fs / ff, 0.0
 
 
 @dataclass
@@ -84,12 +117,16 @@ class AdaptiveDrafting:
 
     costs: dict[tuple, PassCosts] = field(default_factory=dict)
     pooled: dict[tuple, Pooled] = field(default_factory=dict)
+    # rows -> the shape of the target's pass by width at that batch size (`PassCosts.shape`), None: unknown
+    prior: Callable[[int], Shape | None] | None = None
 
     def for_call(self, method: tuple, rows: int, most: int, depth: int | None = None) -> DraftLengths:
         """The chooser of one decode call of `method` (a key) over `rows` rows, drafting at most `most` tokens a
         pass; a tree of `depth` (`most` nodes) drafts all of them or none."""
-        return DraftLengths(self.costs.setdefault((*method, rows), PassCosts()),
-                            self.pooled.setdefault(method, Pooled()), rows, most, depth)
+        key = (*method, rows)
+        if key not in self.costs:
+            self.costs[key] = PassCosts(shape=None if self.prior is None else self.prior(rows))
+        return DraftLengths(self.costs[key], self.pooled.setdefault(method, Pooled()), rows, most, depth)
 
 
 class DraftLengths:
@@ -107,9 +144,9 @@ class DraftLengths:
     def choose(self, active: list[bool]) -> int:
         costs = self.costs
         if costs.estimate(self.most) is None:
-            return self.most                    # the first pass at this batch size shows what drafting costs
-        if 0 not in costs.seconds:
-            return 0                            # ... and a plain step what it has to beat
+            return self.most                    # without a shape, the first pass shows what drafting costs
+        if costs.seconds and 0 not in costs.seconds:
+            return 0                            # ... and, once a pass drafted, a plain step what it has to beat
         plain = costs.estimate(0)
         options = [self.most] if self.tree else range(1, self.most + 1)
         tokens = {k: self._tokens(k, active) for k in options}

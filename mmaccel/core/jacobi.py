@@ -70,8 +70,26 @@ class JacobiProposer(Proposer):
         self.q: Tensor | None = None                                       # [B, L, V] for mode "sample"
         self.fresh = torch.ones_like(self.tokens, dtype=torch.bool)        # point-mass guesses
 
+    def resize(self, window: int, ctx: DraftContext) -> None:
+        """From the next pass on the window holds `window` guesses (at most the method's k, which the loop makes room
+        for): a narrower one keeps its first guesses, a wider one is topped up after them with fresh guesses. The
+        rule verifies whatever the window holds, so a width that changes from pass to pass moves speed only
+        (`propose` resizes to the k it is asked for)."""
+        check(isinstance(window, int) and window >= 1, f"Jacobi window must be an int >= 1, got {window!r}")
+        more = window - self.tokens.shape[1]
+        if more < 0:
+            self.tokens, self.fresh = self.tokens[:, :window], self.fresh[:, :window]
+            self.q = None if self.q is None else self.q[:, :window]
+        elif more > 0:
+            self.tokens = torch.cat([self.tokens, self._fresh(ctx, self.tokens[:, -1], more)], 1)
+            self.fresh = torch.cat([self.fresh, self.fresh.new_ones(self.fresh.shape[0], more)], 1)
+            if self.q is not None:          # fresh guesses are point masses: their q is never read
+                self.q = torch.cat([self.q, self.q.new_zeros(self.q.shape[0], more, self.q.shape[2])], 1)
+        self.window = window
+
     def propose(self, ctx, k):
-        check(k == self.window, f"the Jacobi window is {self.window}; the loop asked for {k} drafts")
+        if k != self.window:
+            self.resize(k, ctx)
         if self.init == "above":
             self._from_above(ctx)
         probs = None

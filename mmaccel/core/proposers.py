@@ -71,6 +71,8 @@ class Proposer:
         """Called once after the target's prefill and first token."""
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
+        """At most `k` drafts per row. `k` may change from pass to pass, up to the method's k (the loop's room):
+        adaptive drafting asks for what pays, and a plug-in may set its own width each pass this way."""
         raise TypeError(f"{type(self).__name__} does not propose token chains")
 
     def propose_tree(self, ctx: DraftContext, depth: int, width: int) -> TokenTree:

@@ -190,17 +190,22 @@ class WhisperDecoderModel:
             states = encoder(features).to(self.device, self.dtype)
         else:
             states = encoder(features.to(self.device, encoder.conv1.weight.dtype)).last_hidden_state.to(self.dtype)
-        prompt_t = torch.tensor(prompt, dtype=torch.long).expand(features.shape[0], -1).contiguous()   # [B, P]
         frames = None
         if seconds is not None:
             check(len(seconds) == features.shape[0],
                   f"seconds needs one length per row ({features.shape[0]}), got {len(seconds)}")
             window_s = features.shape[-1] / 100                     # 100 mel frames per second
             frames = torch.tensor([audio_frames(s, window_s, states.shape[1]) for s in seconds])
+        return self.encoded(states, prompt, features=features, audio_frames=frames, rules=rules)
+
+    def encoded(self, states: Tensor, prompt: list[int] | list[list[int]], *, features: Tensor | None = None,
+                audio_frames: Tensor | None = None, rules: TimestampRules | None = None) -> EncodedAudio:
+        """What `prefill` takes from encoder states [B, frames, d] already computed (`encode` runs the encoder)."""
+        prompt_t = torch.tensor(prompt, dtype=torch.long).expand(states.shape[0], -1).contiguous()   # [B, P]
         # this model's key/value projections (its precision's) compute every entry, whoever reads it first
         projections = {self.cross_layers[i]: (ops.cross_kv, self.num_heads, self.head_dim)
                        for i, ops in enumerate(self._ops)}
-        return EncodedAudio(states, prompt_t, features=features, audio_frames=frames, rules=rules,
+        return EncodedAudio(states, prompt_t, features=features, audio_frames=audio_frames, rules=rules,
                             projections=projections)
 
     def _cross(self, inputs: EncodedAudio, i: int) -> tuple[Tensor, Tensor]:

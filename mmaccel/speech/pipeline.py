@@ -33,6 +33,7 @@ from mmaccel.devices import resolve_device, use_cuda_graphs
 from mmaccel.engine.compiled import Compiled, compile_module
 from mmaccel.engine.compiled import available as compiled_available
 from mmaccel.engine.machine import fast_bf16_matmul
+from mmaccel.engine.pass_costs import KV_LEN, WIDTHS, WidthCosts
 from mmaccel.engine.precision import convert, resolve_precision
 from mmaccel.errors import InputError, check
 from mmaccel.paths import assets_dir
@@ -47,6 +48,7 @@ from mmaccel.speech.fallback import TEMPERATURES, Fallback
 from mmaccel.speech.heads import WhisperHeads, load_heads, merge_heads
 from mmaccel.speech.language import language_probabilities
 from mmaccel.speech.methods import ASR_REGISTRY, build_asr_method
+from mmaccel.speech.pass_shape import whisper_width_costs
 from mmaccel.speech.scoring import score_tokens
 from mmaccel.speech.streaming import Streamer, StreamUpdate, stream_updates
 from mmaccel.speech.timestamps import TimestampRules
@@ -158,8 +160,9 @@ class ASRPipeline:
         # the log-mel of a window after a clip shorter than 30 s (`audio.log_mel`): "zeros" as openai-whisper's
         # transcribe and faster-whisper; "silence" as transformers' feature extractor alone
         self.mel_padding = "zeros"
-        # the pass costs adaptive drafting measured, kept for the pipeline's lifetime (with and without timestamps)
-        self._adaptive = {False: AdaptiveDrafting(), True: AdaptiveDrafting()}
+        # the pass costs adaptive drafting measured, kept for the pipeline's lifetime (with and without timestamps),
+        # read against the engine's measurement of the target's pass by width at each batch size
+        self._adaptive = {t: AdaptiveDrafting(prior=lambda rows, t=t: self.pass_costs(rows, t)) for t in (False, True)}
 
     @classmethod
     def from_pretrained(cls, source: str = "builtin:base", *, heads: str | os.PathLike | list | None = "auto",
@@ -232,6 +235,18 @@ class ASRPipeline:
         if self._eagle is None or self._eagle[0] is not head:
             self._eagle = head, EagleDecoder(head, self.model, quantized=self.model.device.type == "cpu")
         return self._eagle[1]
+
+    def pass_costs(self, rows: int = 1, timestamps: bool = False) -> WidthCosts | None:
+        """The target's pass by width at batch `rows`, as greedy-verified decoding runs it (with `timestamps`: the
+        full logits and the timestamp rules), on the host (adaptive drafting runs there only); None elsewhere, and
+        for a model too short for the widest pass timed."""
+        if not on_host(self.model.device) or self.bundle.model.config.max_target_positions < KV_LEN + max(WIDTHS) + 8:
+            return None
+        target = self.model if timestamps else self.argmax_model
+        prompt = self.bundle.prompt("en", "transcribe", timestamps)
+        tokens = self.bundle.tokens
+        rules = TimestampRules(tokens.no_timestamps, tokens.end_of_text, len(prompt)) if timestamps else None
+        return whisper_width_costs(target, prompt, rows, rules)
 
     @property
     def precision_reason(self) -> str:

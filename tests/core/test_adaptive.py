@@ -147,6 +147,37 @@ def test_pass_costs_between_the_counts_seen():
     assert costs.estimate(3) == pytest.approx(2.5) and costs.estimate(1) == pytest.approx(1.5)
 
 
+def test_a_measured_shape_prices_the_widths_not_seen():
+    costs = PassCosts(shape=lambda d: 1.0 + 0.25 * d)       # the target's pass by width, relative to one token
+    assert costs.estimate(0) == 1.0 and costs.estimate(4) == 2.0        # before any pass: the shape itself
+    costs.add(0, 2.0)                                       # a plain step sets the scale
+    assert costs.estimate(4) == pytest.approx(4.0)
+    costs.add(4, 5.0)                                       # 1 s beyond the target's width: drafting, 0.25 s a draft
+    assert costs.estimate(2) == pytest.approx(2.0 * 1.5 + 0.5) and costs.estimate(0) == 2.0
+    cheap = PassCosts(shape=costs.shape)
+    cheap.add(0, 2.0)
+    cheap.add(4, 3.0)                                       # cheaper than the shape says: drafting costs no less than 0
+    assert cheap.estimate(2) == pytest.approx((2.0 + 2 * 3.0) / (1 + 2 * 2) * 1.5)      # a fitted, b = 0
+
+
+def test_with_a_shape_the_first_pass_is_chosen_not_forced():
+    flat, steep = (DraftLengths(PassCosts(shape=shape), Pooled(), rows=1, most=4)
+                   for shape in (lambda d: 1.0 + 0.05 * d, lambda d: 1.0 + d))
+    assert flat.choose([True]) == 4                         # cheap widths: the prior's acceptance pays for all 4
+    assert steep.choose([True]) == 0                        # each draft costs a plain step: none pays
+    flat.record(4, [0], [True], 1.2)
+    assert flat.choose([True]) == 0                         # once it drafted, a plain step is measured once
+
+
+def test_the_prior_is_asked_once_per_batch_size():
+    asked = []
+    adaptive = AdaptiveDrafting(prior=lambda rows: asked.append(rows) or (lambda d: 1.0 + d / rows))
+    for rows in (1, 8, 1):
+        adaptive.for_call(("m", 4, None), rows=rows, most=4)
+    assert asked == [1, 8] and adaptive.costs[("m", 4, None, 8)].shape(8) == 2.0
+    assert AdaptiveDrafting(prior=lambda rows: None).for_call(("m", 4, None), 1, 4).costs.shape is None
+
+
 def test_ragged_rows_keep_each_rows_own_entries_in_order():
     a, b = torch.tensor([[1, 2, 0], [3, 0, 0]]), torch.tensor([[7, 8], [9, 0]])
     rows = RaggedRows(a, torch.tensor([2, 1])).append(b, torch.tensor([2, 1]))

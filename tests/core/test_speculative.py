@@ -194,6 +194,44 @@ def test_fresh_guesses_from_one_row_up(resources, prompts):
     assert drafts.tolist() == [[8, 9, 8, 9, 8], [5, 4, 5, 4, 5]]
 
 
+def test_the_jacobi_window_resizes_keeping_its_first_guesses():
+    from mmaccel.core.jacobi import JacobiProposer
+    from mmaccel.core.proposers import DraftContext
+
+    proposer = JacobiProposer(window=4, mode="greedy")
+    ctx = DraftContext(pending=torch.tensor([3, 5]), history=[], num_generated=torch.tensor([1, 1]),
+                       sampling=Sampling(), sampler=None)
+    proposer.start(None, 0, ctx)
+    proposer.tokens = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
+    proposer.fresh = torch.tensor([[False] * 4, [False, False, True, True]])
+    assert proposer.propose(ctx, 2).tokens.tolist() == [[1, 2], [5, 6]] and proposer.window == 2
+    proposer.resize(4, ctx)                               # topped up with fresh guesses: the last one repeated
+    assert proposer.tokens.tolist() == [[1, 2, 2, 2], [5, 6, 6, 6]]
+    assert proposer.fresh.tolist() == [[False, False, True, True]] * 2
+    with pytest.raises(InputError, match="window"):
+        proposer.resize(0, ctx)
+
+
+def test_a_plug_in_changing_the_jacobi_width_every_pass_keeps_greedys_tokens(resources, prompts):
+    import itertools
+
+    from mmaccel.core.jacobi import JacobiProposer
+    from mmaccel.core.methods import Method
+
+    class Cycling(JacobiProposer):
+        """A width per pass from a schedule, through the public `propose(ctx, k)`."""
+
+        widths = itertools.cycle([4, 1, 3, 2, 4, 4])
+
+        def propose(self, ctx, k):
+            return super().propose(ctx, min(k, next(self.widths)))
+
+    method = Method("jacobi-cycling", "Jacobi, its width changing by pass", lambda r: Cycling(4, "greedy"), k=4)
+    base = run(resources, prompts, "ar", {}, max_new_tokens=20)
+    out = decode(resources.model, prompts, method.loop_config(resources), prompt_tokens=prompts, max_new_tokens=20)
+    assert out.tokens == base.tokens and out.stats.nfe <= base.stats.nfe
+
+
 def test_bad_sampling_and_lengths(resources, prompts):
     with pytest.raises(InputError, match="temperature"):
         Sampling(temperature=-1.0)

@@ -13,11 +13,11 @@ PROMPT = [SOT, NO_TS]
 SUPPRESS = [3, 7]
 
 
-def tiny_whisper(seed: int = 0, vocab: int = VOCAB) -> WhisperForConditionalGeneration:
+def tiny_whisper(seed: int = 0, vocab: int = VOCAB, positions: int = 48) -> WhisperForConditionalGeneration:
     torch.manual_seed(seed)
     cfg = WhisperConfig(vocab_size=vocab, num_mel_bins=8, d_model=32, encoder_layers=2, decoder_layers=4,
                         encoder_attention_heads=2, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
-                        max_source_positions=20, max_target_positions=48, pad_token_id=EOT, bos_token_id=EOT,
+                        max_source_positions=20, max_target_positions=positions, pad_token_id=EOT, bos_token_id=EOT,
                         eos_token_id=EOT, decoder_start_token_id=SOT)
     model = WhisperForConditionalGeneration(cfg).eval()
     with torch.no_grad():   # varied, audio-dependent greedy transcripts instead of one repeated token

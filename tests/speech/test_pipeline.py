@@ -163,3 +163,19 @@ def test_shipped_tiny_en_eagle_head_drafts_losslessly(tiny_en_asr, files):
         assert out.texts == greedy.texts and out.stats.mean_accepted > 1.0, params
     adapted = tiny_en_asr.transcribe(files[:3], "eagle", batch_size=2, k=8)    # drafting what pays (the default)
     assert adapted.texts == greedy.texts and adapted.stats.draft_passes > 0
+
+
+def test_adaptive_drafting_reads_the_engines_pass_costs(tiny_en_asr, files, tmp_path, monkeypatch):
+    from mmaccel.engine.pass_costs import WIDTHS
+
+    monkeypatch.setenv("MMACCEL_CACHE", str(tmp_path))
+    costs = tiny_en_asr.pass_costs(2)
+    assert costs.source == "measured" and sorted(costs.ms) == list(WIDTHS) and costs(0) == 1.0 <= costs(8)
+    assert tiny_en_asr.pass_costs(2).source == "cache" and tiny_en_asr.pass_costs(2, timestamps=True).source == "measured"
+    asked = []
+    measure = ASRPipeline.pass_costs
+    monkeypatch.setattr(ASRPipeline, "pass_costs", lambda self, *a: asked.append(a) or measure(self, *a))
+    pipe = ASRPipeline(tiny_en_asr.bundle, heads=tiny_en_asr.heads)
+    greedy = tiny_en_asr.transcribe(files[:3], "greedy", batch_size=2)
+    assert pipe.transcribe(files[:3], "eagle", batch_size=2, k=4).texts == greedy.texts
+    assert asked == [(2, False), (1, False)]            # once per batch size: two windows, then one
