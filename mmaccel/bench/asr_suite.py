@@ -139,6 +139,11 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
     check(timestamps in (None, *TIMESTAMPS), f"timestamps must be one of {TIMESTAMPS}, got {timestamps!r}")
     features = {"timestamps": timestamps is not None, "word_timestamps": timestamps == "words", "vad_filter": vad}
     featured = timestamps is not None or vad
+    if methods and featured:
+        # a method given as one of the feature presets is named as its row (the Whisper page's tables read them)
+        presets = {(m.name, tuple(sorted(m.params.items()))): m.label for m in FEATURE_METHODS + AUTO_FEATURE_METHODS}
+        methods = [MethodSpec(m.name, m.params, presets.get((m.name, tuple(sorted(m.params.items()))), m.label))
+                   for m in methods]
     if not methods and featured:
         # the int8 rows only where "auto" runs something else (where it is int8 throughout they would repeat it)
         int8 = [] if _auto_is_int8(device) else FEATURE_METHODS[3:6]

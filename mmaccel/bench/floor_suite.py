@@ -25,7 +25,8 @@ import torch
 from mmaccel.engine.compiled import Compiled
 from mmaccel.engine.floor import PassCost, model_tensors, trace_pass
 from mmaccel.engine.machine import Machine, cpu_bf16_units, measure_machine
-from mmaccel.engine.pass_costs import KV_LEN, time_ms
+from mmaccel.engine.measured import time_ms
+from mmaccel.engine.pass_costs import KV_LEN
 from mmaccel.engine.precision import convert
 
 WIDTHS = (1, 2, 4, 8, 16)

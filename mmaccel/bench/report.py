@@ -266,7 +266,9 @@ def _serving_table(bench_dir: Path) -> str:
 
 # ---- the Whisper page's comparison as a user calls both libraries ------------------------------------------------
 
-USER_SOURCES = ("asr_engine/words_vad.json", "asr_engine/words_vad_ood.json")      # in domain, out of domain
+# (in domain, out of domain) per CPU: the engine chooses per CPU, so each CPU's run is a table of its own
+USER_SOURCES = (("asr_engine/words_vad.json", "asr_engine/words_vad_ood.json"),
+                ("asr_engine/amx/words_vad.json", "asr_engine/amx/words_vad_ood.json"))
 USER_PEER = "faster-whisper-int8"
 USER_ROWS = (("greedy", "greedy, fp32"), ("eagle-k4", "EAGLE k=4, fp32"), ("greedy-int8", "greedy, int8"),
              ("eagle-k4-int8", "EAGLE k=4, int8"), ("greedy-auto", "greedy, auto"),
@@ -275,18 +277,35 @@ USER_ROWS = (("greedy", "greedy, fp32"), ("eagle-k4", "EAGLE k=4, fp32"), ("gree
 
 
 def user_comparison(bench_dir: Path) -> str:
-    """The Whisper page's table: `USER_ROWS` of both splits' documents (`USER_SOURCES`), RTFx at batch 1 and 8, WER
-    at batch 1, and each RTFx over faster-whisper int8's at the same batch."""
-    docs = [json.loads((bench_dir / source).read_text()) for source in USER_SOURCES]
+    """The Whisper page's tables, one per CPU run (`USER_SOURCES`, those whose in-domain document is committed; a
+    split not run there reads "not run"), each headed by its CPU."""
+    tables = []
+    for sources in USER_SOURCES:
+        paths = [bench_dir / source for source in sources]
+        if paths[0].is_file():
+            docs = [json.loads(path.read_text()) if path.is_file() else None for path in paths]
+            cpu = docs[0]["machine"]
+            tables.append(f"**{cpu['cpu']}** ({', '.join(cpu['flags'])}; {cpu['threads']} threads)\n\n"
+                          + _user_table(docs))
+    return "\n".join(tables)
+
+
+def _user_table(docs: list[dict | None]) -> str:
+    """`USER_ROWS` of both splits' documents (None: not run), RTFx at batch 1 and 8, WER at batch 1, and each RTFx
+    over faster-whisper int8's at the same batch."""
     splits = ("in domain", "out of domain")
     lines = ["| row | exact or relaxed | " + " | ".join(
                  f"{split}: RTFx b1 / b8 | WER | × faster-whisper int8 (b1 / b8)" for split in splits) + " |",
              "|---|---|" + "---|" * 6]
+    run = [doc for doc in docs if doc is not None]
     for method, label in USER_ROWS:
         cells, kind, same = [label], None, []
-        if not any(r["method"] == method for doc in docs for r in doc["results"]):
+        if not any(r["method"] == method for doc in run for r in doc["results"]):
             continue                                  # a row this run did not measure (e.g. int8 where auto is int8)
         for doc in docs:
+            if doc is None:
+                cells += ["not run"] * 3
+                continue
             rows = {r["batch"]: r for r in doc["results"] if r["method"] == method}
             peer = {r["batch"]: r for r in doc["results"] if r["method"] == USER_PEER}
             if not rows:
@@ -301,8 +320,8 @@ def user_comparison(bench_dir: Path) -> str:
         if any(same):       # a draft method at a cheaper precision: against greedy at that precision too
             kind = f"{kind}; greedy's transcript at its precision on {' / '.join(same)} utterances (b1 / b8 per split)"
         lines.append("| " + " | ".join([cells[0], kind or "–", *cells[1:]]) + " |")
-    commands = "; ".join(f"`{command(doc)}`" + (f" ({doc['note']})" if doc.get("note") else "") for doc in docs)
-    machines = "; ".join(machine(doc) for doc in docs)
+    commands = "; ".join(f"`{command(doc)}`" + (f" ({doc['note']})" if doc.get("note") else "") for doc in run)
+    machines = "; ".join(machine(doc) for doc in run)
     return "\n".join(lines + ["", f"From {commands}. Run on: {machines}."]) + "\n"
 
 

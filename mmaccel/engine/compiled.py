@@ -75,6 +75,16 @@ def available() -> bool:
     return importlib.util.find_spec("openvino") is not None
 
 
+def runtime_version() -> str | None:
+    """The installed OpenVINO's version (None: not installed)."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("openvino")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def compile_module(module: nn.Module, example: tuple[Tensor, ...], precision: str = "fp32",
                    cache_dir: str | Path | None = None) -> Compiled | None:
     """`module` (tensors -> one tensor) compiled for this CPU at `precision` (fp32, bf16 or int8), or None with one

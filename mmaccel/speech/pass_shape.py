@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from mmaccel.core.model import DecodeState
-from mmaccel.engine.pass_costs import KV_LEN, WIDTHS, WidthCosts, fingerprint, width_costs
+from mmaccel.engine.measured import fingerprint
+from mmaccel.engine.pass_costs import KV_LEN, WIDTHS, WidthCosts, width_costs
 from mmaccel.speech.decoder import WhisperDecoderModel
 from mmaccel.speech.timestamps import TimestampRules
 

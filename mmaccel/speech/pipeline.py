@@ -32,9 +32,11 @@ from mmaccel.core.stats import DecodeStats
 from mmaccel.devices import resolve_device, use_cuda_graphs
 from mmaccel.engine.compiled import Compiled, compile_module
 from mmaccel.engine.compiled import available as compiled_available
+from mmaccel.engine.compiled import runtime_version as compiled_runtime_version
 from mmaccel.engine.machine import fast_bf16_matmul
+from mmaccel.engine.measured import fastest, fingerprint
 from mmaccel.engine.pass_costs import KV_LEN, WIDTHS, WidthCosts
-from mmaccel.engine.precision import convert, resolve_precision
+from mmaccel.engine.precision import Precision, convert, resolve_precision
 from mmaccel.errors import InputError, check
 from mmaccel.paths import assets_dir
 from mmaccel.speech.alignment import add_words
@@ -133,7 +135,8 @@ class ASRPipeline:
         # one-token products measured slower than fp32's here (benchmarks/floor/floor.json), only its arg-max
         # readout below
         self.precision = precision                                      # as asked
-        self.encoder_precision = resolve_precision(precision, device, compiled=compiled_available())
+        self._encoder_precision = resolve_precision(precision, device, compiled=compiled_available())
+        self._auto_encoder: Precision | None = None      # what "auto" runs the encoder in (`auto_encoder_precision`)
         self.decoder_precision = resolve_precision(precision, device, bound="bandwidth")
         # an int8 decoder on the host runs its attention in one kernel shape: with its exact integer products, a
         # token's logits are then bitwise the same in every pass, and greedy-verified methods give greedy's tokens
@@ -180,11 +183,11 @@ class ASRPipeline:
         `cuda_graphs`: replay the decoders' fixed-shape steps as CUDA graphs (a GPU only).
         `precision`: fp32 (the model as loaded, the default), bf16 (the encoder, compiled by OpenVINO on a CPU;
         native bf16 only), int8 (encoder and decoder linear layers, a scale per weight row and per token) or auto
-        (each part as fast as it measured here: on a CPU the encoder in bf16 where it is native, else fp32, and
-        the decoder in int8; `pipe.precision_reason` says which). Not lossless against fp32: the transcript may
-        move. With an int8 decoder the draft methods are not yet bitwise greedy's at that precision either
-        (attention rounds a verify pass differently, and int8 amplifies it: 0.90-0.97 of the utterances of
-        `mmaccel bench asr --timestamps words --vad` identical).
+        (each part as this CPU runs it fastest: the encoder compiled in int8 where the CPU has int8 dot-product
+        units, or in bf16 where that measured faster here (`auto_encoder_precision`), else bf16 where native, else
+        fp32; the decoder in int8; `pipe.precision_reason` says which). Not lossless against fp32: the transcript
+        may move. At int8 the greedy-verified methods give int8 greedy's tokens (the decoder's attention runs in
+        one kernel shape).
         """
         device = resolve_device(device)
         use_cuda_graphs(cuda_graphs, device)
@@ -249,6 +252,47 @@ class ASRPipeline:
         return whisper_width_costs(target, prompt, rows, rules)
 
     @property
+    def encoder_precision(self) -> Precision:
+        """The precision the encoder runs in (`precision` as resolved; "auto": `auto_encoder_precision`)."""
+        return self.auto_encoder_precision if self._encoder_precision.requested == "auto" else self._encoder_precision
+
+    @property
+    def auto_encoder_precision(self) -> Precision:
+        """What "auto" runs the encoder in: on a CPU that runs both compiled int8 and native bf16, the one whose
+        window measured faster here (decided on first use); else the engine's rule (`resolve_precision`)."""
+        if self._auto_encoder is None:
+            device = self.model.device
+            auto = resolve_precision("auto", device, compiled=compiled_available())
+            both = auto.name == "int8" and on_host(device) and fast_bf16_matmul(device)
+            self._auto_encoder = self._fastest_encoder() if both else auto
+        return self._auto_encoder
+
+    def _fastest_encoder(self) -> Precision:
+        """int8 or bf16, compiled, whichever encodes a window faster on this machine (`mmaccel.engine.measured`:
+        timed once per machine and model, then read from disk; the slower one is not kept). The two differ by
+        model: on a Zen 4 EPYC Whisper base's int8 window took 0.22 s against bf16's 0.25 s, while tiny.en transcribed
+        faster with the bf16 one."""
+        fp32 = self._encoders["fp32"]
+        features = torch.zeros(1, fp32.config.num_mel_bins, 2 * fp32.config.max_source_positions)
+        prompt = self.bundle.prompt("en")
+
+        def candidate(name: str):
+            def build():
+                if name not in self._encoders:
+                    self._encoders[name] = self._built_encoder(name)
+                encoder = self._encoders[name]
+                return lambda: self.model.encode(features, prompt, encoder=encoder)
+            return build
+        name, ms, source = fastest("encoder_choice", {"part": "whisper-encoder", "model": fingerprint(fp32),
+                                                      "openvino": compiled_runtime_version()},
+                                   {p: candidate(p) for p in ("int8", "bf16")})
+        for other in ("int8", "bf16"):
+            if other != name:
+                self._encoders.pop(other, None)
+        timed = ", ".join(f"{p} {t / 1e3:.2f} s" for p, t in sorted(ms.items()))
+        return Precision(name, "auto", f"auto: {name}, compiled (the faster window here: {timed}; {source})")
+
+    @property
     def precision_reason(self) -> str:
         """Which precision each part runs in and why, one line."""
         return f"encoder {self.encoder_precision.reason}; decoder {self.decoder_precision.reason}"
@@ -260,8 +304,8 @@ class ASRPipeline:
         with a scale per row, activations quantised per token as it runs; else a copy with `Int8Linear` layers). Not
         lossless: its states, and so the transcript, move; the ASR benchmark reports each precision's WER beside its
         speed."""
-        precision = (self.encoder_precision if precision is None else
-                     resolve_precision(precision, self.model.device, compiled=compiled_available())).name
+        precision = (self.encoder_precision if precision is None else self.auto_encoder_precision if precision == "auto"
+                     else resolve_precision(precision, self.model.device, compiled=compiled_available())).name
         if precision not in self._encoders:
             self._encoders[precision] = self._built_encoder(precision)
         return self._encoders[precision]
