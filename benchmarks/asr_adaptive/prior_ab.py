@@ -3,9 +3,9 @@
 One process, Whisper base at precision "auto", word timestamps and VAD on, the in-domain words+VAD set of `bench
 asr`: each method at batch 1 and 8 transcribed with the pipeline's adaptive drafting as shipped (the prior:
 `ASRPipeline.pass_costs`) and with the chooser that only learns from its own passes (no prior), each from a fresh
-chooser, after one untimed call (a method's first call pays its setup), in the order A B B A so that drift
-cancels; wall seconds of the whole transcribe calls (VAD, encoder,
-decoding, words). Tokens are greedy's either way (checked). Writes benchmarks/asr_adaptive/prior_ab.json.
+chooser, after one untimed call (a method's first call pays its setup), in the order A B B A so that drift cancels;
+wall seconds of the whole transcribe calls (VAD, encoder, decoding, words). Tokens are greedy's either way
+(checked). Writes benchmarks/asr_adaptive/prior_ab.json.
 
     flock /tmp/mmaccel-bench.lock .venv/bin/python benchmarks/asr_adaptive/prior_ab.py
 """
