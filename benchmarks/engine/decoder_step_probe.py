@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mmaccel.engine.compiled import _export, _int8_weights, compile_module
+from mmaccel.engine.compiled import compile_module, export_graph, int8_weights
 from mmaccel.engine.machine import measure_machine
 from mmaccel.engine.measured import time_ms
 from mmaccel.speech.decoder import WhisperDecoderModel
@@ -104,7 +104,7 @@ def node_ms(graph: nn.Module, inputs: tuple[Tensor, ...], calls: int = 10) -> di
     twelve largest: where a compiled pass spends its time."""
     import openvino as ov
 
-    model = _export(ov, _int8_weights(graph), inputs)
+    model = export_graph(ov, int8_weights(graph), inputs)
     config = {"INFERENCE_PRECISION_HINT": "bf16", "INFERENCE_NUM_THREADS": torch.get_num_threads(),
               "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1, "DYNAMIC_QUANTIZATION_GROUP_SIZE": 512,
               "PERF_COUNT": True}

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mmaccel.engine.compiled import _int8_weights
+from mmaccel.engine.compiled import int8_weights
 from mmaccel.engine.machine import measure_machine
 from mmaccel.engine.measured import time_ms
 from mmaccel.speech.decoder import WhisperDecoderModel
@@ -108,7 +108,7 @@ def compiled_step(module: nn.Module, inputs: tuple[Tensor, ...], crossed: list[T
 
     layers = len(crossed) // 2
     with torch.no_grad():
-        graph = ov.convert_model(_int8_weights(module) if int8 else module, example_input=(*inputs, *crossed))
+        graph = ov.convert_model(int8_weights(module) if int8 else module, example_input=(*inputs, *crossed))
     names = [port.get_any_name() for port in graph.inputs]
     for i, port in enumerate(graph.outputs):
         port.get_tensor().set_names({f"present{i}"})

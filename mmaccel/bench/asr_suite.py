@@ -171,10 +171,16 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
     peers = {}
     precisions = {asr.precision: asr}     # precision asked for -> the pipeline at that precision (built once)
 
-    def at_precision(name: str):
-        if name not in precisions:          # the same weights, heads and draft, converted
-            precisions[name] = ASRPipeline(asr.bundle, heads=asr.heads, draft=asr.draft, precision=name)
-        return precisions[name]
+    def at_precision(name: str, decoder: str | None = None):
+        """The pipeline at precision `name`; `decoder="eager"`: its int8 decoder's passes eager rather than one
+        compiled graph (`decoder_graph`), for the engines' comparison in one run."""
+        check(decoder in (None, "eager"), f"decoder= takes 'eager' (the int8 decoder's eager passes), got {decoder!r}")
+        key = name if decoder is None else f"{name}:{decoder}"
+        if key not in precisions:          # the same weights, heads and draft, converted
+            precisions[key] = ASRPipeline(asr.bundle, heads=asr.heads, draft=asr.draft, precision=name)
+            if decoder == "eager":
+                precisions[key].model.graph = None
+        return precisions[key]
 
     def run_batch(spec: MethodSpec, items: list, seed: int) -> tuple[list, DecodeStats]:
         audios = [a for _, a, _ in items]
@@ -186,7 +192,7 @@ def build_asr_suite(quick: bool = False, methods: list[MethodSpec] | None = None
                 peers[key] = FasterWhisperProcess(asr.bundle.name, key, torch.get_num_threads(), features)
             return peers[key].transcribe(audios)
         params = dict(spec.params)
-        pipe = at_precision(params.pop("precision")) if "precision" in params else asr
+        pipe = at_precision(params.pop("precision"), params.pop("decoder", None)) if "precision" in params else asr
         out = pipe.transcribe(audios, spec.name, batch_size=len(audios), **features, **AS_FASTER_WHISPER, **params)
         stats = out.stats
         stats.time_s["total"] = out.wall_s
@@ -248,10 +254,12 @@ def _auto_is_int8(device: str | None) -> bool:
 
 
 def _variant(spec: MethodSpec) -> tuple[str, str] | None:
-    """What a row runs on other than the fp32 model: ("encoder", precision) or ("precision", precision)."""
+    """What a row runs on other than the fp32 model: ("encoder", precision) or ("precision", precision, with the
+    decoder engine when it is not the default: "auto:eager")."""
     for key in ("precision", "encoder"):
         if spec.params.get(key, "fp32") != "fp32":
-            return key, spec.params[key]
+            engine = spec.params.get("decoder") if key == "precision" else None
+            return key, spec.params[key] if engine is None else f"{spec.params[key]}:{engine}"
     return None
 
 
@@ -266,6 +274,7 @@ def claims_lossless(spec: MethodSpec) -> bool:
         return False
     params.pop("encoder", None)
     params.pop("precision", None)
+    params.pop("decoder", None)
     return build_asr_method(spec.name, **params).lossless
 
 

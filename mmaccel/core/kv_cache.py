@@ -239,12 +239,21 @@ class KVCache:
         L = offsets.shape[1] - first
         src = (start[:, None] + offsets[:, first:]).to(self.device)
         dst = (start[:, None] + first + torch.arange(L, device=start.device)[None, :]).to(self.device)
-        for buf in (*self.k, *self.v):
+        self._move(src, dst)
+        if self.ids is not None:
+            self.ids.scatter_(1, dst, self.ids.gather(1, src))
+
+    def _move(self, src: Tensor, dst: Tensor) -> None:
+        """Copy each row's entries at slots `src` [B, L] to slots `dst` [B, L] (a cache whose entries live
+        elsewhere overrides this)."""
+        self._move_in([*self.k, *self.v], src, dst)
+
+    @staticmethod
+    def _move_in(buffers: list[Tensor], src: Tensor, dst: Tensor) -> None:
+        for buf in buffers:
             H, D = buf.shape[1], buf.shape[3]
             entries = buf.gather(2, src[:, None, :, None].expand(-1, H, -1, D))
             buf.scatter_(2, dst[:, None, :, None].expand(-1, H, -1, D), entries)
-        if self.ids is not None:
-            self.ids.scatter_(1, dst, self.ids.gather(1, src))
 
 
 class CachePool:

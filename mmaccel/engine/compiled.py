@@ -99,59 +99,25 @@ def compile_module(module: nn.Module, example: tuple[Tensor, ...], precision: st
     except ImportError as e:
         return _fallback(module, f"openvino is not installed ({e})")
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir() / "compiled"
-    graphed = _int8_weights(module) if precision == "int8" else module       # what goes into the graph
-    dest = root / graph_key(graphed, example, ov.__version__)
-    core = ov.Core()
-    graph, source, error = None, "cache", None
-    if (dest / CACHE_MARKER).is_file():
-        try:
-            marker = json.loads((dest / CACHE_MARKER).read_text())
-            check(marker.get("files") == _digests(dest), "its files are not the ones written")
-            graph = core.read_model(str(dest / "model.xml"), str(dest / "model.bin"))
-        except Exception as e:  # noqa: BLE001 - any unreadable cache is rebuilt
-            warnings.warn(f"mmaccel: the compiled graph at {dest} could not be read ({_first_line(e)}); rebuilding it",
-                          stacklevel=2)
-            shutil.rmtree(dest, ignore_errors=True)
-    if graph is None:
-        source = "export"
-        try:
-            graph = _export(ov, graphed, example)
-        except Exception as e:  # noqa: BLE001 - an export failure falls back to eager
-            return _fallback(module, f"export failed ({_first_line(e)})")
-    hint = HINT.get(precision) or ("bf16" if cpu_bf16_units() else "f32")
-    config = {"INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": torch.get_num_threads(),
-              "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1}
-    if precision == "int8":
-        config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = INT8_GROUP
+    graphed = int8_weights(module) if precision == "int8" else module       # what goes into the graph
     try:
-        (root / "blob").mkdir(parents=True, exist_ok=True)
-        config["CACHE_DIR"] = str(root / "blob")          # OpenVINO's compiled blob, beside the graphs
-    except OSError:
-        pass                                              # not writable: compiled every time (the write warns)
+        graph, source, dest = cached_graph(ov, graphed, example, root)
+    except Exception as e:  # noqa: BLE001 - an export failure falls back to eager
+        return _fallback(module, f"export failed ({first_line(e)})")
     try:
-        request = core.compile_model(graph, "CPU", config).create_infer_request()
+        request = ov.Core().compile_model(graph, "CPU", compile_config(precision, root)).create_infer_request()
     except Exception as e:  # noqa: BLE001 - a compile failure falls back to eager
-        return _fallback(module, f"compile failed ({_first_line(e)})")
-    compiled = Compiled(request, precision, 0.0, source, None)
+        return _fallback(module, f"compile failed ({first_line(e)})")
+    compiled, error = Compiled(request, precision, 0.0, source, None), None
     if source == "export":
         try:
             error = _relative_error(compiled, module, example)
         except Exception as e:  # noqa: BLE001 - a graph that does not run falls back to eager
-            return _fallback(module, f"the compiled graph does not run ({_first_line(e)})")
+            return _fallback(module, f"the compiled graph does not run ({first_line(e)})")
         if not error <= TOLERANCE[precision]:
             return _fallback(module, f"its output differs from eager by {error:.2g} (relative L2), more than "
                                      f"{precision}'s {TOLERANCE[precision]}")
-        marker = {"module": type(module).__name__, "openvino": ov.__version__, "error": error}
-
-        def write(tmp: Path) -> None:
-            ov.save_model(graph, str(tmp / "model.xml"), compress_to_fp16=False)
-            marker["files"] = _digests(tmp)
-
-        try:
-            write_cache_dir(dest, write, marker, lambda d: (d / CACHE_MARKER).is_file())
-        except OSError as e:        # a read-only or full disk: run what was compiled, export again next time
-            warnings.warn(f"mmaccel: the compiled graph could not be cached at {dest} ({_first_line(e)})",
-                          stacklevel=2)
+        save_graph(ov, graph, dest, {"module": type(module).__name__, "error": error})
     compiled.error = error
     compiled.first_call_s = time.perf_counter() - start
     return compiled
@@ -170,6 +136,54 @@ def graph_key(module: nn.Module, example: tuple[Tensor, ...], openvino_version: 
     return h.hexdigest()[:24]
 
 
+def cached_graph(ov, graphed: nn.Module, example: tuple[Tensor, ...], root: Path, keep_dtypes: bool = False):
+    """(`graphed`'s OpenVINO graph, "cache" or "export", the folder it is kept in): read from `root` when an earlier
+    process exported it (an unreadable cache is removed with one warning line), else exported now, every input's
+    first dimension left free (`save_graph` keeps it once checked)."""
+    dest = root / graph_key(graphed, example, ov.__version__)
+    if (dest / CACHE_MARKER).is_file():
+        try:
+            marker = json.loads((dest / CACHE_MARKER).read_text())
+            check(marker.get("files") == _digests(dest), "its files are not the ones written")
+            return ov.Core().read_model(str(dest / "model.xml"), str(dest / "model.bin")), "cache", dest
+        except Exception as e:  # noqa: BLE001 - any unreadable cache is rebuilt
+            warnings.warn(f"mmaccel: the compiled graph at {dest} could not be read ({first_line(e)}); rebuilding it",
+                          stacklevel=3)
+            shutil.rmtree(dest, ignore_errors=True)
+    return export_graph(ov, graphed, example, keep_dtypes), "export", dest
+
+
+def save_graph(ov, graph, dest: Path, marker: dict) -> None:
+    """Keep an exported (and checked) graph at `dest` for later processes; a disk that cannot take it costs one
+    warning line (the next process exports again)."""
+    marker = {**marker, "openvino": ov.__version__}
+
+    def write(tmp: Path) -> None:
+        ov.save_model(graph, str(tmp / "model.xml"), compress_to_fp16=False)
+        marker["files"] = _digests(tmp)
+
+    try:
+        write_cache_dir(dest, write, marker, lambda d: (d / CACHE_MARKER).is_file())
+    except OSError as e:        # a read-only or full disk: run what was compiled, export again next time
+        warnings.warn(f"mmaccel: the compiled graph could not be cached at {dest} ({first_line(e)})", stacklevel=3)
+
+
+def compile_config(precision: str, root: Path) -> dict:
+    """OpenVINO's CPU settings for a graph run at `precision`: its precision hint, this process's threads, one
+    stream, and its compiled-blob cache beside the graphs (when `root` is writable)."""
+    hint = HINT.get(precision) or ("bf16" if cpu_bf16_units() else "f32")
+    config = {"INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": torch.get_num_threads(),
+              "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1}
+    if precision == "int8":
+        config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = INT8_GROUP
+    try:
+        (root / "blob").mkdir(parents=True, exist_ok=True)
+        config["CACHE_DIR"] = str(root / "blob")          # OpenVINO's compiled blob, beside the graphs
+    except OSError:
+        pass                                              # not writable: compiled every time (the write warns)
+    return config
+
+
 class _Int8Weights(nn.Module):
     """A linear layer as the exported graph holds it at int8: the weight int8 with one scale per output row (an int8
     constant, its conversion and the scale: the form OpenVINO keeps compressed and multiplies in int8)."""
@@ -185,7 +199,7 @@ class _Int8Weights(nn.Module):
         return F.linear(x, self.weight.to(x.dtype) * self.scale, self.bias)
 
 
-def _int8_weights(module: nn.Module) -> nn.Module:
+def int8_weights(module: nn.Module) -> nn.Module:
     """A copy of `module` whose linear layers are `_Int8Weights` (convolutions, norms and attention stay fp32)."""
     copy = deepcopy(module)
     for child in list(copy.modules()):
@@ -201,12 +215,15 @@ def _digests(folder: Path) -> dict[str, str]:
             if (folder / name).is_file()}
 
 
-def _export(ov, module: nn.Module, example: tuple[Tensor, ...]):
-    """The module as an OpenVINO graph, every input's first dimension left free (the tracer's notes on the
-    module's Python-level checks are silenced: the check against eager is what decides)."""
-    shapes = [ov.PartialShape([-1, *x.shape[1:]]) for x in example]
+def export_graph(ov, module: nn.Module, example: tuple[Tensor, ...], keep_dtypes: bool = False):
+    """The module as an OpenVINO graph, every input's first dimension left free and its inputs fp32; with
+    `keep_dtypes`, the example's dtypes and every dimension free (see `mmaccel.engine.stateful` for why). The
+    tracer's notes on the module's Python-level checks are silenced: the check against eager is what decides."""
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        if keep_dtypes:
+            return ov.convert_model(module, example_input=example)
+        shapes = [ov.PartialShape([-1, *x.shape[1:]]) for x in example]
         return ov.convert_model(module, example_input=tuple(x.float() for x in example), input=shapes)
 
 
@@ -231,6 +248,6 @@ def _fallback(module: nn.Module, why: str) -> None:
     return None
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0][:200]}" if text else type(e).__name__

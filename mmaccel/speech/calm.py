@@ -47,6 +47,7 @@ def calm_decode(model: WhisperDecoderModel, exits: dict[int, nn.Module], inputs:
     check(0.0 <= threshold <= 1.0, f"threshold must be in [0, 1], got {threshold!r}")
     check(isinstance(max_new_tokens, int) and max_new_tokens >= 1, f"max_new_tokens must be an int >= 1, got {max_new_tokens}")
     exits = {k: head for k, head in exits.items() if 1 <= k < model.num_layers}
+    model = model.eager()            # it runs the layers one by one (an int8 target's compiled pass runs them all)
     with DecodeCall(model.device) as call:
         with call.prefill():
             state = model.prefill(inputs, max_new_tokens + 1)

@@ -30,6 +30,7 @@ from mmaccel.engine.compiled import Compiled
 from mmaccel.engine.int8 import Int8Linear
 from mmaccel.errors import check
 from mmaccel.speech.decoder_audio import EncodedAudio, audio_frames
+from mmaccel.speech.decoder_graph import DecoderGraph, GraphCache
 from mmaccel.speech.decoder_layers import LayerOps, LayerStep, _norm, kept_positions
 from mmaccel.speech.decoder_readout import ArgmaxProjection, ExitHead, ShortlistProjection  # noqa: F401  (ExitHead: re-exported)
 from mmaccel.speech.timestamps import TimestampRules, rule_logits
@@ -101,6 +102,7 @@ class WhisperDecoderModel:
         plain = self.projection is None and exit_head is None and argmax_readout is None
         self._int8_projection = Int8Linear.of(decoder.embed_tokens.weight) if quantized and plain else None
         self.feature_layers: tuple[int, ...] = ()     # see `feature_view`
+        self._graph: dict = {"wanted": False, "graph": None}   # the compiled pass (`compile_graph`), shared by views
         self.reads_timestamps_as_none = False          # see `as_read` (drafts trained without timestamps)
         self.vocab_size = cfg.vocab_size
         self.num_heads = cfg.decoder_attention_heads
@@ -159,6 +161,32 @@ class WhisperDecoderModel:
               f"feature layers must lie in [0, {self.num_layers - 1}], got {list(layers)}")
         view = copy.copy(self)
         view.feature_layers = tuple(sorted(set(layers)))
+        return view
+
+    def compile_graph(self, cache_dir=None, lazily: bool = False) -> bool:
+        """Run this int8 target's passes (and its views') as one compiled graph that keeps the cache
+        (`decoder_graph`); False (one warning line) where it cannot be built: the passes stay eager. `lazily`: built
+        at the first state that needs it (True returned)."""
+        self._graph.update(wanted=True, cache_dir=cache_dir)
+        return lazily or self.graph is not None
+
+    @property
+    def graph(self) -> DecoderGraph | None:
+        """The compiled pass states are held by (None: eager passes), built on first use."""
+        box = self._graph
+        if box["wanted"] and box["graph"] is None:
+            box["wanted"] = False                     # one try: a failure has warned and the passes stay eager
+            box["graph"] = DecoderGraph.of(self, box.get("cache_dir"))
+        return box["graph"]
+
+    @graph.setter
+    def graph(self, graph: DecoderGraph | None) -> None:
+        self._graph = {"wanted": False, "graph": graph}
+
+    def eager(self) -> WhisperDecoderModel:
+        """This model (everything shared) with eager passes only: for decoders that run its layers one by one."""
+        view = copy.copy(self)
+        view.graph = None
         return view
 
     def early_exit(self, exit_layer: int, head: nn.Module | None = None) -> WhisperDecoderModel:
@@ -224,22 +252,27 @@ class WhisperDecoderModel:
 
     # ---- decoding -----------------------------------------------------------------------------
 
-    def new_state(self, batch_size: int, capacity: int) -> DecodeState:
-        """A state of `capacity` positions (all `max_positions` for a `fixed_shape` model: one key count always)."""
+    def new_state(self, batch_size: int, capacity: int, compiled: bool = True) -> DecodeState:
+        """A state of `capacity` positions (all `max_positions` for a `fixed_shape` model: one key count always),
+        held by the compiled pass when the model has one (`graph`) and `compiled`."""
         if self.fixed_shape:
             capacity = self.max_positions
+        cache = self.graph.new_cache(batch_size, capacity) if self.graph is not None and compiled else None
+        if cache is not None:
+            return DecodeState(cache)
         return DecodeState(KVCache(self.num_layers, batch_size, self.num_heads, self.head_dim, capacity,
                                    dtype=self.dtype, device=self.device, full_width=self.fixed_shape))
 
     @torch.inference_mode()
-    def prefill(self, inputs: EncodedAudio, room: int, run: bool = True) -> DecodeState:
+    def prefill(self, inputs: EncodedAudio, room: int, run: bool = True, compiled: bool = False) -> DecodeState:
         """Run the prompt; `state.logits` [B, V] give the first transcript token (begin-suppressed).
-        `run=False` only sets up the state (an empty cache with room for the prompt and `room` more)."""
+        `run=False` only sets up the state (an empty eager cache with room for the prompt and `room` more, for
+        passes that decide no token: scoring, alignment)."""
         check(isinstance(inputs, EncodedAudio), f"prefill takes EncodedAudio (from .encode), got {type(inputs).__name__}")
         check(isinstance(room, int) and room >= 0, f"room must be an int >= 0, got {room!r}")
         P = inputs.prompt.shape[1]
         capacity = min(P + room, self.max_positions)
-        state = self.new_state(inputs.batch_size, capacity)
+        state = self.new_state(inputs.batch_size, capacity, compiled=run or compiled)
         state.extras["inputs"] = inputs
         if inputs.rules is not None:
             state.cache.keep_ids()                   # the timestamp rules read each row's tokens
@@ -275,7 +308,7 @@ class WhisperDecoderModel:
         `step` returns after tokens[:, t] (exact only at the arg-max in an arg-max view)."""
         check(isinstance(inputs, EncodedAudio), f"prefill_with takes EncodedAudio (from .encode), got {type(inputs).__name__}")
         P = inputs.prompt.shape[1]
-        state = self.prefill(inputs, room, run=False)
+        state = self.prefill(inputs, room, run=False, compiled=True)
         check_step_args(state, tokens, None, self.vocab_size)
         check(tokens.shape[1] <= room, f"{tokens.shape[1]} tokens do not fit the room of {room}")
         bias = torch.cat([self._begin_bias[None], self._bias.expand(tokens.shape[1], -1)])      # [1 + T, V]
@@ -285,7 +318,10 @@ class WhisperDecoderModel:
             h = h[:, P - 1:]
             return self._project(h) + bias if self.argmax_readout is None else self.argmax_readout(h, bias)
 
-        logits = rule_logits(state, self._forward(state, seq, None, None, readout=scores))
+        if isinstance(state.cache, GraphCache):
+            logits = rule_logits(state, self._forward(state, seq, None, None)[:, P - 1:] + bias)
+        else:
+            logits = rule_logits(state, self._forward(state, seq, None, None, readout=scores))
         state.hidden = state.hidden[:, P - 1:]
         return state, logits
 
@@ -347,6 +383,15 @@ class WhisperDecoderModel:
         dict that gets each layer's cross-attention queries (word alignment reads them). `any_shape`: a pass whose
         outputs decide no token (scoring or aligning a finished transcript) runs torch's attention kernel even in
         a `fixed_shape` model (faster over many queries; the same transcript still gets the same scores)."""
+        if isinstance(state.cache, GraphCache):
+            check(readout is None and layer_outputs is None and probe is None and not any_shape,
+                  "a compiled decoder state runs plain passes only")
+            logits, hidden = self.graph.run(self, state, tokens, positions, tree_mask)
+            if self.feature_layers:
+                d = self.hidden_size
+                hidden = torch.cat([hidden[..., i * d : (i + 1) * d] for i in self.feature_layers] + [hidden[..., -d:]], -1)
+            state.hidden = hidden[..., -self.hidden_size :] if not self.feature_layers else hidden
+            return logits[:, -1:] if last_only else logits
         h, step = self.embed(state, tokens, positions, tree_mask)
         step.probe = probe
         if any_shape:
@@ -378,14 +423,21 @@ class WhisperDecoderModel:
               tree_mask: Tensor | None = None) -> tuple[Tensor, LayerStep]:
         """Claim cache slots for `tokens` [B, T]; returns the input hidden states [B, T, d] and
         what every layer of this pass shares (cache writer, attention mask, audio)."""
-        T = tokens.shape[1]
-        step, start = self.begin(state, T, tree_mask)
+        check(not isinstance(state.cache, GraphCache), "a compiled decoder state runs whole passes only: run the "
+              "layers one by one on the model's eager view (`model.eager()`)")
+        step, start = self.begin(state, tokens.shape[1], tree_mask)
         step.write.record(tokens)
+        return self.embedded(state, tokens, positions, start, tree_mask, step.write.start), step
+
+    def embedded(self, state: DecodeState, tokens: Tensor, positions: Tensor | None, start: Tensor,
+                 tree_mask: Tensor | None, first: int | None = None) -> Tensor:
+        """The input hidden states [B, T, d] of `tokens` [B, T] written after rows of lengths `start` [B] (`first`:
+        their common length, when they are level): token and position embeddings."""
+        T = tokens.shape[1]
         table = self.decoder.embed_positions.weight
         beyond = f"Whisper's decoder has {self.max_positions} positions; this transcript would exceed them"
-        if positions is None and tree_mask is None and step.write.start is not None:
-            first = step.write.start                  # rows at one common start: one slice of the table
-            check(first + T <= self.max_positions, beyond)
+        if positions is None and tree_mask is None and first is not None:
+            check(first + T <= self.max_positions, beyond)     # rows at one common start: one slice of the table
             pos = table[first : first + T]
         else:
             if positions is None:
@@ -396,7 +448,7 @@ class WhisperDecoderModel:
         h = F.embedding(self.as_read(state, tokens), self.decoder.embed_tokens.weight)
         if self.embed_scale != 1.0:
             h = h * self.embed_scale
-        return h + pos, step
+        return h + pos
 
     def as_read(self, state: DecodeState, tokens: Tensor) -> Tensor:
         """`tokens` as this model embeds them: a draft (`reads_timestamps_as_none`) decoding in timestamp mode reads

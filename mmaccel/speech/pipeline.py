@@ -144,6 +144,9 @@ class ASRPipeline:
         # a verify pass). fp32's products round by the call's shape themselves: its identity is measured, not built
         int8 = self.decoder_precision.name == "int8"
         self.model = WhisperDecoderModel(bundle.model, quantized=int8, fixed_shape=int8 and on_host(device))
+        if int8 and on_host(device) and compiled_available():
+            # the whole pass as one OpenVINO graph that keeps the cache (`decoder_graph`), built at the first decode
+            self.model.compile_graph(lazily=True)
         # greedy decoding and greedy-verified methods read only arg-maxes: a bf16-first projection
         # whose arg-max is the fp32 one (`ArgmaxProjection`), on a CPU with native bf16 products (its
         # short list of candidates has a data-dependent size: on a GPU that would make every step wait
