@@ -329,9 +329,9 @@ class WhisperDecoderModel:
     def step(self, state: DecodeState, tokens: Tensor, positions: Tensor | None = None,
              tree_mask: Tensor | None = None, valid: Tensor | None = None) -> Tensor:
         """Append tokens [B, T]; returns suppressed logits [B, T, V] (row t predicts the token after t).
-        `valid` [B]: only the first valid[b] tokens (tree nodes) of row b need logits; the products skip the
-        rest, whose logits are zeros (plus the suppression) and whose cache entries the caller rolls
-        back (`skips_filler`)."""
+        `valid` [B]: only the first valid[b] tokens (tree nodes) of row b need logits; eager products skip the
+        rest, whose logits are zeros (plus the suppression; the compiled pass, `graph`, computes them all at its one
+        shape) and whose cache entries the caller rolls back (`skips_filler`)."""
         check_step_args(state, tokens, tree_mask, self.vocab_size)
         keep = kept_positions(tokens.shape, valid, self.device)
 

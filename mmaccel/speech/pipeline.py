@@ -189,8 +189,9 @@ class ASRPipeline:
         (each part as this CPU runs it fastest: the encoder compiled in int8 where the CPU has int8 dot-product
         units, or in bf16 where that measured faster here (`auto_encoder_precision`), else bf16 where native, else
         fp32; the decoder in int8; `pipe.precision_reason` says which). Not lossless against fp32: the transcript
-        may move. At int8 the greedy-verified methods give int8 greedy's tokens (the decoder's attention runs in
-        one kernel shape).
+        may move. At int8 the greedy-verified methods give int8 greedy's tokens: on the host with OpenVINO the
+        decoder's passes run as one compiled graph at one shape (`decoder_graph`), else eagerly with exact int8
+        products and attention in one kernel shape.
         """
         device = resolve_device(device)
         use_cuda_graphs(cuda_graphs, device)
