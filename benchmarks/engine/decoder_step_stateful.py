@@ -1,13 +1,14 @@
 """Issue 68 item 2 (compiled steps), second probe: Whisper base's decoder pass as an OpenVINO graph that owns its
 self-attention cache, against the eager int8 pass that ships.
 
-`decoder_step_probe.py` fed the caches to the graph at every call and lost to eager: converting, transposing and
-gathering them took most of its time. Here (`StatefulStep`) each layer's keys and values are a buffer of Whisper's
-448 positions that the graph keeps as state (OpenVINO's `apply_make_stateful_transformation`: the buffer an input,
-the buffer with the new keys scattered in at their slots the output it becomes), the cross-attention keys/values
-are bf16 inputs set once per window (`set_input_tensor`), one tensor per layer (a stacked one cost a gather per
-layer), and a call passes only the embedded tokens, which slots each query may see and where the new keys go. A
-rolled-back draft needs no state change: its slot is hidden by the next call's mask and written over.
+The pass is `mmaccel.speech.decoder_graph.DecoderStep` (what the pipeline's int8 target now runs; this probe drives
+it by hand at 448 slots). `decoder_step_probe.py` fed the caches to the graph at every call and lost to eager:
+converting, transposing and gathering them took most of its time. Here each layer's keys and values are a buffer of
+Whisper's 448 positions that the graph keeps as state (OpenVINO's `apply_make_stateful_transformation`: the buffer
+an input, the buffer with the new keys scattered in at their slots the output it becomes), the cross-attention
+keys/values are bf16 inputs set once per window (`set_input_tensor`), one tensor per layer (a stacked one cost a
+gather per layer), and a call passes only the embedded tokens, which slots each query may see and where the new
+keys go. A rolled-back draft needs no state change: its slot is hidden by the next call's mask and written over.
 
 Weights int8 (a scale per row; OpenVINO quantises activations per token, the rest bf16 where native) or bf16, at
 T = 8 (one graph shape for every pass: the pending token and up to seven drafts) and T = 1, batch 1 and 8, from a
@@ -35,53 +36,13 @@ from mmaccel.engine.compiled import int8_weights
 from mmaccel.engine.machine import measure_machine
 from mmaccel.engine.measured import time_ms
 from mmaccel.speech.decoder import WhisperDecoderModel
+from mmaccel.speech.decoder_graph import DecoderStep
 from mmaccel.speech.pass_shape import filled_state, filler
 from mmaccel.speech.pipeline import ASRPipeline
 
 REPEATS = 21
 KV_LEN = 32
 COMMAND = "flock /tmp/mmaccel-bench.lock .venv/bin/python benchmarks/engine/decoder_step_stateful.py"
-
-
-class StatefulStep(nn.Module):
-    """One decoder pass: h [B, T, d], visible [B, 1, T, S] (1: may attend), slots [B, T] (where the new keys go),
-    then per layer the self-attention keys, the values ([B, H, S, Dh] each), the cross-attention keys and values
-    ([B, H, F, Dh]) -> (logits [B, T, V], each layer's keys with the new ones written, each layer's values)."""
-
-    def __init__(self, hf):
-        super().__init__()
-        decoder = hf.model.decoder
-        self.layers, self.norm = decoder.layers, decoder.layer_norm
-        d, vocab = decoder.embed_tokens.weight.shape[1], decoder.embed_tokens.weight.shape[0]
-        self.project = nn.Linear(d, vocab, bias=False)
-        self.project.weight = decoder.embed_tokens.weight
-        self.num_heads = hf.config.decoder_attention_heads
-
-    def forward(self, h: Tensor, visible: Tensor, slots: Tensor, *caches: Tensor) -> tuple[Tensor, ...]:
-        B, T, d = h.shape
-        H, L = self.num_heads, len(self.layers)
-        self_k, self_v, cross_k, cross_v = (caches[j * L : (j + 1) * L] for j in range(4))
-        mask = torch.zeros_like(visible).masked_fill(visible < 0.5, float("-inf"))
-        at = slots[:, None, :, None].expand(B, H, T, d // H)
-
-        def heads(t: Tensor) -> Tensor:
-            return t.view(B, T, H, d // H).transpose(1, 2)
-
-        def merge(t: Tensor) -> Tensor:
-            return t.transpose(1, 2).reshape(B, T, d)
-        keys, values = [], []
-        for i, layer in enumerate(self.layers):
-            a, c = layer.self_attn, layer.encoder_attn
-            x = layer.self_attn_layer_norm(h)
-            k = self_k[i].scatter(2, at, heads(a.k_proj(x)))
-            v = self_v[i].scatter(2, at, heads(a.v_proj(x)))
-            keys.append(k)
-            values.append(v)
-            h = h + a.out_proj(merge(F.scaled_dot_product_attention(heads(a.q_proj(x)), k, v, attn_mask=mask)))
-            q = heads(c.q_proj(layer.encoder_attn_layer_norm(h))).to(cross_k[i].dtype)
-            h = h + c.out_proj(merge(F.scaled_dot_product_attention(q, cross_k[i], cross_v[i]).to(h.dtype)))
-            h = h + layer.fc2(F.gelu(layer.fc1(layer.final_layer_norm(h))))
-        return (self.project(self.norm(h)), *keys, *values)
 
 
 def step_inputs(model: WhisperDecoderModel, state, tokens: Tensor) -> tuple[tuple[Tensor, ...], list[Tensor]]:
@@ -112,8 +73,8 @@ def compiled_step(module: nn.Module, inputs: tuple[Tensor, ...], crossed: list[T
     names = [port.get_any_name() for port in graph.inputs]
     for i, port in enumerate(graph.outputs):
         port.get_tensor().set_names({f"present{i}"})
-    buffers = {names[3 + j]: inputs[3 + j] for j in range(2 * layers)}
-    apply_make_stateful_transformation(graph, {name: f"present{1 + j}" for j, name in enumerate(buffers)})
+    buffers = {names[3 + j]: inputs[3 + j] for j in range(2 * layers)}      # outputs 2...: the new buffers
+    apply_make_stateful_transformation(graph, {name: f"present{2 + j}" for j, name in enumerate(buffers)})
     config = {"INFERENCE_PRECISION_HINT": "bf16", "INFERENCE_NUM_THREADS": torch.get_num_threads(),
               "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1}
     if int8:
@@ -122,7 +83,7 @@ def compiled_step(module: nn.Module, inputs: tuple[Tensor, ...], crossed: list[T
     request = ov.Core().compile_model(graph, "CPU", config).create_infer_request()
     seconds = time.perf_counter() - start
     for variable in request.query_state():        # named after the input it replaced, then its output
-        name = next(n for n in buffers if variable.name == f"{n}present{1 + list(buffers).index(n)}")
+        name = next(n for n in buffers if variable.name == f"{n}present{2 + list(buffers).index(n)}")
         variable.state = ov.Tensor(buffers[name].numpy())
     for i, t in enumerate(crossed, start=3):
         tensor = ov.Tensor(ov.Type.bf16, ov.Shape(list(t.shape)))
@@ -139,7 +100,7 @@ def main(out: Path) -> None:
     fp32, int8 = WhisperDecoderModel(hf), pipe.model
     prompt = pipe.bundle.prompt("en", "transcribe", False)
     vocab = fp32.vocab_size
-    module = StatefulStep(hf).eval()
+    module = DecoderStep(hf.model.decoder, hf.config.decoder_attention_heads).eval()
     results = []
     with torch.inference_mode():
         states = {rows: filled_state(fp32, prompt, rows, KV_LEN) for rows in (1, 8)}

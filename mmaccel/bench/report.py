@@ -273,6 +273,9 @@ USER_PEER = "faster-whisper-int8"
 USER_ROWS = (("greedy", "greedy, fp32"), ("eagle-k4", "EAGLE k=4, fp32"), ("greedy-int8", "greedy, int8"),
              ("eagle-k4-int8", "EAGLE k=4, int8"), ("greedy-auto", "greedy, auto"),
              ("eagle-k4-auto", "EAGLE k=4, auto"), ("speculative-k4-auto", "speculative k=4, auto"),
+             # the int8 decoder's eager passes beside its compiled graph (the default where OpenVINO runs)
+             ("greedy:precision=auto:decoder=eager", "greedy, auto, eager decoder"),
+             ("speculative:k=4:precision=auto:decoder=eager", "speculative k=4, auto, eager decoder"),
              ("faster-whisper-int8", "faster-whisper int8"), ("faster-whisper-fp32", "faster-whisper fp32"))
 
 

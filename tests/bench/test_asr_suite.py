@@ -4,6 +4,7 @@ import pytest
 
 from mmaccel.bench.asr_suite import build_asr_suite
 from mmaccel.bench.harness import MethodSpec, markdown_table, run_suite, validate_document
+from mmaccel.errors import InputError
 from mmaccel.speech.data import SPHINX_DATA
 from tests.conftest import NATIVE_CHEAP
 
@@ -157,3 +158,21 @@ def test_precision_rows_run_a_converted_pipeline_checked_against_its_own_greedy(
     assert not rows["greedy-int8"]["lossless"] and not rows["ngram-int8"]["lossless"]     # vs the fp32 model
     assert rows["ngram-int8"]["quality"]["identical_to_greedy_same_precision"] == 1.0
     assert rows["greedy-int8"]["quality"]["wer"] < 30 and not tiny_en_asr.model.quantized
+
+
+def test_an_eager_decoder_row_is_its_own_engine_checked_against_its_own_greedy(tiny_en_asr):
+    if not (SPHINX_DATA / "librivox").is_dir():
+        pytest.skip("apt-get install pocketsphinx-testdata")
+    eager = {"precision": "int8", "decoder": "eager"}
+    methods = [MethodSpec("greedy"), MethodSpec("greedy", {"precision": "int8"}, label="greedy-int8"),
+               MethodSpec("greedy", eager), MethodSpec("ngram", {"k": 3, **eager})]
+    suite = build_asr_suite(methods=methods, tts_utterances=0, pipeline=tiny_en_asr)
+    suite.batches = {1: suite.batches[1][:1]}
+    rows = run_suite(suite, log=lambda m: None)["results"]
+    ngram = next(r for r in rows if r["method"].startswith("ngram"))
+    assert not ngram["lossless"] and ngram["quality"]["identical_to_greedy_same_precision"] == 1.0
+    bad = build_asr_suite(methods=[MethodSpec("greedy"), MethodSpec("greedy", {"precision": "int8", "decoder": "x"})],
+                          tts_utterances=0, pipeline=tiny_en_asr)
+    bad.batches = {1: bad.batches[1][:1]}
+    with pytest.raises(InputError, match="decoder= takes 'eager'"):
+        run_suite(bad, log=lambda m: None)
