@@ -11,13 +11,14 @@ from __future__ import annotations
 import datetime as dt
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from mmaccel.engine.machine import measure_machine
 from mmaccel.engine.measured import time_ms
-from mmaccel.speech.pass_shape import filled_state, filler
+from mmaccel.speech.pass_shape import filled_state, filler_pass
 from mmaccel.speech.pipeline import ASRPipeline
 
 REPEATS = 21
@@ -38,13 +39,9 @@ def main(out: Path) -> None:
         with torch.inference_mode():
             states = {name: filled_state(model, prompt, rows, KV_LEN) for name, model in engines.items()}
         for width in (1, 8):
-            feed = torch.full((rows, width), filler(compiled))
             for name, model in engines.items():
-                def step(model=model, state=states[name], width=width, feed=feed):
-                    model.step(state, feed)
-                    state.rollback(width)
                 with torch.inference_mode():
-                    median, best = time_ms(step, REPEATS)
+                    median, best = time_ms(partial(filler_pass, model, states[name], width), REPEATS)
                 results.append({"engine": name, "rows": rows, "width": width, "ms": round(median, 2),
                                 "best_ms": round(best, 2)})
                 print(json.dumps(results[-1]), flush=True)

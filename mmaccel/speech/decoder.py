@@ -387,10 +387,9 @@ class WhisperDecoderModel:
             check(readout is None and layer_outputs is None and probe is None and not any_shape,
                   "a compiled decoder state runs plain passes only")
             logits, hidden = self.graph.run(self, state, tokens, positions, tree_mask)
-            if self.feature_layers:
-                d = self.hidden_size
-                hidden = torch.cat([hidden[..., i * d : (i + 1) * d] for i in self.feature_layers] + [hidden[..., -d:]], -1)
-            state.hidden = hidden[..., -self.hidden_size :] if not self.feature_layers else hidden
+            d = self.hidden_size           # hidden: every layer's output, then the final states
+            parts = [hidden[..., i * d : (i + 1) * d] for i in self.feature_layers] + [hidden[..., -d:]]
+            state.hidden = torch.cat(parts, -1) if self.feature_layers else parts[-1]
             return logits[:, -1:] if last_only else logits
         h, step = self.embed(state, tokens, positions, tree_mask)
         step.probe = probe

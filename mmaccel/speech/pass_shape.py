@@ -33,16 +33,17 @@ def filler(model: WhisperDecoderModel) -> int:
     return FILLER if model.hf.config.vocab_size > FILLER else 1
 
 
+def filler_pass(model: WhisperDecoderModel, state: DecodeState, width: int) -> None:
+    """One pass of `width` filler tokens on every row of `state`, rolled back (the state holds what it held)."""
+    model.step(state, torch.full((state.batch_size, width), filler(model), device=model.device))
+    state.rollback(width)
+
+
 def whisper_width_costs(model: WhisperDecoderModel, prompt: list[int], rows: int,
                         rules: TimestampRules | None = None) -> WidthCosts:
     """`model`'s pass at each width at batch `rows` (measured once per machine and model, then cached)."""
     state = filled_state(model, prompt, rows, rules=rules, room=KV_LEN + max(WIDTHS) + 8)
-    token = filler(model)
-
-    def run(width: int) -> None:
-        model.step(state, torch.full((rows, width), token, device=model.device))
-        state.rollback(width)
     key = {"pass": "whisper-decoder", "model": fingerprint(model.hf), "quantized": model.quantized,
            "argmax": model.argmax_readout is not None, "fixed_shape": model.fixed_shape, "rows": rows,
            "prompt": len(prompt), "timestamps": rules is not None}
-    return width_costs(run, key)
+    return width_costs(lambda width: filler_pass(model, state, width), key)
