@@ -50,6 +50,13 @@ def to_ov(ov, t: Tensor):
     return ov.Tensor(np.ascontiguousarray(t.detach().cpu().numpy()))
 
 
+def from_ov(tensor) -> Tensor:
+    """An OpenVINO tensor as a torch tensor of its dtype (bf16 read as bf16, which numpy has not), a copy."""
+    if tensor.get_element_type().get_type_name() == "bf16":
+        return torch.from_numpy(np.array(tensor.data, copy=True).view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(np.array(tensor.data, copy=True))
+
+
 class Session:
     """One infer request of a `StatefulGraph` at one batch size, with its own state. `run(feed)` with the inputs
     that are not state (by their index in the module's signature; inputs set by `set_input` may be left out) ->
@@ -67,15 +74,16 @@ class Session:
         """Input `index` (of the module's signature) stays `tensor` (an `ov.Tensor`, shared) for the next calls."""
         self._request.set_input_tensor(self.graph.position[index], tensor)
 
-    def read_state(self) -> list[np.ndarray]:
-        """The state, in the order of the module's state inputs (copies)."""
-        return [np.array(v.state.data, copy=True) for v in self._variables]
+    def read_state(self) -> list[Tensor]:
+        """The state, in the order of the module's state inputs, as torch tensors of their dtypes (copies)."""
+        return [from_ov(v.state) for v in self._variables]
 
-    def write_state(self, arrays: list[np.ndarray]) -> None:
+    def write_state(self, tensors: list[Tensor]) -> None:
+        """Set the state (torch tensors, cast to each state's dtype)."""
         import openvino as ov
 
-        for variable, array in zip(self._variables, arrays, strict=True):
-            variable.state = ov.Tensor(np.ascontiguousarray(array))
+        for variable, t, dtype in zip(self._variables, tensors, self.graph.state_dtypes, strict=True):
+            variable.state = to_ov(ov, t.to(dtype))
 
     def release(self) -> None:
         """Back to the pool (its state is then someone else's)."""
@@ -86,10 +94,13 @@ class StatefulGraph:
     """A module (tensors -> tensors) compiled with its inputs `states` (indices) fed back from its last
     `len(states)` outputs, in that order. `session(batch)` -> a `Session`."""
 
-    def __init__(self, ov, graph, precision: str, root: Path, states: list[int], shapes: list[list[int]],
-                 source: str):
-        self._ov, self._graph, self._root, self._shapes = ov, graph, root, shapes    # shapes: each input's past the batch
-        num_inputs = len(shapes)
+    def __init__(self, ov, graph, precision: str, root: Path, states: list[int], example: tuple[Tensor, ...],
+                 source: str, int8_activations: bool = False):
+        self._ov, self._graph, self._root = ov, graph, root
+        self._shapes = [list(x.shape[1:]) for x in example]       # each input's shape past the batch
+        self.state_dtypes = [example[i].dtype for i in states]
+        self.int8_activations = int8_activations
+        num_inputs = len(example)
         self.precision, self.states, self.source = precision, list(states), source
         self.position = {i: p for p, i in enumerate(i for i in range(num_inputs) if i not in self.states)}
         self.num_outputs = len(graph.outputs) - len(self.states)
@@ -116,7 +127,7 @@ class StatefulGraph:
         variables = [by_name[names[i] + out] for i, out in zip(self.states, outputs, strict=True)]
         session = Session(self, batch, request, variables)
         # a state has no shape before it is written
-        session.write_state([np.zeros([batch, *self._shapes[i]], np.float32) for i in self.states])
+        session.write_state([torch.zeros(batch, *self._shapes[i], dtype=self._dtype(i)) for i in self.states])
         return session
 
     def _compile(self):
@@ -126,7 +137,11 @@ class StatefulGraph:
         names = [p.get_any_name() for p in graph.inputs]
         outputs = [p.get_any_name() for p in graph.outputs][self.num_outputs :]
         apply_make_stateful_transformation(graph, {names[i]: out for i, out in zip(self.states, outputs, strict=True)})
-        return self._ov.Core().compile_model(graph, "CPU", compile_config(self.precision, self._root))
+        return self._ov.Core().compile_model(graph, "CPU",
+                                             compile_config(self.precision, self._root, self.int8_activations))
+
+    def _dtype(self, index: int) -> torch.dtype:
+        return self.state_dtypes[self.states.index(index)]
 
     def _give_back(self, session: Session) -> None:
         with self._lock:
@@ -134,10 +149,11 @@ class StatefulGraph:
 
 
 def compile_stateful(module: nn.Module, example: tuple[Tensor, ...], states: list[int], precision: str = "int8",
-                     cache_dir: str | Path | None = None) -> StatefulGraph | None:
+                     cache_dir: str | Path | None = None, int8_activations: bool = False) -> StatefulGraph | None:
     """`module` compiled with the inputs `states` held as state (see the module docstring), or None with one warning
-    line when it cannot be. `example`: inputs of the shapes and dtypes it will see (bf16 inputs stay bf16). At int8
-    its linear layers' weights are int8 with a scale per row (`compiled.int8_weights`)."""
+    line when it cannot be. `example`: inputs of the shapes and dtypes it will see (bf16 inputs and states stay
+    bf16). At int8 its linear layers' weights are int8 with a scale per row (`compiled.int8_weights`);
+    `int8_activations`: their products int8 too (`compiled.compile_config`)."""
     check_precision(precision, PRECISIONS)
     check(isinstance(module, nn.Module), f"compile_stateful takes an nn.Module, got {type(module).__name__}")
     check(len(states) > 0 and all(0 <= i < len(example) for i in states), "compile_stateful needs state input indices")
@@ -153,7 +169,7 @@ def compile_stateful(module: nn.Module, example: tuple[Tensor, ...], states: lis
         if source == "export":
             for j, port in enumerate(graph.outputs):      # names the state variables are made from
                 port.get_tensor().set_names({f"out{j}"})
-        stateful = StatefulGraph(ov, graph, precision, root, states, [list(x.shape[1:]) for x in example], source)
+        stateful = StatefulGraph(ov, graph, precision, root, states, example, source, int8_activations)
         if source == "export":
             stateful.error = _relative_error(stateful, module, example)
     except Exception as e:  # noqa: BLE001 - an export, compile or run failure falls back to eager
@@ -183,7 +199,7 @@ def _relative_error(graph: StatefulGraph, module: nn.Module, example: tuple[Tens
                 inputs = [x if i in graph.states or not x.is_floating_point() else
                           x + (0.1 * x.float().std().clamp_min(1e-3) * torch.randn(x.shape, generator=generator)).to(x.dtype)
                           for i, x in enumerate(example)]
-            session.write_state([inputs[i].float().numpy() for i in graph.states])
+            session.write_state([inputs[i] for i in graph.states])
             for i, x in enumerate(inputs):
                 if i not in graph.states:
                     session.set_input(i, to_ov(ov, x))

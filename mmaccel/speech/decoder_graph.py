@@ -1,9 +1,10 @@
 """The int8 Whisper decoder's pass as one compiled graph that keeps its own key/value cache (`DecoderGraph`).
 
 What an int8 target runs on a CPU with OpenVINO (`ASRPipeline(precision="int8" | "auto")`): the whole pass, the
-vocabulary projection included, is one graph (`DecoderStep`; int8 weights with a scale per row, the rest bf16 where
-native), each layer's self-attention keys/values are OpenVINO state (`mmaccel.engine.stateful`) and the
-cross-attention keys/values are bf16 inputs set once per window. The timestamp rules and the suppression stay in
+vocabulary projection included, is one graph (`DecoderStep`; its linear layers multiply in int8, the weights with a
+scale per row and the activations quantised per token as it runs, as CTranslate2 does; the rest in f32), each layer's
+self-attention keys/values are bf16 OpenVINO state (`mmaccel.engine.stateful`) and the cross-attention keys/values
+are bf16 inputs set once per window. The timestamp rules and the suppression stay in
 torch on its logits. Measured in `benchmarks/engine/decoder_step_stateful.md`.
 
 - One graph shape for every pass: `WIDTH` queries (a one-token pass is the pending token and padding; a verify pass
@@ -38,7 +39,8 @@ WIDTH = 8           # queries per graph call: the pending token and up to seven 
 class DecoderStep(nn.Module):
     """One decoder pass as the graph holds it: h [B, W, d] (embedded tokens and positions), visible [B, 1, W, S]
     (1: may attend), slots [B, W] (where the new keys go), then per layer the self-attention keys, then values
-    ([B, H, S, Dh] each), the cross-attention keys, then values ([B, H, F, Dh], bf16) -> (logits [B, W, V], every
+    ([B, H, S, Dh] each, in the dtype the graph keeps them: bf16), the cross-attention keys, then values
+    ([B, H, F, Dh], bf16) -> (logits [B, W, V], every
     layer's output then the final hidden states [B, W, (L + 1) d], each layer's keys, each layer's values with the
     new entries written)."""
 
@@ -66,11 +68,12 @@ class DecoderStep(nn.Module):
         for i, layer in enumerate(self.layers):
             a, c = layer.self_attn, layer.encoder_attn
             x = layer.self_attn_layer_norm(h)
-            k = self_k[i].scatter(2, at, heads(a.k_proj(x)))
-            v = self_v[i].scatter(2, at, heads(a.v_proj(x)))
+            k = self_k[i].scatter(2, at, heads(a.k_proj(x)).to(self_k[i].dtype))
+            v = self_v[i].scatter(2, at, heads(a.v_proj(x)).to(self_v[i].dtype))
             keys.append(k)
             values.append(v)
-            h = h + a.out_proj(merge(F.scaled_dot_product_attention(heads(a.q_proj(x)), k, v, attn_mask=mask)))
+            attended = F.scaled_dot_product_attention(heads(a.q_proj(x)).to(k.dtype), k, v, attn_mask=mask.to(k.dtype))
+            h = h + a.out_proj(merge(attended.to(h.dtype)))
             q = heads(c.q_proj(layer.encoder_attn_layer_norm(h))).to(cross_k[i].dtype)
             h = h + c.out_proj(merge(F.scaled_dot_product_attention(q, cross_k[i], cross_v[i]).to(h.dtype)))
             h = h + layer.fc2(F.gelu(layer.fc1(layer.final_layer_norm(h))))
@@ -98,7 +101,7 @@ class GraphCache(KVCache):
 
     @torch.inference_mode()
     def select_rows(self, index: Tensor) -> None:
-        entries = [a[index.cpu().numpy()] for a in self.session.read_state()]
+        entries = [a[index.cpu()] for a in self.session.read_state()]
         super().select_rows(index)
         if entries[0].shape[0] != self.session.batch:
             self._swap(self.graph.stateful.session(entries[0].shape[0]))
@@ -110,8 +113,7 @@ class GraphCache(KVCache):
         check(other.batch_size == 1, "take_row takes a one-row cache")
         n = int(other.lengths[0])
         check(n <= self.capacity, f"a joining row of {n} entries does not fit the cache's capacity {self.capacity}")
-        theirs = other.session.read_state() if isinstance(other, GraphCache) else \
-            [t.float().numpy() for t in (*other.k, *other.v)]
+        theirs = other.session.read_state() if isinstance(other, GraphCache) else [*other.k, *other.v]
         mine = self.session.read_state()
         for a, b in zip(mine, theirs, strict=True):
             a[row, :, :n] = b[0, :, :n]
@@ -121,9 +123,9 @@ class GraphCache(KVCache):
         self.lengths[row] = n
 
     def _move(self, src: Tensor, dst: Tensor) -> None:
-        arrays = self.session.read_state()
-        self._move_in([torch.from_numpy(a) for a in arrays], src, dst)
-        self.session.write_state(arrays)
+        entries = self.session.read_state()
+        self._move_in(entries, src, dst)
+        self.session.write_state(entries)
 
 
 class DecoderGraph:
@@ -148,12 +150,12 @@ class DecoderGraph:
         visible = torch.ones(1, 1, WIDTH, S)
         visible[..., 16:] = 0.0
         slots = torch.arange(16 - WIDTH, 16)[None]
-        caches = [torch.randn(1, H, S, Dh, generator=g) for _ in range(2 * L)]
+        caches = [torch.randn(1, H, S, Dh, generator=g).to(torch.bfloat16) for _ in range(2 * L)]
         cross = [torch.randn(1, H, frames, Dh, generator=g).to(torch.bfloat16) for _ in range(2 * L)]
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*(trace|Tracer|tracing).*")
             stateful = compile_stateful(DecoderStep(model.decoder, H).eval(), (h, visible, slots, *caches, *cross),
-                                        list(range(3, 3 + 2 * L)), "int8", cache_dir)
+                                        list(range(3, 3 + 2 * L)), "int8", cache_dir, int8_activations=True)
         return None if stateful is None else cls(stateful, L, H, Dh, S)
 
     def new_cache(self, batch_size: int, capacity: int) -> GraphCache | None:
