@@ -1,8 +1,11 @@
 """Issue 68 item 2 (compiled steps), second probe: Whisper base's decoder pass as an OpenVINO graph that owns its
 self-attention cache, against the eager int8 pass that ships.
 
-The pass is `mmaccel.speech.decoder_graph.DecoderStep` (what the pipeline's int8 target now runs; this probe drives
-it by hand at 448 slots). `decoder_step_probe.py` fed the caches to the graph at every call and lost to eager:
+The pass is `mmaccel.speech.decoder_graph.DecoderStep` (the pipeline's int8 target; this probe drives it by hand
+at 448 slots, under OpenVINO's bf16 hint with fp32 cache buffers: the configuration the pipeline ran before its
+graph took f32 activations with int8 products and bf16 caches, `compiled.compile_config(int8_activations=True)`,
+which `decoder_engine_steps.py` measures through the pipeline's own `model.step`).
+`decoder_step_probe.py` fed the caches to the graph at every call and lost to eager:
 converting, transposing and gathering them took most of its time. Here each layer's keys and values are a buffer of
 Whisper's 448 positions that the graph keeps as state (OpenVINO's `apply_make_stateful_transformation`: the buffer
 an input, the buffer with the new keys scattered in at their slots the output it becomes), the cross-attention

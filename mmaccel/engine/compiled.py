@@ -6,10 +6,13 @@ EPYC, 2 threads): bf16 0.25 s against torch's eager bf16 0.36 s, inductor-compil
 CTranslate2's int8 0.48 s, at the same state error as torch's bf16; fp32 0.44 s against torch's 0.57 s. Half of
 torch's bf16 window is its CPU attention kernel (1500 queries x 1500 keys, no faster in bf16 than in fp32), which
 OpenVINO fuses; the products themselves run at about the same rate in both. int8: the linear layers' weights go
-into the graph as int8 with one scale per output row (`quantize_rows`, the scheme of `Int8Linear`), and OpenVINO's
-CPU plugin quantises their activations per token as it runs (`DYNAMIC_QUANTIZATION_GROUP_SIZE`), the other
-operations in bf16 where it is native (else fp32): CTranslate2's numerics (about the state error of faster-whisper's
-encoder, 11.8 %) in 0.22 s a window here, against 0.25 s for bf16 and CTranslate2's own 0.48 s.
+into the graph as int8 with one scale per output row (`quantize_rows`, the scheme of `Int8Linear`), the other
+operations in bf16 where it is native (else fp32): about the state error of faster-whisper's encoder (11.8 %) in
+0.22 s a window here, against 0.25 s for bf16 and CTranslate2's own 0.48 s. Under the bf16 hint OpenVINO expands
+those weights to bf16 and multiplies in bf16; its per-token dynamic quantisation of the activations (int8 products,
+CTranslate2's scheme) engages only over f32 activations (`compile_config(int8_activations=True)`): what the decoder
+graph runs, while for the encoder's 1 500-token window the bf16 products are the faster (a base-sized stack of
+linear layers 96 ms against 103 ms, AMX Xeon).
 
 - The exported graph (OpenVINO IR, fp32 weights) is kept under `$MMACCEL_CACHE/compiled/<key>/`, the key being a
   hash of the module's class, parameters and buffers, the inputs' shapes and dtypes and both libraries' versions,
