@@ -78,6 +78,20 @@ class Session:
         """The state, in the order of the module's state inputs, as torch tensors of their dtypes (copies)."""
         return [from_ov(v.state) for v in self._variables]
 
+    def state_views(self) -> list[Tensor] | None:
+        """The state as torch tensors over the runtime's own memory, for writing a few entries in place (a row that
+        joins, a tree path kept) without copying it all: valid until the next `run`. None where the runtime hands
+        out copies (the caller then reads and writes the whole state)."""
+        views = []
+        for variable in self._variables:
+            data = variable.state.data
+            if not np.shares_memory(data, variable.state.data):
+                return None
+            t = torch.from_numpy(data)
+            views.append(t.view(torch.int16).view(torch.bfloat16) if variable.state.get_element_type().get_type_name()
+                         == "bf16" else t)
+        return views
+
     def write_state(self, tensors: list[Tensor]) -> None:
         """Set the state (torch tensors, cast to each state's dtype)."""
         import openvino as ov

@@ -13,8 +13,8 @@ torch on its logits. Measured in `benchmarks/engine/decoder_step_stateful.md`.
   greedy-verified methods greedy-identical on this engine (tested, `tests/speech/test_decoder_graph.py`).
 - The cache is `GraphCache`: the `KVCache` bookkeeping (lengths, masks, token ids, ragged rows, O(1) rollback)
   with the entries inside the runtime, at the slots the bookkeeping gives. Padding queries write one scratch slot
-  past Whisper's 448 positions that no query sees. Row selection, a joining row and tree compaction read and write
-  the state (copies: once per beam step, window or accepted tree path).
+  past Whisper's 448 positions that no query sees. A joining row and tree compaction write their entries into the
+  state in place (`Session.state_views`); row selection (beam search) copies it.
 - A batch size the graph cannot be compiled for falls back to the eager int8 pass with one warning line.
 """
 
@@ -114,18 +114,22 @@ class GraphCache(KVCache):
         n = int(other.lengths[0])
         check(n <= self.capacity, f"a joining row of {n} entries does not fit the cache's capacity {self.capacity}")
         theirs = other.session.read_state() if isinstance(other, GraphCache) else [*other.k, *other.v]
-        mine = self.session.read_state()
+        views = self.session.state_views()
+        mine = views if views is not None else self.session.read_state()
         for a, b in zip(mine, theirs, strict=True):
             a[row, :, :n] = b[0, :, :n]
-        self.session.write_state(mine)
+        if views is None:
+            self.session.write_state(mine)
         if self.ids is not None:
             self.ids[row, :n] = 0 if other.ids is None else other.ids[0, :n]
         self.lengths[row] = n
 
     def _move(self, src: Tensor, dst: Tensor) -> None:
-        entries = self.session.read_state()
+        views = self.session.state_views()
+        entries = views if views is not None else self.session.read_state()
         self._move_in(entries, src, dst)
-        self.session.write_state(entries)
+        if views is None:
+            self.session.write_state(entries)
 
 
 class DecoderGraph:

@@ -61,11 +61,17 @@ def test_the_graph_stays_close_to_the_eager_int8_pass(graphed):
     assert state.hidden.shape == (2, 5, 3 * graphed.hidden_size)
 
 
-def test_rows_selected_joined_and_compacted_keep_their_entries(graphed):
+@pytest.mark.parametrize("in_place", [True, False], ids=["state-in-place", "state-copied"])
+def test_rows_selected_joined_and_compacted_keep_their_entries(graphed, in_place, monkeypatch):
+    from mmaccel.engine.stateful import Session
+
+    if not in_place:        # a runtime that hands out copies of its state: whole-state reads and writes
+        monkeypatch.setattr(Session, "state_views", lambda self: None)
     audio = graphed.encode(features(2, seed=4), PROMPT)
     tokens = torch.randint(0, 50, (2, 6), generator=torch.Generator().manual_seed(2))
     alone = _alone(graphed, audio, tokens)
     state = graphed.prefill(audio, 10)
+    assert (state.cache.session.state_views() is not None) == in_place      # OpenVINO's CPU state: its own memory
     graphed.step(state, tokens[:, :3])
     graphed.select_rows(state, torch.tensor([1, 1, 0]))          # beam search: rows repeated, reordered
     got = graphed.step(state, tokens[[1, 1, 0], 3:])
